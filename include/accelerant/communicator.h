@@ -1,0 +1,96 @@
+// Collectives between the processes of one job: all_reduce, gather (also of unequal lengths),
+// broadcast of tensors and of small values, barrier. Gloo carries CPU tensors, NCCL CUDA tensors
+// (in CUDA builds). Every call has a timeout; a failure names the ranks that never arrived.
+//
+// Debug mode (ACCELERANT_DEBUG_MODE=1 or ProcessStateOptions::debug_mode) makes the ranks exchange
+// each call's op, dtype and shape through the store before running it, so that a mismatch raises
+// CollectiveMismatchError listing every rank's view instead of hanging or corrupting data.
+#pragma once
+
+#include <torch/arg.h>
+#include <torch/types.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace accelerant {
+
+/// How all_reduce combines the ranks' values.
+enum class ReduceOp { kSum, kMean, kMax, kMin };
+
+/// "sum", "mean", "max" or "min".
+const char* to_string(ReduceOp op);
+
+class Communicator {
+ public:
+  /// A communicator of one process: every collective returns (a copy of) its input.
+  Communicator();
+  ~Communicator();
+  Communicator(Communicator&&) noexcept;
+  Communicator& operator=(Communicator&&) noexcept;
+
+  int rank() const;
+  int size() const;
+
+  /// Combines `tensor` across ranks and returns the result; the input is unchanged.
+  /// kMean sums then divides (Gloo has no average) and needs a floating-point tensor.
+  /// bf16 tensors travel as fp32 (Gloo cannot reduce bf16) and come back as bf16.
+  torch::Tensor all_reduce(const torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  /// all_reduce, writing the result into `tensor`.
+  void all_reduce_(torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+
+  /// Every rank's tensor, concatenated along dim 0 in rank order. The first dimension may differ
+  /// between ranks (each is padded to the longest, sent, then trimmed); the others must match.
+  /// 0-dimensional tensors are treated as shape [1].
+  torch::Tensor gather(const torch::Tensor& tensor);
+  /// Every rank's tensor as a list indexed by rank (first dimension may differ).
+  std::vector<torch::Tensor> gather_list(const torch::Tensor& tensor);
+
+  /// Pads `tensor` along `dim` to the largest size any rank has there, with `pad_value`,
+  /// at the end (or at the start with `pad_first`). Needed before collectives of equal shapes.
+  torch::Tensor pad_across_processes(const torch::Tensor& tensor, int64_t dim = 0,
+                                     double pad_value = 0, bool pad_first = false);
+
+  /// Overwrites `tensor` on every rank with rank `src`'s. Shapes and dtypes must match.
+  void broadcast_(torch::Tensor& tensor, int src = 0);
+  /// Rank `src`'s bytes on every rank (any length; the others' argument is ignored).
+  std::string broadcast_bytes(const std::string& bytes, int src = 0);
+  /// Rank `src`'s value on every rank: a std::string or any trivially copyable value.
+  template <class T>
+  T broadcast_value(const T& value, int src = 0);
+
+  /// Returns when every rank has called barrier().
+  void barrier();
+
+  /// Set after a failed collective: the message of that failure. A broken communicator throws
+  /// at once on every later call, since the peers' state is unknown.
+  const std::string& broken_reason() const;
+
+  struct Impl;
+  explicit Communicator(std::unique_ptr<Impl> impl);
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+template <class T>
+T Communicator::broadcast_value(const T& value, int src) {
+  if constexpr (std::is_same_v<T, std::string>) {
+    return broadcast_bytes(value, src);
+  } else {
+    static_assert(std::is_trivially_copyable_v<T>,
+                  "broadcast_value sends std::string or trivially copyable values; "
+                  "serialize other types to a std::string first");
+    std::string bytes(reinterpret_cast<const char*>(&value), sizeof(T));
+    bytes = broadcast_bytes(bytes, src);
+    T out;
+    std::memcpy(&out, bytes.data(), sizeof(T));
+    return out;
+  }
+}
+
+}  // namespace accelerant

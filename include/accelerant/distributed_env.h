@@ -1,0 +1,64 @@
+// The one place that reads the distributed environment. Launchers describe a process's identity
+// through environment variables; this file turns the variables of every launcher Accelerant
+// understands into one typed DistributedEnv, and back (for Accelerant's own launchers).
+//
+// Recognised, in this order of precedence:
+//   1. torchrun's contract, which Accelerant's launchers also set (RANK, WORLD_SIZE, LOCAL_RANK,
+//      LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT), plus ACCELERANT_* extras;
+//   2. Slurm's srun (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_NNODES);
+//   3. Open MPI's mpirun (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE).
+// None of them: one process, no rendezvous.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+
+namespace accelerant {
+
+enum class EnvSource { kNone, kAccelerant, kTorchrun, kSlurm, kOpenMpi };
+
+/// "none", "accelerant", "torchrun", "slurm" or "openmpi".
+const char* to_string(EnvSource source);
+
+/// A process's place in the job, as its launcher described it.
+struct DistributedEnv {
+  EnvSource source = EnvSource::kNone;
+  int rank = 0;              ///< RANK / SLURM_PROCID / OMPI_COMM_WORLD_RANK
+  int world_size = 1;        ///< WORLD_SIZE / SLURM_NTASKS / OMPI_COMM_WORLD_SIZE
+  int local_rank = 0;        ///< index on this machine
+  int local_world_size = 1;  ///< processes on this machine
+  int node_rank = 0;         ///< GROUP_RANK / SLURM_NODEID / rank / local_world_size
+  int num_nodes = 1;
+  std::string master_addr;   ///< MASTER_ADDR; required when world_size > 1
+  int master_port = 29500;   ///< MASTER_PORT. Default: 29500 (torchrun's)
+  /// The launcher's agent hosts the TCPStore (TORCHELASTIC_USE_AGENT_STORE or
+  /// ACCELERANT_AGENT_STORE); otherwise rank 0 hosts it.
+  bool agent_hosts_store = false;
+  int restart_count = 0;     ///< ACCELERANT_RESTART_COUNT / TORCHELASTIC_RESTART_COUNT
+  bool debug_mode = false;   ///< ACCELERANT_DEBUG_MODE
+  /// ACCELERANT_TIMEOUT_MS: collective and rendezvous timeout chosen by the launcher.
+  std::optional<std::chrono::milliseconds> timeout;
+  std::string mixed_precision = "no";  ///< ACCELERANT_MIXED_PRECISION: no | fp16 | bf16
+  int threads_per_process = 0;         ///< ACCELERANT_THREADS_PER_PROCESS; 0 = not set
+  std::string error_file;              ///< ACCELERANT_ERROR_FILE: where to record a fatal error
+
+  bool distributed() const { return world_size > 1; }
+};
+
+/// Looks one variable up; std::nullopt when it is unset.
+using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
+
+/// Parses and validates. Throws EnvironmentError naming the variable, its value and the fix.
+DistributedEnv parse_distributed_env(const EnvLookup& lookup);
+
+/// parse_distributed_env over this process's environment.
+DistributedEnv read_distributed_env();
+
+/// The variables a launcher sets so that a worker's read_distributed_env() returns `env`:
+/// torchrun's contract plus ACCELERANT_*.
+std::map<std::string, std::string> to_environment(const DistributedEnv& env);
+
+}  // namespace accelerant

@@ -1,0 +1,161 @@
+// accelerant::launch: start workers from inside a running program (the C++ counterpart of
+// Accelerate's notebook_launcher and PyTorch/XLA's xmp.spawn).
+//
+//   auto model = build_model();                       // built once, before the fork
+//   auto losses = accelerant::launch(
+//       [](int index, Net& model) { ...; return loss; },  // index = the worker's global rank
+//       std::ref(*model), accelerant::LaunchOptions().num_processes(4));
+//
+// Workers are fork()ed: objects built before launch are shared copy-on-write, so four workers
+// reading one 200 MB model cost about 200 MB, not 800 (docs/launching.md measures it). Each worker
+// sees the torchrun variables (RANK, WORLD_SIZE, ...), so ProcessState::get() inside `fn` joins the
+// group. launch returns fn's results in local rank order once every worker has returned, and
+// restarts the whole local group when a worker fails, up to max_restarts; after that it throws
+// LaunchError naming the first failed rank, its exit code or signal and the tail of its stderr.
+#pragma once
+
+#include <torch/arg.h>
+#include <torch/serialize.h>
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "accelerant/error.h"
+
+namespace accelerant {
+
+struct LaunchOptions {
+  /// Worker processes on this machine. Default: 1.
+  TORCH_ARG(int, num_processes) = 1;
+  /// Address of the machine with node_rank 0, where the job's store listens. Default: 127.0.0.1.
+  TORCH_ARG(std::string, master_addr) = "127.0.0.1";
+  /// Port of the job's store. 0 = a free port chosen by the operating system (one machine only;
+  /// with num_nodes > 1 every node must be told the same port). Default: 0.
+  TORCH_ARG(int, master_port) = 0;
+  /// This machine's index among num_nodes. Default: 0.
+  TORCH_ARG(int, node_rank) = 0;
+  /// Machines in the job, each running its own launch with the same num_processes. Default: 1.
+  TORCH_ARG(int, num_nodes) = 1;
+  /// How often the whole group is restarted after a worker fails. Default: 0.
+  TORCH_ARG(int, max_restarts) = 0;
+  /// How often the agent checks its workers. Default: 100 ms.
+  TORCH_ARG(std::chrono::milliseconds, monitor_interval) = std::chrono::milliseconds(100);
+  /// Passed to workers as ACCELERANT_MIXED_PRECISION: no, fp16 or bf16. Default: "no".
+  TORCH_ARG(std::string, mixed_precision) = "no";
+  /// Intra-op threads per worker. 0 = cores / num_processes (at least 1). When this process has
+  /// already started threads (LibTorch's OpenMP pool, OpenBLAS), forked workers cannot use thread
+  /// pools safely, so they run single-threaded and launch says so. Default: 0.
+  TORCH_ARG(int, threads_per_process) = 0;
+  /// Debug mode: a dry fork first, then cross-rank shape checks before every collective.
+  /// Default: ACCELERANT_DEBUG_MODE, else off.
+  TORCH_ARG(std::optional<bool>, debug) = std::nullopt;
+  /// Rendezvous and collective timeout inside the workers. Default: 30 minutes.
+  TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(30);
+  /// Time between SIGTERM and SIGKILL when the group is stopped. Default: 5 s.
+  TORCH_ARG(std::chrono::milliseconds, stop_grace_period) = std::chrono::seconds(5);
+  /// Prefix every line a worker prints with "[rank r] ". Default: false.
+  TORCH_ARG(bool, prefix_output) = false;
+  /// Lines of a failed worker's stderr kept for the error report. Default: 20.
+  TORCH_ARG(int, stderr_tail_lines) = 20;
+  /// Print the "Launching training on N CPUs." banner and restart notices. Default: true.
+  TORCH_ARG(bool, verbose) = true;
+};
+
+namespace detail {
+
+/// Runs in the forked worker: calls the user's function for the worker with global rank `index`
+/// and returns its result, serialised.
+using WorkerBody = std::function<std::vector<char>(int index)>;
+
+/// The agent: forks, watches, restarts, reports. Returns each local worker's serialised result.
+std::vector<std::vector<char>> launch_forked(const LaunchOptions& options, const WorkerBody& body);
+
+template <class R>
+std::vector<char> encode_result(const R& value) {
+  if constexpr (std::is_integral_v<R> && !std::is_same_v<R, bool>) {
+    return torch::pickle_save(c10::IValue(static_cast<int64_t>(value)));
+  } else if constexpr (std::is_floating_point_v<R>) {
+    return torch::pickle_save(c10::IValue(static_cast<double>(value)));
+  } else {
+    return torch::pickle_save(c10::IValue(value));
+  }
+}
+
+template <class R>
+R decode_result(const std::vector<char>& bytes) {
+  c10::IValue value = torch::pickle_load(bytes);
+  if constexpr (std::is_same_v<R, bool>) {
+    return value.toBool();
+  } else if constexpr (std::is_integral_v<R>) {
+    return static_cast<R>(value.toInt());
+  } else if constexpr (std::is_floating_point_v<R>) {
+    return static_cast<R>(value.toDouble());
+  } else if constexpr (std::is_same_v<R, std::string>) {
+    return value.toStringRef();
+  } else {
+    return value.to<R>();
+  }
+}
+
+// fn(index, args...) when fn takes the index first, else fn(args...).
+template <class Fn, class Tuple, size_t... I>
+decltype(auto) call_worker(Fn& fn, int index, Tuple& args, std::index_sequence<I...>) {
+  if constexpr (std::is_invocable_v<Fn&, int, decltype(std::get<I>(args))...>) {
+    return std::invoke(fn, index, std::get<I>(args)...);
+  } else {
+    static_assert(std::is_invocable_v<Fn&, decltype(std::get<I>(args))...>,
+                  "accelerant::launch: fn must be callable as fn(int index, args...) or fn(args...)");
+    return std::invoke(fn, std::get<I>(args)...);
+  }
+}
+
+template <class Fn, class Tuple, size_t N>
+auto launch_with(const LaunchOptions& options, Fn& fn, Tuple& args) {
+  auto run = [&](int index) -> decltype(auto) {
+    return call_worker(fn, index, args, std::make_index_sequence<N>{});
+  };
+  using R = std::decay_t<decltype(run(0))>;
+  if constexpr (std::is_void_v<R>) {
+    launch_forked(options, [&](int index) {
+      run(index);
+      return std::vector<char>{};
+    });
+  } else {
+    auto raw = launch_forked(options, [&](int index) { return encode_result<R>(run(index)); });
+    std::vector<R> results;
+    results.reserve(raw.size());
+    for (const auto& bytes : raw) results.push_back(decode_result<R>(bytes));
+    return results;
+  }
+}
+
+}  // namespace detail
+
+/// Forks options.num_processes workers that each run fn(index, args...) (or fn(args...)), and
+/// returns their results in local rank order (nothing when fn returns void). LaunchOptions, when
+/// given, is the last argument. Results travel through torch::pickle_save, so fn may return
+/// numbers, strings, tensors and lists of them. Arguments are the parent's own objects, shared
+/// copy-on-write: pass large ones by reference (std::ref) to avoid a copy before the fork.
+/// Throws LaunchError when the group fails after max_restarts restarts. SIGINT or SIGTERM to this
+/// process stops every worker first, then takes its usual effect.
+template <class Fn, class... Rest>
+auto launch(Fn&& fn, Rest&&... rest) {
+  constexpr size_t n = sizeof...(Rest);
+  if constexpr (n > 0 && std::is_same_v<std::decay_t<std::tuple_element_t<n - 1, std::tuple<Rest...>>>,
+                                        LaunchOptions>) {
+    auto all = std::forward_as_tuple(std::forward<Rest>(rest)...);
+    const LaunchOptions& options = std::get<n - 1>(all);
+    return detail::launch_with<Fn, decltype(all), n - 1>(options, fn, all);
+  } else {
+    auto all = std::forward_as_tuple(std::forward<Rest>(rest)...);
+    return detail::launch_with<Fn, decltype(all), n>(LaunchOptions(), fn, all);
+  }
+}
+
+}  // namespace accelerant

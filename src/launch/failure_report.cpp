@@ -1,0 +1,83 @@
+#include "failure_report.h"
+
+#include <sys/wait.h>
+
+#include <cstring>
+
+#include "../text.h"
+
+namespace accelerant::detail {
+namespace {
+
+std::string signal_name(int sig) {
+  const char* abbrev = ::sigabbrev_np(sig);
+  return abbrev ? std::string("SIG") + abbrev : "unknown signal";
+}
+
+std::string indent(const std::string& text) {
+  std::string out = "  | ";
+  for (char c : text) {
+    out += c;
+    if (c == '\n') out += "  | ";
+  }
+  if (out.size() >= 4 && out.compare(out.size() - 4, 4, "  | ") == 0) out.resize(out.size() - 4);
+  if (!out.empty() && out.back() != '\n') out += '\n';
+  return out;
+}
+
+std::string cause_and_fix(const WorkerExit& exit) {
+  if (exit.signal == SIGKILL) {
+    return "Likely cause: the worker was killed from outside, often by the kernel's out-of-memory "
+           "killer (see `dmesg`) or by a scheduler. Fix: lower memory per worker (batch size, "
+           "num_processes) or set max_restarts to survive transient kills.";
+  }
+  if (exit.signal == SIGSEGV || exit.signal == SIGBUS || exit.signal == SIGABRT ||
+      exit.signal == SIGFPE || exit.signal == SIGILL) {
+    return "Likely cause: a crash in native code (an invalid memory access or a failed assertion). "
+           "Fix: run the worker function in a single process under gdb, or with "
+           "ACCELERANT_DEBUG_MODE=1 to check collectives across ranks.";
+  }
+  if (exit.signal != 0) {
+    return "Likely cause: the worker received a signal that ends it. Fix: find who sent it.";
+  }
+  if (!exit.error_text.empty()) {
+    return "Likely cause: an uncaught exception in the worker function (its text is above). Fix: "
+           "correct what it names; with other ranks failing at the same time, the first rank's "
+           "error is usually the real one.";
+  }
+  return "Likely cause: the worker called exit() with this code. Fix: look at its output above.";
+}
+
+}  // namespace
+
+std::string describe_exit(const WorkerExit& exit) {
+  if (exit.signal != 0) return str("signal ", exit.signal, " (", signal_name(exit.signal), ")");
+  return str("exit code ", exit.exit_code);
+}
+
+bool is_failure(const WorkerExit& exit) { return exit.signal != 0 || exit.exit_code != 0; }
+
+WorkerExit worker_exit_from_status(int rank, int local_rank, int pid, int wait_status) {
+  WorkerExit exit;
+  exit.rank = rank;
+  exit.local_rank = local_rank;
+  exit.pid = pid;
+  if (WIFSIGNALED(wait_status)) {
+    exit.signal = WTERMSIG(wait_status);
+  } else if (WIFEXITED(wait_status)) {
+    exit.exit_code = WEXITSTATUS(wait_status);
+  }
+  return exit;
+}
+
+std::string failure_report(const WorkerExit& exit, int node_rank, int attempt, int max_restarts) {
+  std::string report = str("worker rank ", exit.rank, " (local rank ", exit.local_rank, " on node ",
+                           node_rank, ", pid ", exit.pid, ") failed with ", describe_exit(exit),
+                           " in attempt ", attempt + 1, " of ", max_restarts + 1,
+                           " (max_restarts=", max_restarts, ").\n");
+  if (!exit.error_text.empty()) report += "Its error:\n" + indent(exit.error_text);
+  if (!exit.stderr_tail.empty()) report += "Last lines of its stderr:\n" + indent(exit.stderr_tail);
+  return report + cause_and_fix(exit);
+}
+
+}  // namespace accelerant::detail

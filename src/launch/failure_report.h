@@ -1,0 +1,23 @@
+// Turns how a worker ended into the text users read: what happened (exit code or signal), the
+// worker's own error, the tail of its stderr, the likely cause and the fix.
+#pragma once
+
+#include <string>
+
+#include "accelerant/error.h"
+
+namespace accelerant::detail {
+
+/// "exit code 3", "signal 9 (SIGKILL)".
+std::string describe_exit(const WorkerExit& exit);
+
+/// True when the exit status means failure (non-zero code or any signal).
+bool is_failure(const WorkerExit& exit);
+
+/// WorkerExit from a waitpid status.
+WorkerExit worker_exit_from_status(int rank, int local_rank, int pid, int wait_status);
+
+/// The full report of the first failure, for LaunchError and restart notices.
+std::string failure_report(const WorkerExit& exit, int node_rank, int attempt, int max_restarts);
+
+}  // namespace accelerant::detail

@@ -1,0 +1,385 @@
+// The agent behind accelerant::launch: validates options, hosts (or joins) the job's store, forks
+// the local group, watches it, restarts it on failure up to max_restarts, and reports.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "../text.h"
+#include "../thread_config.h"
+#include "../torch_compat.h"
+#include "accelerant/distributed_env.h"
+#include "accelerant/launch.h"
+#include "failure_report.h"
+#include "output_relay.h"
+#include "signal_guard.h"
+#include "worker_process.h"
+
+namespace accelerant::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+[[noreturn]] void bad_option(const std::string& what, const std::string& fix) {
+  throw LaunchError(str("accelerant::launch: ", what, ". Fix: ", fix, "."));
+}
+
+void validate(const LaunchOptions& o) {
+  if (o.num_processes() < 1) {
+    bad_option(str("num_processes is ", o.num_processes()), "ask for at least 1 process");
+  }
+  if (o.num_nodes() < 1) bad_option(str("num_nodes is ", o.num_nodes()), "use 1 or more");
+  if (o.node_rank() < 0 || o.node_rank() >= o.num_nodes()) {
+    bad_option(str("node_rank ", o.node_rank(), " is outside 0..", o.num_nodes() - 1),
+               "number the machines 0 to num_nodes - 1");
+  }
+  if (o.master_port() < 0 || o.master_port() > 65535) {
+    bad_option(str("master_port ", o.master_port(), " is not a TCP port"),
+               "use 1..65535, or 0 for a free port on one machine");
+  }
+  if (o.num_nodes() > 1 && o.master_port() == 0) {
+    bad_option("master_port 0 (a free port) cannot be used with several machines, which must all "
+               "be told the same port",
+               "pick a port, e.g. 29500, and pass it to every machine's launch");
+  }
+  if (o.max_restarts() < 0) bad_option(str("max_restarts is ", o.max_restarts()), "use 0 or more");
+  if (o.mixed_precision() != "no" && o.mixed_precision() != "fp16" && o.mixed_precision() != "bf16") {
+    bad_option(str("mixed_precision \"", o.mixed_precision(), "\" is unknown"), "use no, fp16 or bf16");
+  }
+  if (o.monitor_interval().count() <= 0 || o.timeout().count() <= 0) {
+    bad_option("monitor_interval and timeout must be positive", "give durations above zero");
+  }
+}
+
+void refuse_if_cuda_initialized() {
+  if (!cuda_initialized()) return;
+  throw LaunchError(
+      "accelerant::launch: CUDA has already been initialised in this process, and a forked child "
+      "cannot use the parent's CUDA context (its first CUDA call would fail or hang). Likely "
+      "cause: a CUDA tensor, model.to(torch::kCUDA) or a CUDA query ran before launch. Fix: do "
+      "everything that touches CUDA inside the launched function, build models on the CPU before "
+      "launch, or start the job with `accelerant launch` (separate processes).");
+}
+
+// See docs/launching.md "Threads and fork".
+int choose_threads(const LaunchOptions& o, bool verbose) {
+  const int cores = std::max(1u, std::thread::hardware_concurrency());
+  int wanted = o.threads_per_process() > 0 ? o.threads_per_process()
+                                           : std::max(1, cores / o.num_processes());
+  const int others = other_thread_count();
+  if (wanted > 1 && others > 0) {
+    if (verbose) {
+      std::fprintf(stderr,
+                   "accelerant::launch: this process already runs %d other thread(s) (LibTorch's "
+                   "or OpenBLAS's pools), which forked workers cannot use, so each worker runs "
+                   "single-threaded instead of with %d threads. To give workers more threads, "
+                   "call launch before any multi-threaded LibTorch op, or start the job with "
+                   "`accelerant launch`.\n",
+                   others, wanted);
+    }
+    wanted = 1;
+  }
+  return wanted;
+}
+
+// Debug mode: fork one throwaway child that does what a worker's first steps do, so that a fork
+// problem shows up as an error here instead of as N hung workers.
+void dry_fork(int threads, std::chrono::milliseconds limit) {
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    SignalGuard::reset_in_child();
+    set_compute_threads(threads);
+    auto x = torch::ones({256, 256});
+    volatile float sink = x.matmul(x).sum().item<float>();
+    (void)sink;
+    ::_exit(0);
+  }
+  const auto deadline = Clock::now() + limit;
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (Clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      throw LaunchError(str(
+          "accelerant::launch (debug mode): a dry-run forked worker did not finish a small "
+          "matrix product within ", limit.count(), " ms with ", threads, " thread(s). Likely cause: "
+          "thread pools inherited from this process. Fix: set threads_per_process(1), or launch "
+          "before running LibTorch ops in this process."));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  auto exit = worker_exit_from_status(-1, -1, pid, status);
+  if (is_failure(exit)) {
+    throw LaunchError(str("accelerant::launch (debug mode): a dry-run forked worker ended with ",
+                          describe_exit(exit), " before running any user code. Fix: run the "
+                          "program under gdb with `set follow-fork-mode child`."));
+  }
+}
+
+c10::intrusive_ptr<c10d::TCPStore> open_agent_store(const LaunchOptions& o) {
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<std::uint16_t>(o.master_port());
+  so.isServer = o.node_rank() == 0;
+  so.waitWorkers = false;
+  so.timeout = o.timeout();
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(o.master_addr(), so);
+  } catch (const std::exception& e) {
+    throw LaunchError(str(
+        "accelerant::launch: node ", o.node_rank(), " could not ", so.isServer ? "host" : "reach",
+        " the job's store at ", o.master_addr(), ":", o.master_port(), ": ", e.what(),
+        "\nLikely cause: ", so.isServer ? "the port is taken by another job"
+                                        : "node 0's launch is not running or the address/port differ",
+        ". Fix: use a free port and the same master_addr and master_port on every node."));
+  }
+}
+
+std::string failed_key(int attempt) { return str("accelerant/launch/attempt_", attempt, "/failed"); }
+
+enum class Outcome { kSucceeded, kFailedHere, kFailedElsewhere, kInterrupted };
+
+class Agent {
+ public:
+  Agent(const LaunchOptions& o, const WorkerBody& body)
+      : o_(o), body_(body), relay_(o.prefix_output(), static_cast<size_t>(std::max(0, o.stderr_tail_lines()))) {}
+
+  std::vector<std::vector<char>> run() {
+    validate(o_);
+    refuse_if_cuda_initialized();
+    const bool debug = o_.debug().value_or(read_distributed_env().debug_mode);
+    threads_ = choose_threads(o_, o_.verbose());
+    if (debug) dry_fork(threads_, std::min(o_.timeout(), std::chrono::milliseconds(60000)));
+    workdir_ = make_workdir();
+    store_ = open_agent_store(o_);
+    port_ = store_->getPort();
+    if (o_.verbose()) print_banner();
+    SignalGuard signals;
+    for (int attempt = 0;; ++attempt) {
+      start_group(attempt, debug);
+      Outcome outcome = monitor(attempt, signals);
+      if (outcome == Outcome::kSucceeded) {
+        relay_.drain(1000);
+        wait_for_other_nodes(attempt);
+        auto results = collect_results();
+        cleanup();
+        return results;
+      }
+      if (outcome == Outcome::kFailedHere) publish_failure(attempt);
+      stop_group();
+      if (outcome == Outcome::kInterrupted) {
+        cleanup();
+        signals.reraise();
+        throw LaunchError(str("accelerant::launch: stopped by signal ", signals.caught(),
+                              "; every worker was stopped."));
+      }
+      const std::string report = outcome == Outcome::kFailedHere
+                                     ? failure_report(first_failure_, o_.node_rank(), attempt, o_.max_restarts())
+                                     : remote_failure_;
+      if (attempt < o_.max_restarts()) {
+        if (o_.verbose()) {
+          std::fprintf(stderr, "accelerant::launch: %s\nRestarting the group (restart %d of %d).\n",
+                       report.c_str(), attempt + 1, o_.max_restarts());
+        }
+        continue;
+      }
+      cleanup();
+      throw LaunchError("accelerant::launch: " + report, first_failure_, attempt);
+    }
+  }
+
+  ~Agent() {
+    stop_group();
+    cleanup();
+  }
+
+ private:
+  std::string make_workdir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "accelerant-launch-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      throw LaunchError(str("accelerant::launch could not create a temporary directory from ",
+                            pattern, ": ", std::strerror(errno), ". Fix: set TMPDIR to a writable directory."));
+    }
+    return pattern;
+  }
+
+  void print_banner() {
+    const bool gpu = cuda_available();
+    const int world = o_.num_processes() * o_.num_nodes();
+    std::string line = str("Launching training on ", o_.num_processes(), gpu ? " GPU" : " CPU",
+                           o_.num_processes() == 1 ? "" : "s");
+    if (o_.num_nodes() > 1) {
+      line += str(" (node ", o_.node_rank(), " of ", o_.num_nodes(), ", ", world, " processes in all)");
+    }
+    std::printf("%s.\n", line.c_str());
+    std::fflush(stdout);
+  }
+
+  void start_group(int attempt, bool debug) {
+    relay_.reset();
+    workers_.clear();
+    first_failure_ = WorkerExit{};
+    for (int local = 0; local < o_.num_processes(); ++local) {
+      DistributedEnv env;
+      env.source = EnvSource::kAccelerant;
+      env.rank = o_.node_rank() * o_.num_processes() + local;
+      env.world_size = o_.num_processes() * o_.num_nodes();
+      env.local_rank = local;
+      env.local_world_size = o_.num_processes();
+      env.node_rank = o_.node_rank();
+      env.num_nodes = o_.num_nodes();
+      env.master_addr = o_.master_addr();
+      env.master_port = port_;
+      env.agent_hosts_store = true;
+      env.restart_count = attempt;
+      env.debug_mode = debug;
+      env.timeout = o_.timeout();
+      env.mixed_precision = o_.mixed_precision();
+      env.threads_per_process = threads_;
+      WorkerSpec spec;
+      spec.rank = env.rank;
+      spec.local_rank = local;
+      spec.threads = threads_;
+      spec.result_path = str(workdir_, "/result.", local);
+      spec.error_path = str(workdir_, "/error.", local);
+      env.error_file = spec.error_path;
+      spec.environment = to_environment(env);
+      std::remove(spec.result_path.c_str());
+      std::remove(spec.error_path.c_str());
+      workers_.push_back(start_worker(spec, body_, relay_));
+    }
+  }
+
+  // Reaps exited workers; records the first failure. True when every worker has exited.
+  bool reap() {
+    bool all_done = true;
+    for (auto& w : workers_) {
+      if (!w.running) continue;
+      int status = 0;
+      if (::waitpid(w.pid, &status, WNOHANG) == w.pid) {
+        w.running = false;
+        w.wait_status = status;
+        auto exit = worker_exit_from_status(w.spec.rank, w.spec.local_rank, w.pid, status);
+        if (is_failure(exit) && first_failure_.rank < 0) first_failure_ = exit;
+      } else {
+        all_done = false;
+      }
+    }
+    return all_done;
+  }
+
+  Outcome monitor(int attempt, const SignalGuard& signals) {
+    const int interval = static_cast<int>(o_.monitor_interval().count());
+    while (true) {
+      if (relay_.pump(interval, signals.wake_fd()) || signals.caught() != 0) return Outcome::kInterrupted;
+      const bool all_done = reap();
+      if (first_failure_.rank >= 0) {
+        relay_.drain(500);  // the failed worker's last words belong in the report
+        first_failure_.stderr_tail = relay_.stderr_tail(first_failure_.rank);
+        first_failure_.error_text = read_file(workers_[first_failure_.local_rank].spec.error_path);
+        return Outcome::kFailedHere;
+      }
+      if (all_done) return Outcome::kSucceeded;
+      if (o_.num_nodes() > 1 && other_node_failed(attempt)) {
+        auto bytes = store_->get(failed_key(attempt));
+        remote_failure_ = str("another node's worker failed: ", std::string(bytes.begin(), bytes.end()));
+        return Outcome::kFailedElsewhere;
+      }
+    }
+  }
+
+  bool other_node_failed(int attempt) {
+    try {
+      return store_->check({failed_key(attempt)});
+    } catch (const std::exception&) {
+      return false;  // node 0 is gone: our workers lose their peers and report it themselves
+    }
+  }
+
+  // Node 0 hosts the store, so it leaves last: it waits until every node's group succeeded.
+  void wait_for_other_nodes(int attempt) {
+    if (o_.num_nodes() == 1) return;
+    const std::string done = str("accelerant/launch/attempt_", attempt, "/nodes_done");
+    try {
+      store_->add(done, 1);
+      if (o_.node_rank() != 0) return;
+      const auto deadline = Clock::now() + o_.timeout();
+      while (store_->add(done, 0) < o_.num_nodes() && Clock::now() < deadline) {
+        std::this_thread::sleep_for(o_.monitor_interval());
+      }
+    } catch (const std::exception&) {
+      // Our own group succeeded; a store problem now cannot change that.
+    }
+  }
+
+  void publish_failure(int attempt) {
+    if (o_.num_nodes() == 1) return;
+    const std::string text = failure_report(first_failure_, o_.node_rank(), attempt, o_.max_restarts());
+    try {
+      store_->set(failed_key(attempt), std::vector<uint8_t>(text.begin(), text.end()));
+    } catch (const std::exception&) {
+      // The store host (node 0) is gone; the other nodes will find out through their workers.
+    }
+  }
+
+  // SIGTERM, a grace period, then SIGKILL; every worker reaped before returning.
+  void stop_group() {
+    bool any = false;
+    for (auto& w : workers_) {
+      if (w.running) {
+        ::kill(w.pid, SIGTERM);
+        any = true;
+      }
+    }
+    if (!any) return;
+    const auto deadline = Clock::now() + o_.stop_grace_period();
+    while (!reap() && Clock::now() < deadline) relay_.pump(20);
+    for (auto& w : workers_) {
+      if (!w.running) continue;
+      ::kill(w.pid, SIGKILL);
+      ::waitpid(w.pid, &w.wait_status, 0);
+      w.running = false;
+    }
+    relay_.drain(500);
+  }
+
+  std::vector<std::vector<char>> collect_results() {
+    std::vector<std::vector<char>> results;
+    for (auto& w : workers_) {
+      std::string bytes = read_file(w.spec.result_path);
+      results.emplace_back(bytes.begin(), bytes.end());
+    }
+    return results;
+  }
+
+  void cleanup() {
+    if (workdir_.empty()) return;
+    std::error_code ignored;
+    std::filesystem::remove_all(workdir_, ignored);
+    workdir_.clear();
+  }
+
+  const LaunchOptions& o_;
+  const WorkerBody& body_;
+  OutputRelay relay_;
+  int threads_ = 1;
+  std::string workdir_;
+  c10::intrusive_ptr<c10d::TCPStore> store_;
+  int port_ = 0;
+  std::vector<WorkerProcess> workers_;
+  WorkerExit first_failure_;
+  std::string remote_failure_;
+};
+
+}  // namespace
+
+std::vector<std::vector<char>> launch_forked(const LaunchOptions& options, const WorkerBody& body) {
+  Agent agent(options, body);
+  return agent.run();
+}
+
+}  // namespace accelerant::detail

@@ -1,0 +1,112 @@
+#include "output_relay.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+
+namespace accelerant::detail {
+
+OutputRelay::OutputRelay(bool prefix_with_rank, size_t tail_lines)
+    : prefix_(prefix_with_rank), tail_lines_(tail_lines) {}
+
+void OutputRelay::add(int fd, int rank, bool is_stderr) {
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  streams_.push_back({fd, rank, is_stderr, {}});
+}
+
+void OutputRelay::emit(const Stream& s, const std::string& line) {
+  std::string out = prefix_ ? "[rank " + std::to_string(s.rank) + "] " + line : line;
+  out += '\n';
+  const int target = s.is_stderr ? STDERR_FILENO : STDOUT_FILENO;
+  for (size_t done = 0; done < out.size();) {
+    ssize_t n = ::write(target, out.data() + done, out.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // our own output is gone (closed pipe): keep relaying for the tail
+    done += static_cast<size_t>(n);
+  }
+  if (!s.is_stderr || tail_lines_ == 0) return;
+  for (auto& [rank, lines] : tails_) {
+    if (rank != s.rank) continue;
+    lines.push_back(line);
+    if (lines.size() > tail_lines_) lines.pop_front();
+    return;
+  }
+  tails_.push_back({s.rank, {line}});
+}
+
+void OutputRelay::read_from(Stream& s) {
+  char buffer[8192];
+  while (true) {
+    ssize_t n = ::read(s.fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return;  // EAGAIN: nothing more for now
+    if (n == 0) {       // EOF: the worker (and anything that inherited its pipe) is gone
+      if (!s.partial.empty()) emit(s, s.partial);
+      s.partial.clear();
+      ::close(s.fd);
+      s.fd = -1;
+      return;
+    }
+    s.partial.append(buffer, static_cast<size_t>(n));
+    size_t start = 0;
+    for (size_t nl; (nl = s.partial.find('\n', start)) != std::string::npos; start = nl + 1) {
+      emit(s, s.partial.substr(start, nl - start));
+    }
+    s.partial.erase(0, start);
+  }
+}
+
+bool OutputRelay::pump(int timeout_ms, int wake_fd) {
+  std::vector<pollfd> fds;
+  std::vector<Stream*> owners;
+  for (auto& s : streams_) {
+    if (s.fd < 0) continue;
+    fds.push_back({s.fd, POLLIN, 0});
+    owners.push_back(&s);
+  }
+  if (wake_fd >= 0) fds.push_back({wake_fd, POLLIN, 0});
+  if (fds.empty()) return false;
+  int ready = ::poll(fds.data(), fds.size(), timeout_ms);
+  if (ready <= 0) return false;
+  for (size_t i = 0; i < owners.size(); ++i) {
+    if (fds[i].revents != 0) read_from(*owners[i]);
+  }
+  return wake_fd >= 0 && (fds.back().revents & POLLIN) != 0;
+}
+
+void OutputRelay::drain(int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  auto open_streams = [&] {
+    for (auto& s : streams_) if (s.fd >= 0) return true;
+    return false;
+  };
+  while (open_streams() && std::chrono::steady_clock::now() < deadline) pump(20);
+  for (auto& s : streams_) {
+    if (s.fd < 0) continue;
+    read_from(s);
+    if (!s.partial.empty()) emit(s, s.partial);
+    if (s.fd >= 0) ::close(s.fd);
+    s.fd = -1;
+  }
+}
+
+std::string OutputRelay::stderr_tail(int rank) const {
+  for (const auto& [r, lines] : tails_) {
+    if (r != rank) continue;
+    std::string out;
+    for (const auto& line : lines) out += line + "\n";
+    return out;
+  }
+  return "";
+}
+
+void OutputRelay::reset() {
+  drain(0);
+  streams_.clear();
+  tails_.clear();
+}
+
+}  // namespace accelerant::detail

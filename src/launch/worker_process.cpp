@@ -1,0 +1,118 @@
+#include "worker_process.h"
+
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "../text.h"
+#include "../thread_config.h"
+#include "accelerant/process_state.h"
+#include "signal_guard.h"
+
+namespace accelerant::detail {
+namespace {
+
+void flush_all_output() {
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+}
+
+int report_uncaught(const WorkerSpec& spec, const std::string& text) {
+  write_file_atomically(spec.error_path, text);
+  std::fprintf(stderr, "[rank %d] worker failed with an uncaught exception: %s\n", spec.rank,
+               text.c_str());
+  return 1;
+}
+
+[[noreturn]] void run_in_child(const WorkerSpec& spec, const WorkerBody& body) {
+  int code = 0;
+  try {
+    std::vector<char> result = body(spec.rank);
+    if (!write_file_atomically(spec.result_path, std::string(result.begin(), result.end()))) {
+      throw Error(str("could not write the worker's result to ", spec.result_path,
+                      " (disk full or directory removed?)"));
+    }
+    ProcessState::shutdown();
+  } catch (const c10::Error& e) {  // LibTorch's what() carries a C++ backtrace: keep it short
+    code = report_uncaught(spec, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    code = report_uncaught(spec, e.what());
+  } catch (...) {
+    write_file_atomically(spec.error_path, "an exception of a type not derived from std::exception");
+    std::fprintf(stderr, "[rank %d] worker failed with an exception of unknown type\n", spec.rank);
+    code = 1;
+  }
+  flush_all_output();
+  ::_exit(code);
+}
+
+}  // namespace
+
+bool write_file_atomically(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()))) return false;
+    out.flush();
+    if (!out) return false;
+  }
+  return std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream content;
+  content << in.rdbuf();
+  return content.str();
+}
+
+WorkerProcess start_worker(const WorkerSpec& spec, const WorkerBody& body, OutputRelay& relay) {
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+    throw LaunchError(str("accelerant::launch could not create pipes for rank ", spec.rank,
+                          " (too many open files?). Fix: raise `ulimit -n`."));
+  }
+  flush_all_output();  // or the child would print the parent's buffered output again
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    throw LaunchError(str("accelerant::launch: fork() failed for rank ", spec.rank, ": ",
+                          std::strerror(errno), ". Likely cause: too many processes or too little "
+                          "memory. Fix: lower num_processes."));
+  }
+  if (pid == 0) {
+    SignalGuard::reset_in_child();
+    // Die with the launcher, whatever kills it; and do not start if it is already gone.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(kExitParentGone);
+    ::dup2(out[1], STDOUT_FILENO);
+    ::dup2(err[1], STDERR_FILENO);
+    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
+    std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a pipe would otherwise be block-buffered
+    for (const auto& [name, value] : spec.environment) ::setenv(name.c_str(), value.c_str(), 1);
+    set_compute_threads(spec.threads);
+    forget_process_state_after_fork();
+    run_in_child(spec, body);
+  }
+  ::close(out[1]);
+  ::close(err[1]);
+  relay.add(out[0], spec.rank, /*is_stderr=*/false);
+  relay.add(err[0], spec.rank, /*is_stderr=*/true);
+  WorkerProcess worker;
+  worker.spec = spec;
+  worker.pid = pid;
+  worker.running = true;
+  return worker;
+}
+
+}  // namespace accelerant::detail

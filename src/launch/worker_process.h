@@ -1,0 +1,42 @@
+// One forked worker: its pipes, its environment, its thread settings, and the wrapper that runs
+// the user's function, records its result or its uncaught exception, and leaves with _exit (the
+// parent's atexit handlers and static destructors must not run twice).
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <string>
+
+#include "accelerant/launch.h"
+#include "output_relay.h"
+
+namespace accelerant::detail {
+
+struct WorkerSpec {
+  int rank = 0;        // global
+  int local_rank = 0;  // on this machine
+  int threads = 1;
+  std::map<std::string, std::string> environment;
+  std::string result_path;  // the serialised return value, written on success
+  std::string error_path;   // the uncaught exception's text, written on failure
+};
+
+struct WorkerProcess {
+  WorkerSpec spec;
+  pid_t pid = -1;
+  bool running = false;
+  int wait_status = 0;  // from waitpid, valid once !running
+};
+
+/// Exit code of a worker that found its parent gone before it started.
+constexpr int kExitParentGone = 125;
+
+/// Forks a worker running `body`, relaying its stdout/stderr through `relay`.
+WorkerProcess start_worker(const WorkerSpec& spec, const WorkerBody& body, OutputRelay& relay);
+
+/// Writes `bytes` to `path` through a temporary file and a rename (readers never see half a file).
+bool write_file_atomically(const std::string& path, const std::string& bytes);
+std::string read_file(const std::string& path);
+
+}  // namespace accelerant::detail

@@ -1,0 +1,3 @@
+// Precompiled for every target: LibTorch's headers dominate compile time (see docs/building.md).
+#pragma once
+#include <torch/torch.h>

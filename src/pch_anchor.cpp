@@ -1,0 +1,1 @@
+// Anchors the shared precompiled header (src/pch.h); intentionally empty.

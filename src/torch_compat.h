@@ -1,0 +1,33 @@
+// The one file that knows the differences between LibTorch 1.13 (Debian, CI) and 2.x (pip,
+// CUDA machines). Everything else includes this instead of testing TORCH_VERSION itself.
+#pragma once
+
+#include <torch/version.h>
+
+#ifndef USE_C10D_GLOO
+#define USE_C10D_GLOO  // c10d's Gloo headers are guarded by it; LibTorch is always built with Gloo
+#endif
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+namespace accelerant::detail {
+
+// 1.13: the Gloo and NCCL process groups derive from c10d::ProcessGroup.
+// 2.x:  they derive from c10d::Backend, and ProcessGroup became a dispatcher over backends.
+#if TORCH_VERSION_MAJOR >= 2
+using CommBackend = c10d::Backend;
+#else
+using CommBackend = c10d::ProcessGroup;
+#endif
+
+/// True when this process has created a CUDA context (forking it would break the children).
+bool cuda_initialized();
+
+/// True when LibTorch was built with CUDA and a GPU is visible.
+bool cuda_available();
+
+}  // namespace accelerant::detail

@@ -1,0 +1,137 @@
+// Collectives that go wrong must fail fast and say why: mismatched shapes in debug mode, a rank
+// that never arrives (named, within twice the timeout), a rank missing at the rendezvous.
+#include <accelerant/accelerant.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+using namespace accelerant;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+}  // namespace
+
+TEST(CollectiveFailures, DebugModeMismatchListsEveryRanksShape) {
+  auto messages = launch(
+      [](int index) -> std::string {
+        auto& comm = ProcessState::get().communicator();
+        comm.all_reduce(torch::ones({2}));  // agreeing call first: sequence numbers line up
+        try {
+          comm.all_reduce(torch::ones({4 + index}));
+          return "no error";
+        } catch (const CollectiveMismatchError& e) {
+          return e.what();
+        }
+      },
+      LaunchOptions().num_processes(2).debug(true).timeout(std::chrono::seconds(20)).verbose(false));
+  for (const auto& m : messages) {
+    EXPECT_TRUE(contains(m, "disagree about collective #2")) << m;
+    EXPECT_TRUE(contains(m, "rank 0: all_reduce(sum) Float [4]")) << m;
+    EXPECT_TRUE(contains(m, "rank 1: all_reduce(sum) Float [5]")) << m;
+    EXPECT_TRUE(contains(m, "Fix:")) << m;
+  }
+}
+
+TEST(CollectiveFailures, GatherWithDifferentTrailingDimsIsAnErrorEvenWithoutDebugMode) {
+  auto messages = launch(
+      [](int index) -> std::string {
+        try {
+          ProcessState::get().communicator().gather(torch::ones({2, 3 + index}));
+          return "no error";
+        } catch (const CollectiveMismatchError& e) {
+          return e.what();
+        }
+      },
+      LaunchOptions().num_processes(2).timeout(std::chrono::seconds(20)).verbose(false));
+  for (const auto& m : messages) {
+    EXPECT_TRUE(contains(m, "rank 0: Float [2, 3]")) << m;
+    EXPECT_TRUE(contains(m, "rank 1: Float [2, 4]")) << m;
+  }
+}
+
+TEST(CollectiveFailures, ARankThatNeverArrivesIsNamedWithinTwiceTheTimeout) {
+  constexpr auto kTimeout = std::chrono::milliseconds(1500);
+  constexpr int kSleeper = 2;
+  auto results = launch(
+      [&](int index) -> std::string {
+        auto& comm = ProcessState::get().communicator();
+        comm.barrier();
+        if (index == kSleeper) {  // never joins the all_reduce below
+          std::this_thread::sleep_for(kTimeout * 3);
+          return "slept";
+        }
+        const auto start = Clock::now();
+        try {
+          comm.all_reduce(torch::ones({8}));
+          return "no error";
+        } catch (const CollectiveError& e) {
+          const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+          std::string missing;
+          for (int r : e.missing_ranks()) missing += std::to_string(r) + ",";
+          // Later calls are refused at once: the group is broken.
+          std::string refused;
+          try {
+            comm.barrier();
+          } catch (const CollectiveError& again) {
+            refused = again.what();
+          }
+          return std::to_string(waited.count()) + "|" + missing + "|" + e.what() + "|" + refused;
+        }
+      },
+      LaunchOptions().num_processes(3).timeout(kTimeout).verbose(false));
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_EQ(results[kSleeper], "slept");
+  for (int r : {0, 1}) {
+    const std::string& m = results[r];
+    SCOPED_TRACE(m);
+    const long waited = std::stol(m.substr(0, m.find('|')));
+    EXPECT_LT(waited, 2 * kTimeout.count());
+    EXPECT_GE(waited, kTimeout.count() / 2);
+    EXPECT_TRUE(contains(m, "|2,|"));
+    EXPECT_TRUE(contains(m, "Rank 2 did not reach this collective"));
+    EXPECT_TRUE(contains(m, "[rank " + std::to_string(r) + "/3]"));
+    EXPECT_TRUE(contains(m, "refused: this communicator broke earlier"));
+  }
+}
+
+TEST(CollectiveFailures, DebugModeNamesARankThatNeverArrives) {
+  auto results = launch(
+      [](int index) -> std::string {
+        auto& comm = ProcessState::get().communicator();
+        if (index == 1) {
+          std::this_thread::sleep_for(std::chrono::seconds(3));
+          return "slept";
+        }
+        try {
+          comm.all_reduce(torch::ones({1}));
+          return "no error";
+        } catch (const CollectiveError& e) {
+          return e.what();
+        }
+      },
+      LaunchOptions().num_processes(2).debug(true).timeout(std::chrono::seconds(1)).verbose(false));
+  EXPECT_TRUE(contains(results[0], "Rank 1 never reached it")) << results[0];
+}
+
+TEST(CollectiveFailures, RendezvousNamesTheRanksThatNeverJoined) {
+  auto results = launch(
+      [](int index) -> std::string {
+        if (index == 1) {
+          std::this_thread::sleep_for(std::chrono::seconds(3));  // never initialises
+          return "absent";
+        }
+        try {
+          ProcessState::get();
+          return "no error";
+        } catch (const CollectiveError& e) {
+          return e.what();
+        }
+      },
+      LaunchOptions().num_processes(2).timeout(std::chrono::seconds(1)).verbose(false));
+  EXPECT_TRUE(contains(results[0], "rank(s) 1 of 2 never arrived")) << results[0];
+}

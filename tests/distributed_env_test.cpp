@@ -1,0 +1,174 @@
+// Table tests for reading the distributed environment: every launcher's variable set, and every
+// bad value, which must name the variable, its value and a fix.
+#include <accelerant/distributed_env.h>
+#include <accelerant/error.h>
+#include <gtest/gtest.h>
+
+#include <map>
+
+using namespace accelerant;
+
+namespace {
+
+DistributedEnv parse(const std::map<std::string, std::string>& vars) {
+  return parse_distributed_env([&](const std::string& name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  });
+}
+
+}  // namespace
+
+TEST(DistributedEnv, NoVariablesMeansOneProcess) {
+  auto env = parse({});
+  EXPECT_EQ(env.source, EnvSource::kNone);
+  EXPECT_EQ(env.rank, 0);
+  EXPECT_EQ(env.world_size, 1);
+  EXPECT_FALSE(env.distributed());
+}
+
+struct GoodCase {
+  std::string name;
+  std::map<std::string, std::string> vars;
+  EnvSource source;
+  int rank, world, local_rank, local_world, node, nodes;
+};
+
+TEST(DistributedEnv, ReadsEachLauncher) {
+  const std::vector<GoodCase> cases = {
+      {"torchrun",
+       {{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"},
+        {"GROUP_RANK", "1"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "1234"}},
+       EnvSource::kTorchrun, 5, 8, 1, 4, 1, 2},
+      {"accelerant",
+       {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
+        {"MASTER_ADDR", "127.0.0.1"}, {"ACCELERANT_LAUNCHER", "1"}},
+       EnvSource::kAccelerant, 1, 2, 1, 2, 0, 1},
+      {"slurm",
+       {{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "1"},
+        {"SLURM_NNODES", "2"}, {"MASTER_ADDR", "node1"}},
+       EnvSource::kSlurm, 3, 4, 1, 2, 1, 2},
+      {"openmpi",
+       {{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+        {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+        {"MASTER_ADDR", "node0"}},
+       EnvSource::kOpenMpi, 2, 4, 0, 2, 1, 2},
+      {"torchrun wins over slurm",
+       {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"},
+        {"MASTER_ADDR", "127.0.0.1"}},
+       EnvSource::kTorchrun, 0, 2, 0, 2, 0, 1},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto env = parse(c.vars);
+    EXPECT_EQ(env.source, c.source);
+    EXPECT_EQ(env.rank, c.rank);
+    EXPECT_EQ(env.world_size, c.world);
+    EXPECT_EQ(env.local_rank, c.local_rank);
+    EXPECT_EQ(env.local_world_size, c.local_world);
+    EXPECT_EQ(env.node_rank, c.node);
+    EXPECT_EQ(env.num_nodes, c.nodes);
+  }
+}
+
+TEST(DistributedEnv, DefaultsAndExtras) {
+  auto env = parse({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"},
+                    {"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"TORCHELASTIC_RESTART_COUNT", "2"},
+                    {"ACCELERANT_DEBUG_MODE", "1"}, {"ACCELERANT_TIMEOUT_MS", "1500"},
+                    {"ACCELERANT_MIXED_PRECISION", "BF16"}});
+  EXPECT_EQ(env.master_port, 29500);
+  EXPECT_TRUE(env.agent_hosts_store);
+  EXPECT_EQ(env.restart_count, 2);
+  EXPECT_TRUE(env.debug_mode);
+  ASSERT_TRUE(env.timeout.has_value());
+  EXPECT_EQ(env.timeout->count(), 1500);
+  EXPECT_EQ(env.mixed_precision, "bf16");
+}
+
+TEST(DistributedEnv, RoundTripsThroughLauncherVariables) {
+  DistributedEnv in;
+  in.rank = 3;
+  in.world_size = 4;
+  in.local_rank = 1;
+  in.local_world_size = 2;
+  in.node_rank = 1;
+  in.master_addr = "127.0.0.1";
+  in.master_port = 4242;
+  in.agent_hosts_store = true;
+  in.restart_count = 1;
+  in.debug_mode = true;
+  in.timeout = std::chrono::milliseconds(777);
+  in.mixed_precision = "bf16";
+  in.threads_per_process = 2;
+  auto vars = to_environment(in);
+  auto out = parse(vars);
+  EXPECT_EQ(out.source, EnvSource::kAccelerant);
+  EXPECT_EQ(out.rank, 3);
+  EXPECT_EQ(out.world_size, 4);
+  EXPECT_EQ(out.local_rank, 1);
+  EXPECT_EQ(out.node_rank, 1);
+  EXPECT_EQ(out.num_nodes, 2);
+  EXPECT_EQ(out.master_port, 4242);
+  EXPECT_TRUE(out.agent_hosts_store);
+  EXPECT_EQ(out.restart_count, 1);
+  EXPECT_TRUE(out.debug_mode);
+  EXPECT_EQ(out.timeout->count(), 777);
+  EXPECT_EQ(out.mixed_precision, "bf16");
+  EXPECT_EQ(out.threads_per_process, 2);
+  EXPECT_EQ(vars.at("OMP_NUM_THREADS"), "2");
+}
+
+struct BadCase {
+  std::map<std::string, std::string> vars;
+  std::string variable;  // must be named, with its value
+  std::string value;
+  std::string phrase;    // part of the explanation
+};
+
+TEST(DistributedEnv, RejectsBadValuesNamingVariableValueAndFix) {
+  const std::map<std::string, std::string> ok = {{"MASTER_ADDR", "127.0.0.1"}};
+  auto with = [&](std::map<std::string, std::string> extra) {
+    extra.insert(ok.begin(), ok.end());
+    return extra;
+  };
+  const std::vector<BadCase> cases = {
+      {with({{"RANK", "4"}, {"WORLD_SIZE", "4"}}), "RANK", "4", "not less than the world size 4"},
+      {with({{"RANK", "abc"}, {"WORLD_SIZE", "4"}}), "RANK", "abc", "not an integer"},
+      {with({{"RANK", "1"}, {"WORLD_SIZE", "2x"}}), "WORLD_SIZE", "2x", "not an integer"},
+      {with({{"RANK", "0"}, {"WORLD_SIZE", "0"}}), "WORLD_SIZE", "0", "out of range"},
+      {with({{"RANK", "-1"}, {"WORLD_SIZE", "2"}}), "RANK", "-1", "out of range"},
+      {{{"RANK", "0"}, {"WORLD_SIZE", "2"}}, "MASTER_ADDR", "", "is missing"},
+      {with({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}}), "MASTER_PORT", "70000", "out of range"},
+      {with({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "0"}}), "MASTER_PORT", "0", "out of range"},
+      {with({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "http"}}), "MASTER_PORT", "http", "not an integer"},
+      {with({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}}),
+       "LOCAL_RANK", "2", "not less than the local world size 2"},
+      {with({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "4"}}), "LOCAL_WORLD_SIZE", "4",
+       "larger than the world size"},
+      {with({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"}, {"GROUP_RANK", "5"}}),
+       "GROUP_RANK", "5", "not less than the number of machines 2"},
+      {with({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "2"}}), "SLURM_PROCID", "2", "not less than"},
+      {{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}, "MASTER_ADDR", "", "scontrol show hostnames"},
+      {with({{"OMPI_COMM_WORLD_RANK", "x"}, {"OMPI_COMM_WORLD_SIZE", "2"}}), "OMPI_COMM_WORLD_RANK", "x",
+       "not an integer"},
+      {{{"ACCELERANT_DEBUG_MODE", "maybe"}}, "ACCELERANT_DEBUG_MODE", "maybe", "not a boolean"},
+      {{{"ACCELERANT_MIXED_PRECISION", "fp8"}}, "ACCELERANT_MIXED_PRECISION", "fp8", "use no, fp16 or bf16"},
+      {{{"ACCELERANT_TIMEOUT_MS", "-5"}}, "ACCELERANT_TIMEOUT_MS", "-5", "out of range"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.variable + "=" + c.value);
+    try {
+      parse(c.vars);
+      ADD_FAILURE() << "no error for " << c.variable << "=" << c.value;
+    } catch (const EnvironmentError& e) {
+      const std::string message = e.what();
+      EXPECT_EQ(e.variable(), c.variable);
+      EXPECT_EQ(e.value(), c.value);
+      EXPECT_NE(message.find(c.variable), std::string::npos) << message;
+      EXPECT_NE(message.find(c.phrase), std::string::npos) << message;
+      EXPECT_NE(message.find("Fix:"), std::string::npos) << message;
+      if (!c.value.empty()) EXPECT_NE(message.find("=" + c.value), std::string::npos) << message;
+    }
+  }
+}

@@ -1,0 +1,48 @@
+// A small program the tests start as a separate process, to play a launcher "node" or a launcher
+// that receives signals or dies.
+//   launch_helper node NODE_RANK PORT    one of two nodes with 2 workers each; prints each result
+//   launch_helper sleepy DIR             2 workers that write DIR/pid.<rank> and sleep
+#include <accelerant/accelerant.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+using namespace accelerant;
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "node" && argc == 4) {
+    auto options = LaunchOptions()
+                       .num_processes(2)
+                       .num_nodes(2)
+                       .node_rank(std::stoi(argv[2]))
+                       .master_port(std::stoi(argv[3]))
+                       .timeout(std::chrono::seconds(30));
+    auto results = launch(
+        [](int index) {
+          auto& state = ProcessState::get();
+          auto sum = state.communicator().all_reduce(torch::tensor({index}), ReduceOp::kSum);
+          return "rank=" + std::to_string(state.process_index()) +
+                 " world=" + std::to_string(state.num_processes()) +
+                 " node=" + std::to_string(state.node_index()) +
+                 " sum=" + std::to_string(sum.item<int64_t>());
+        },
+        options);
+    for (const auto& line : results) std::cout << line << "\n";
+    return 0;
+  }
+  if (mode == "sleepy" && argc == 3) {
+    const std::string dir = argv[2];
+    launch(
+        [&dir](int index) {
+          std::ofstream(dir + "/pid." + std::to_string(index)) << ::getpid() << "\n";
+          std::this_thread::sleep_for(std::chrono::minutes(10));
+        },
+        LaunchOptions().num_processes(2).stop_grace_period(std::chrono::seconds(1)));
+    return 0;
+  }
+  std::cerr << "usage: launch_helper node NODE_RANK PORT | sleepy DIR\n";
+  return 2;
+}

@@ -1,0 +1,185 @@
+// accelerant::launch: results come back, failures restart the group or are reported naming the
+// rank, its exit code or signal and its error, and no worker outlives the launch.
+#include <accelerant/accelerant.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <fstream>
+
+#include "test_support.h"
+
+using namespace accelerant;
+using namespace accelerant::testing;
+
+namespace {
+
+LaunchOptions quiet(int n) { return LaunchOptions().num_processes(n).timeout(std::chrono::seconds(30)).verbose(false); }
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+void record_pid(const std::string& dir, int index) {
+  std::ofstream(dir + "/pid." + std::to_string(index) + "." + std::to_string(::getpid())) << ::getpid();
+}
+
+}  // namespace
+
+TEST(Launch, FourWorkersReturnTheirResultsInRankOrder) {
+  auto results = launch(
+      [](int index, const std::string& greeting) {
+        auto& state = ProcessState::get();
+        return greeting + " " + std::to_string(index) + "/" + std::to_string(state.num_processes()) +
+               " local " + std::to_string(state.local_process_index()) +
+               (state.is_main_process() ? " main" : "");
+      },
+      std::string("hello"), quiet(4));
+  ASSERT_EQ(results.size(), 4u);
+  EXPECT_EQ(results[0], "hello 0/4 local 0 main");
+  EXPECT_EQ(results[3], "hello 3/4 local 3");
+}
+
+TEST(Launch, FunctionWithoutIndexAndVoidResult) {
+  int calls_in_parent = 0;
+  launch([&calls_in_parent] { ++calls_in_parent; }, quiet(2));  // runs in the children only
+  EXPECT_EQ(calls_in_parent, 0);
+  // fn(int) with an int argument gets the argument; without arguments it gets the index.
+  EXPECT_EQ(launch([](int x) { return 2 * x; }, 21, quiet(1)), std::vector<int>({42}));
+  EXPECT_EQ(launch([](int x) { return 2 * x; }, quiet(2)), std::vector<int>({0, 2}));
+  auto sums = launch([](const torch::Tensor& t) { return t.sum(); }, torch::ones({3}), quiet(2));
+  EXPECT_EQ(sums[1].item<float>(), 3.0f);
+}
+
+TEST(Launch, WorkersSeeTheOptionsAndTheTorchrunContract) {
+  auto results = launch(
+      [](int) {
+        auto& state = ProcessState::get();
+        return std::string(std::getenv("RANK")) + "," + std::getenv("WORLD_SIZE") + "," +
+               std::getenv("ACCELERANT_MIXED_PRECISION") + "," + state.env().mixed_precision + "," +
+               (state.debug_mode() ? "debug" : "nodebug") + "," + std::to_string(state.restart_count());
+      },
+      quiet(2).mixed_precision("bf16").debug(true));
+  EXPECT_EQ(results[1], "1,2,bf16,bf16,debug,0");
+}
+
+TEST(Launch, SigkilledWorkerRestartsTheGroupWhichThenFinishes) {
+  const std::string dir = make_temp_dir();
+  auto results = launch(
+      [&dir](int index) {
+        record_pid(dir, index);
+        auto& state = ProcessState::get();
+        if (state.restart_count() == 0 && index == 1) ::raise(SIGKILL);
+        auto total = state.communicator().all_reduce(torch::ones({1}));
+        return std::to_string(state.restart_count()) + ":" + std::to_string(total.item<int>());
+      },
+      quiet(2).max_restarts(1));
+  EXPECT_EQ(results, std::vector<std::string>({"1:2", "1:2"}));
+  auto pids = read_pid_files(dir);
+  EXPECT_EQ(pids.size(), 4u);  // two attempts of two workers
+  EXPECT_TRUE(wait_until_dead(pids, std::chrono::milliseconds(0)).empty());
+  remove_tree(dir);
+}
+
+TEST(Launch, WithoutRestartsASigkilledWorkerIsReportedByRankAndSignal) {
+  const std::string dir = make_temp_dir();
+  try {
+    launch(
+        [&dir](int index) {
+          record_pid(dir, index);
+          ProcessState::get();
+          if (index == 1) {
+            std::fprintf(stderr, "rank one was here\n");
+            ::raise(SIGKILL);
+          }
+          std::this_thread::sleep_for(std::chrono::seconds(60));  // must be stopped by the agent
+        },
+        quiet(2).stop_grace_period(std::chrono::milliseconds(500)));
+    FAIL() << "launch should have thrown";
+  } catch (const LaunchError& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(e.first_failure().rank, 1) << m;
+    EXPECT_EQ(e.first_failure().signal, SIGKILL) << m;
+    EXPECT_TRUE(contains(m, "worker rank 1")) << m;
+    EXPECT_TRUE(contains(m, "signal 9 (SIGKILL)")) << m;
+    EXPECT_TRUE(contains(m, "rank one was here")) << m;
+    EXPECT_TRUE(contains(m, "Fix:")) << m;
+  }
+  auto pids = read_pid_files(dir);
+  EXPECT_EQ(pids.size(), 2u);
+  EXPECT_TRUE(wait_until_dead(pids, std::chrono::milliseconds(0)).empty()) << "orphan workers";
+  remove_tree(dir);
+}
+
+TEST(Launch, UncaughtExceptionTextAndExitCodeAreReported) {
+  try {
+    launch(
+        [](int index) {
+          if (index == 1) throw std::runtime_error("loss became NaN at step 7");
+          return 0;
+        },
+        quiet(2));
+    FAIL() << "launch should have thrown";
+  } catch (const LaunchError& e) {
+    EXPECT_EQ(e.first_failure().rank, 1);
+    EXPECT_EQ(e.first_failure().exit_code, 1);
+    EXPECT_EQ(e.first_failure().error_text, "loss became NaN at step 7");
+    EXPECT_TRUE(contains(e.what(), "exit code 1")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "loss became NaN at step 7")) << e.what();
+  }
+  try {
+    launch([](int index) { if (index == 0) ::_exit(3); }, quiet(2));
+    FAIL() << "launch should have thrown";
+  } catch (const LaunchError& e) {
+    EXPECT_EQ(e.first_failure().rank, 0);
+    EXPECT_EQ(e.first_failure().exit_code, 3);
+    EXPECT_TRUE(contains(e.what(), "exit code 3")) << e.what();
+  }
+}
+
+TEST(Launch, RestartsExhaustedReportsTheLastAttempt) {
+  try {
+    launch([](int index) { if (index == 0) ::_exit(4); }, quiet(2).max_restarts(2));
+    FAIL() << "launch should have thrown";
+  } catch (const LaunchError& e) {
+    EXPECT_EQ(e.restarts_used(), 2);
+    EXPECT_TRUE(contains(e.what(), "attempt 3 of 3")) << e.what();
+  }
+}
+
+TEST(Launch, BadOptionsAreRefusedWithTheValueAndAFix) {
+  struct Case { LaunchOptions options; std::string phrase; };
+  const std::vector<Case> cases = {
+      {quiet(0), "num_processes is 0"},
+      {quiet(1).num_nodes(2).node_rank(2).master_port(29500), "node_rank 2 is outside 0..1"},
+      {quiet(1).num_nodes(2), "master_port 0 (a free port) cannot be used with several machines"},
+      {quiet(1).master_port(70000), "master_port 70000 is not a TCP port"},
+      {quiet(1).mixed_precision("fp8"), "mixed_precision \"fp8\" is unknown"},
+      {quiet(1).max_restarts(-1), "max_restarts is -1"},
+  };
+  for (const auto& c : cases) {
+    try {
+      launch([] {}, c.options);
+      ADD_FAILURE() << "accepted: " << c.phrase;
+    } catch (const LaunchError& e) {
+      EXPECT_TRUE(contains(e.what(), c.phrase)) << e.what();
+      EXPECT_TRUE(contains(e.what(), "Fix:")) << e.what();
+    }
+  }
+}
+
+TEST(Launch, TwoLaunchesAsTwoNodesFormOneWorldOfFour) {
+  const std::string port = std::to_string(free_port());
+  auto node0 = start_program({ACCELERANT_LAUNCH_HELPER, "node", "0", port});
+  auto node1 = start_program({ACCELERANT_LAUNCH_HELPER, "node", "1", port});
+  std::string out0, out1;
+  const int status0 = finish_program(node0, out0, std::chrono::seconds(60));
+  const int status1 = finish_program(node1, out1, std::chrono::seconds(60));
+  EXPECT_EQ(status0, 0) << out0;
+  EXPECT_EQ(status1, 0) << out1;
+  EXPECT_TRUE(contains(out0, "node 0 of 2, 4 processes in all")) << out0;
+  EXPECT_TRUE(contains(out0, "rank=0 world=4 node=0 sum=6")) << out0;
+  EXPECT_TRUE(contains(out0, "rank=1 world=4 node=0 sum=6")) << out0;
+  EXPECT_TRUE(contains(out1, "rank=2 world=4 node=1 sum=6")) << out1;
+  EXPECT_TRUE(contains(out1, "rank=3 world=4 node=1 sum=6")) << out1;
+}

@@ -1,0 +1,37 @@
+// Helpers shared by the tests: process liveness checks and running a helper program.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace accelerant::testing {
+
+/// True while `pid` exists and is not a zombie.
+bool process_alive(pid_t pid);
+
+/// Waits until none of `pids` is alive, up to `limit`. Returns the ones still alive.
+std::vector<pid_t> wait_until_dead(const std::vector<pid_t>& pids, std::chrono::milliseconds limit);
+
+/// A fresh empty directory under /tmp, removed by the caller with remove_tree.
+std::string make_temp_dir();
+void remove_tree(const std::string& dir);
+
+/// Reads the integers written one per file (named "pid.*") in `dir`.
+std::vector<pid_t> read_pid_files(const std::string& dir);
+
+struct ProgramRun {
+  pid_t pid = -1;
+  int out_fd = -1;  // read end of its stdout+stderr
+};
+/// Starts `argv` with stdout and stderr captured.
+ProgramRun start_program(const std::vector<std::string>& argv);
+/// Reads all output and reaps; returns the wait status, or -1 after killing it at `limit`.
+int finish_program(ProgramRun& run, std::string& output, std::chrono::milliseconds limit);
+
+/// A TCP port that was free a moment ago (bind to 0, read, close).
+int free_port();
+
+}  // namespace accelerant::testing
