@@ -152,7 +152,7 @@ int Communicator::rank() const { return impl_->rank; }
 int Communicator::size() const { return impl_->size; }
 const std::string& Communicator::broken_reason() const { return impl_->broken_reason; }
 
-void Communicator::all_reduce_(torch::Tensor& tensor, ReduceOp op) {
+void Communicator::all_reduce_(const torch::Tensor& tensor, ReduceOp op) {
   if (op == ReduceOp::kMean && !tensor.is_floating_point()) {
     throw Error(detail::str(impl_->rank_prefix, "all_reduce(mean) needs a floating-point tensor, got ",
                             c10::toString(tensor.scalar_type()),
@@ -221,7 +221,7 @@ torch::Tensor Communicator::pad_across_processes(const torch::Tensor& tensor, in
   return pad_first ? torch::cat({pad, tensor}, dim) : torch::cat({tensor, pad}, dim);
 }
 
-void Communicator::broadcast_(torch::Tensor& tensor, int src) {
+void Communicator::broadcast_(const torch::Tensor& tensor, int src) {
   TORCH_CHECK(src >= 0 && src < impl_->size, impl_->rank_prefix, "broadcast: src ", src,
               " is not a rank of this world of ", impl_->size, " processes.");
   if (impl_->size == 1) return;

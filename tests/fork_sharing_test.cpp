@@ -55,8 +55,8 @@ TEST(ForkSharing, FourWorkersShareA200MBTensorBuiltBeforeLaunch) {
   const double with_model_kb = total_pss_kb(model);
   const double tensor_kb = kElements * 4 / 1024.0;
   const double added_kb = with_model_kb - baseline_kb;
-  std::printf("fork sharing: a %.0f MB tensor built before launch adds %.0f MB to the total PSS of "
-              "parent + 4 workers (%.0f -> %.0f MB); unshared copies would add %.0f MB\n",
+  std::printf("fork sharing: a %.0f MiB tensor built before launch adds %.0f MiB to the total PSS of "
+              "parent + 4 workers (%.0f -> %.0f MiB); unshared copies would add %.0f MiB\n",
               tensor_kb / 1024, added_kb / 1024, baseline_kb / 1024, with_model_kb / 1024,
               5 * tensor_kb / 1024);
   EXPECT_LT(added_kb, 2 * tensor_kb) << "the workers copied the tensor instead of sharing it";

@@ -41,7 +41,7 @@ class Communicator {
   /// bf16 tensors travel as fp32 (Gloo cannot reduce bf16) and come back as bf16.
   torch::Tensor all_reduce(const torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
   /// all_reduce, writing the result into `tensor`.
-  void all_reduce_(torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  void all_reduce_(const torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
 
   /// Every rank's tensor, concatenated along dim 0 in rank order. The first dimension may differ
   /// between ranks (each is padded to the longest, sent, then trimmed); the others must match.
@@ -56,7 +56,7 @@ class Communicator {
                                      double pad_value = 0, bool pad_first = false);
 
   /// Overwrites `tensor` on every rank with rank `src`'s. Shapes and dtypes must match.
-  void broadcast_(torch::Tensor& tensor, int src = 0);
+  void broadcast_(const torch::Tensor& tensor, int src = 0);
   /// Rank `src`'s bytes on every rank (any length; the others' argument is ignored).
   std::string broadcast_bytes(const std::string& bytes, int src = 0);
   /// Rank `src`'s value on every rank: a std::string or any trivially copyable value.

@@ -1,0 +1,29 @@
+# Two commands from a fresh Debian 12 machine:
+#   make demo   install what is missing, build, train Fashion-MNIST on 2 processes
+#   make test   install what is missing, build, run every test
+# Also: make build, make bench (rewrites docs/benchmarks.md), make clean.
+BUILD_DIR ?= build
+JOBS ?= $(shell nproc)
+
+.PHONY: deps configure build demo test bench clean
+
+deps:
+	@scripts/install-deps
+
+configure: deps
+	@test -f $(BUILD_DIR)/build.ninja || cmake -S . -B $(BUILD_DIR) -G Ninja
+
+build: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+demo: build
+	$(BUILD_DIR)/bin/fashion_mnist --num_processes 2 --epochs 1
+
+test: build
+	ctest --test-dir $(BUILD_DIR) -j $(JOBS) --output-on-failure
+
+bench: build
+	bench/run $(BUILD_DIR)
+
+clean:
+	rm -rf $(BUILD_DIR)
