@@ -10,7 +10,7 @@ using namespace accelerant::testing;
 namespace {
 
 int run_cli(const std::vector<std::string>& args, std::string& output) {
-  std::vector<std::string> argv{ACCELERANT_CLI};
+  std::vector<std::string> argv{cli_path()};
   argv.insert(argv.end(), args.begin(), args.end());
   auto run = start_program(argv);
   const int status = finish_program(run, output, std::chrono::seconds(30));

@@ -14,7 +14,7 @@ namespace {
 
 // Starts the helper in "sleepy" mode and waits until both workers have written their pids.
 std::vector<pid_t> start_sleepy(ProgramRun& run, const std::string& dir) {
-  run = start_program({ACCELERANT_LAUNCH_HELPER, "sleepy", dir});
+  run = start_program({launch_helper_path(), "sleepy", dir});
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (std::chrono::steady_clock::now() < deadline) {
     auto pids = read_pid_files(dir);

@@ -170,8 +170,8 @@ TEST(Launch, BadOptionsAreRefusedWithTheValueAndAFix) {
 
 TEST(Launch, TwoLaunchesAsTwoNodesFormOneWorldOfFour) {
   const std::string port = std::to_string(free_port());
-  auto node0 = start_program({ACCELERANT_LAUNCH_HELPER, "node", "0", port});
-  auto node1 = start_program({ACCELERANT_LAUNCH_HELPER, "node", "1", port});
+  auto node0 = start_program({launch_helper_path(), "node", "0", port});
+  auto node1 = start_program({launch_helper_path(), "node", "1", port});
   std::string out0, out1;
   const int status0 = finish_program(node0, out0, std::chrono::seconds(60));
   const int status1 = finish_program(node1, out1, std::chrono::seconds(60));

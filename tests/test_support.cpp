@@ -15,6 +15,15 @@
 
 namespace accelerant::testing {
 
+namespace {
+std::filesystem::path test_binary_dir() {
+  return std::filesystem::read_symlink("/proc/self/exe").parent_path();
+}
+}  // namespace
+
+std::string launch_helper_path() { return (test_binary_dir() / "launch_helper").string(); }
+std::string cli_path() { return (test_binary_dir().parent_path() / "bin" / "accelerant").string(); }
+
 bool process_alive(pid_t pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
   if (!stat) return false;

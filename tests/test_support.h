@@ -9,6 +9,11 @@
 
 namespace accelerant::testing {
 
+/// Paths of the programs the tests start, found next to the running test binary (build/tests/)
+/// rather than compiled in, so that ccache can reuse test objects across checkouts.
+std::string launch_helper_path();
+std::string cli_path();
+
 /// True while `pid` exists and is not a zombie.
 bool process_alive(pid_t pid);
 

@@ -1,3 +1,0 @@
-// Precompiled for every target: LibTorch's headers dominate compile time (see docs/building.md).
-#pragma once
-#include <torch/torch.h>
