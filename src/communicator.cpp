@@ -140,6 +140,13 @@ std::vector<std::vector<int64_t>> exchange_shapes(Communicator::Impl& c, const t
   return shapes;
 }
 
+void check_source_rank(const Communicator::Impl& c, const char* op, int src) {
+  if (src >= 0 && src < c.size) return;
+  throw Error(detail::str(c.rank_prefix, op, ": src ", src, " is not a rank of this world of ",
+                          c.size, " processes. Fix: pass a rank between 0 and ", c.size - 1,
+                          " (the same on every rank)."));
+}
+
 }  // namespace
 
 Communicator::Communicator() : impl_(std::make_unique<Impl>()) { impl_->rank_prefix = ""; }
@@ -209,8 +216,12 @@ torch::Tensor Communicator::pad_across_processes(const torch::Tensor& tensor, in
                                                  double pad_value, bool pad_first) {
   if (tensor.dim() == 0) return tensor;
   dim = dim < 0 ? dim + tensor.dim() : dim;
-  TORCH_CHECK(dim >= 0 && dim < tensor.dim(), impl_->rank_prefix, "pad_across_processes: dim ",
-              dim, " is out of range for a tensor of shape ", shape_text(tensor));
+  if (dim < 0 || dim >= tensor.dim()) {
+    throw Error(detail::str(impl_->rank_prefix, "pad_across_processes: dim ", dim,
+                            " is out of range for a tensor of shape ", shape_text(tensor),
+                            ". Fix: pass a dimension between ", -tensor.dim(), " and ",
+                            tensor.dim() - 1, "."));
+  }
   auto size = torch::tensor({tensor.size(dim)}, torch::kLong);
   all_reduce_(size, ReduceOp::kMax);
   const int64_t longest = size.item<int64_t>();
@@ -222,8 +233,7 @@ torch::Tensor Communicator::pad_across_processes(const torch::Tensor& tensor, in
 }
 
 void Communicator::broadcast_(const torch::Tensor& tensor, int src) {
-  TORCH_CHECK(src >= 0 && src < impl_->size, impl_->rank_prefix, "broadcast: src ", src,
-              " is not a rank of this world of ", impl_->size, " processes.");
+  check_source_rank(*impl_, "broadcast_", src);
   if (impl_->size == 1) return;
   guarded(*impl_, "broadcast", signature(detail::str("broadcast(src=", src, ")"), tensor), [&] {
     // Gloo has no bf16 type; a broadcast only moves bytes, so send them as fp16 (same width).
@@ -238,8 +248,7 @@ void Communicator::broadcast_(const torch::Tensor& tensor, int src) {
 }
 
 std::string Communicator::broadcast_bytes(const std::string& bytes, int src) {
-  TORCH_CHECK(src >= 0 && src < impl_->size, impl_->rank_prefix, "broadcast_bytes: src ", src,
-              " is not a rank of this world of ", impl_->size, " processes.");
+  check_source_rank(*impl_, "broadcast_bytes", src);
   if (impl_->size == 1) return bytes;
   return guarded(*impl_, "broadcast_bytes", detail::str("broadcast_bytes(src=", src, ")"), [&] {
     c10d::BroadcastOptions opts;

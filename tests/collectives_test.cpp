@@ -145,3 +145,21 @@ TEST(Collectives, MeanOfIntegersIsAClearError) {
     EXPECT_NE(std::string(e.what()).find("Fix:"), std::string::npos);
   }
 }
+
+TEST(Collectives, BadArgumentsAreClearErrors) {
+  Communicator comm;
+  try {
+    comm.broadcast_bytes("x", 3);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("src 3 is not a rank of this world of 1 processes"),
+              std::string::npos) << e.what();
+  }
+  try {
+    comm.pad_across_processes(torch::ones({2, 2}), 5);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dim 5 is out of range for a tensor of shape [2, 2]"),
+              std::string::npos) << e.what();
+  }
+}
