@@ -1,0 +1,61 @@
+// ProcessState inside launched workers and in a plain process.
+#include <accelerant/accelerant.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "test_support.h"
+
+using namespace accelerant;
+
+TEST(ProcessState, PlainProcessIsAWorldOfOneOnTheCpu) {
+  auto& state = ProcessState::get();
+  EXPECT_FALSE(state.distributed());
+  EXPECT_EQ(state.num_processes(), 1);
+  EXPECT_TRUE(state.is_main_process());
+  EXPECT_TRUE(state.is_local_main_process());
+  EXPECT_EQ(state.device(), torch::Device(torch::kCPU));
+  EXPECT_EQ(state.rank_prefix(), "");
+  state.wait_for_everyone();  // a no-op, not a hang
+  try {
+    ProcessState::initialize(ProcessStateOptions().timeout(std::chrono::seconds(5)));
+    FAIL() << "initialize after get() must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Fix: call initialize once"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ProcessState, MainProcessFirstRunsTheMainProcessBeforeTheOthers) {
+  const std::string dir = accelerant::testing::make_temp_dir();
+  auto saw_marker = launch(
+      [&dir](int index) {
+        auto& state = ProcessState::initialize(ProcessStateOptions().timeout(std::chrono::seconds(30)));
+        bool found = false;
+        state.main_process_first([&] {
+          if (state.is_main_process()) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));  // others would overtake
+            std::ofstream(dir + "/prepared") << "cache";
+          }
+          found = std::filesystem::exists(dir + "/prepared");
+        });
+        return found;
+      },
+      LaunchOptions().num_processes(3).verbose(false));
+  EXPECT_EQ(saw_marker, std::vector<bool>({true, true, true}));
+  accelerant::testing::remove_tree(dir);
+}
+
+TEST(ProcessState, WorkersKnowTheirPlace) {
+  auto places = launch(
+      [](int index) {
+        auto& s = ProcessState::get();
+        return torch::tensor({s.process_index(), s.num_processes(), s.local_process_index(),
+                              s.num_local_processes(), s.node_index(), s.num_nodes(),
+                              static_cast<int>(s.is_main_process()), index});
+      },
+      LaunchOptions().num_processes(2).verbose(false));
+  EXPECT_TRUE(torch::equal(places[0], torch::tensor({0, 2, 0, 2, 0, 1, 1, 0})));
+  EXPECT_TRUE(torch::equal(places[1], torch::tensor({1, 2, 1, 2, 0, 1, 0, 1})));
+}
