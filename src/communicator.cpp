@@ -71,16 +71,19 @@ namespace {
 
 // Runs one public collective: refuses on a broken communicator, checks signatures in debug mode,
 // and turns a transport failure into a CollectiveError naming the ranks that never arrived.
-template <class Body>
-auto guarded(Communicator::Impl& c, const std::string& name, const std::string& sig, Body&& body) {
+// `describe` formats the call's signature; it runs only in debug mode or after a failure, so the
+// training step's all-reduces pay no string formatting.
+template <class Describe, class Body>
+auto guarded(Communicator::Impl& c, const char* name, Describe&& describe, Body&& body) {
   if (!c.broken_reason.empty()) {
     throw CollectiveError(detail::str(c.rank_prefix, name, " refused: this communicator broke earlier: ",
                                       c.broken_reason, "\nFix: end this process; the launcher restarts "
                                       "the group when max_restarts allows."),
                           {});
   }
-  detail::CollectiveCall call{++c.sequence, sig, name};
+  detail::CollectiveCall call{++c.sequence, "", name};
   if (c.debug_mode) {
+    call.signature = describe();
     detail::check_signatures(*c.store, call, c.rank, c.size, c.timeout, c.rank_prefix);
   }
   try {
@@ -88,8 +91,10 @@ auto guarded(Communicator::Impl& c, const std::string& name, const std::string& 
   } catch (const Error&) {
     throw;
   } catch (const c10::Error& e) {
+    call.signature = describe();
     fail(c, call, e.what_without_backtrace());
   } catch (const std::exception& e) {
+    call.signature = describe();
     fail(c, call, e.what());
   }
 }
@@ -111,17 +116,18 @@ std::vector<std::vector<int64_t>> exchange_shapes(Communicator::Impl& c, const t
     throw Error(detail::str(c.rank_prefix, op, " supports up to ", kMaxGatherDims,
                             " dimensions, got ", t.dim(), ". Fix: reshape the tensor first."));
   }
-  auto meta = torch::full({2 + kMaxGatherDims}, -1, torch::kLong);
-  meta[0] = t.dim();
-  meta[1] = static_cast<int64_t>(t.scalar_type());
-  for (int64_t d = 0; d < t.dim(); ++d) meta[2 + d] = t.size(d);
+  std::vector<int64_t> mine(2 + kMaxGatherDims, -1);
+  mine[0] = t.dim();
+  mine[1] = static_cast<int64_t>(t.scalar_type());
+  for (int64_t d = 0; d < t.dim(); ++d) mine[2 + d] = t.size(d);
+  auto meta = torch::tensor(mine, torch::kLong);
   auto rows = raw_all_gather(c, t.is_cuda() ? meta.to(t.device()) : meta);
   std::vector<std::vector<int64_t>> shapes;
   bool compatible = true;
   for (auto& row : rows) {
     auto cpu = row.cpu();
     std::vector<int64_t> v(cpu.data_ptr<int64_t>(), cpu.data_ptr<int64_t>() + cpu.numel());
-    compatible = compatible && v[0] == t.dim() && v[1] == meta[1].item<int64_t>();
+    compatible = compatible && v[0] == mine[0] && v[1] == mine[1];
     for (int64_t d = 1; compatible && d < t.dim(); ++d) compatible = v[2 + d] == t.size(d);
     shapes.push_back(std::move(v));
   }
@@ -166,7 +172,8 @@ void Communicator::all_reduce_(const torch::Tensor& tensor, ReduceOp op) {
                             ". Fix: convert first, e.g. tensor.to(torch::kFloat), or reduce with sum."));
   }
   if (impl_->size == 1) return;
-  guarded(*impl_, "all_reduce", signature(detail::str("all_reduce(", to_string(op), ")"), tensor), [&] {
+  auto describe = [&] { return signature(detail::str("all_reduce(", to_string(op), ")"), tensor); };
+  guarded(*impl_, "all_reduce", describe, [&] {
     // Gloo cannot reduce bf16 (nor a strided view): reduce an fp32 / contiguous copy.
     const bool upcast = tensor.scalar_type() == torch::kBFloat16 && !tensor.is_cuda();
     torch::Tensor wire = upcast ? tensor.to(torch::kFloat) : tensor.contiguous();
@@ -188,7 +195,8 @@ torch::Tensor Communicator::all_reduce(const torch::Tensor& tensor, ReduceOp op)
 std::vector<torch::Tensor> Communicator::gather_list(const torch::Tensor& tensor) {
   torch::Tensor t = tensor.dim() == 0 ? tensor.reshape({1}) : tensor;
   if (impl_->size == 1) return {t.clone()};
-  return guarded(*impl_, "gather", signature("gather", t, /*free_first_dim=*/true), [&] {
+  auto describe = [&] { return signature("gather", t, /*free_first_dim=*/true); };
+  return guarded(*impl_, "gather", describe, [&] {
     auto shapes = exchange_shapes(*impl_, t, "gather");
     int64_t longest = 0;
     for (auto& s : shapes) longest = std::max(longest, s[2]);
@@ -235,7 +243,8 @@ torch::Tensor Communicator::pad_across_processes(const torch::Tensor& tensor, in
 void Communicator::broadcast_(const torch::Tensor& tensor, int src) {
   check_source_rank(*impl_, "broadcast_", src);
   if (impl_->size == 1) return;
-  guarded(*impl_, "broadcast", signature(detail::str("broadcast(src=", src, ")"), tensor), [&] {
+  auto describe = [&] { return signature(detail::str("broadcast(src=", src, ")"), tensor); };
+  guarded(*impl_, "broadcast", describe, [&] {
     // Gloo has no bf16 type; a broadcast only moves bytes, so send them as fp16 (same width).
     const bool as_half = tensor.scalar_type() == torch::kBFloat16 && !tensor.is_cuda();
     torch::Tensor wire = tensor.contiguous();
@@ -250,7 +259,8 @@ void Communicator::broadcast_(const torch::Tensor& tensor, int src) {
 std::string Communicator::broadcast_bytes(const std::string& bytes, int src) {
   check_source_rank(*impl_, "broadcast_bytes", src);
   if (impl_->size == 1) return bytes;
-  return guarded(*impl_, "broadcast_bytes", detail::str("broadcast_bytes(src=", src, ")"), [&] {
+  auto describe = [&] { return detail::str("broadcast_bytes(src=", src, ")"); };
+  return guarded(*impl_, "broadcast_bytes", describe, [&] {
     c10d::BroadcastOptions opts;
     opts.rootRank = src;
     std::vector<torch::Tensor> length{torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kLong)};
@@ -265,7 +275,7 @@ std::string Communicator::broadcast_bytes(const std::string& bytes, int src) {
 
 void Communicator::barrier() {
   if (impl_->size == 1) return;
-  guarded(*impl_, "barrier", "barrier", [&] { wait(impl_->gloo->barrier()); });
+  guarded(*impl_, "barrier", [] { return std::string("barrier"); }, [&] { wait(impl_->gloo->barrier()); });
 }
 
 }  // namespace accelerant
