@@ -155,7 +155,7 @@ void check_source_rank(const Communicator::Impl& c, const char* op, int src) {
 
 }  // namespace
 
-Communicator::Communicator() : impl_(std::make_unique<Impl>()) { impl_->rank_prefix = ""; }
+Communicator::Communicator() : impl_(std::make_unique<Impl>()) {}
 Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Communicator::~Communicator() = default;
 Communicator::Communicator(Communicator&&) noexcept = default;

@@ -9,7 +9,6 @@
 
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -89,7 +88,6 @@ class ProcessState {
   Communicator communicator_;
   struct Rendezvous;
   std::unique_ptr<Rendezvous> rendezvous_;
-  friend struct ProcessStateAccess;
 };
 
 namespace detail {
