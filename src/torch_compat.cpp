@@ -1,10 +1,39 @@
 #include "torch_compat.h"
 
 #include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <torch/cuda.h>
 
 namespace accelerant::detail {
+
+// 2.4 renamed the per-device functions (set_cpu_enabled -> set_autocast_enabled(kCPU, ...)).
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+bool autocast_enabled(c10::DeviceType d) { return at::autocast::is_autocast_enabled(d); }
+void set_autocast_enabled(c10::DeviceType d, bool on) { at::autocast::set_autocast_enabled(d, on); }
+c10::ScalarType autocast_dtype(c10::DeviceType d) { return at::autocast::get_autocast_dtype(d); }
+void set_autocast_dtype(c10::DeviceType d, c10::ScalarType t) { at::autocast::set_autocast_dtype(d, t); }
+#else
+bool autocast_enabled(c10::DeviceType d) {
+  return d == c10::DeviceType::CUDA ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
+}
+void set_autocast_enabled(c10::DeviceType d, bool on) {
+  d == c10::DeviceType::CUDA ? at::autocast::set_enabled(on) : at::autocast::set_cpu_enabled(on);
+}
+c10::ScalarType autocast_dtype(c10::DeviceType d) {
+  return d == c10::DeviceType::CUDA ? at::autocast::get_autocast_gpu_dtype()
+                                    : at::autocast::get_autocast_cpu_dtype();
+}
+void set_autocast_dtype(c10::DeviceType d, c10::ScalarType t) {
+  d == c10::DeviceType::CUDA ? at::autocast::set_autocast_gpu_dtype(t)
+                             : at::autocast::set_autocast_cpu_dtype(t);
+}
+#endif
+
+void enter_autocast() { at::autocast::increment_nesting(); }
+void leave_autocast() {
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+}
 
 bool cuda_available() { return torch::cuda::is_available(); }
 

@@ -24,6 +24,15 @@ using CommBackend = c10d::Backend;
 using CommBackend = c10d::ProcessGroup;
 #endif
 
+/// Autocast state per device type (kCPU or kCUDA), over the 1.13 / 2.4 renaming.
+bool autocast_enabled(c10::DeviceType device);
+void set_autocast_enabled(c10::DeviceType device, bool enabled);
+c10::ScalarType autocast_dtype(c10::DeviceType device);
+void set_autocast_dtype(c10::DeviceType device, c10::ScalarType dtype);
+/// Autocast's nesting counter; leaving the outermost region clears its cast cache.
+void enter_autocast();
+void leave_autocast();
+
 /// True when this process has created a CUDA context (forking it would break the children).
 bool cuda_initialized();
 
