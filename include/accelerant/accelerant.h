@@ -7,6 +7,7 @@
 #include "accelerant/data_sharding.h"
 #include "accelerant/distributed_env.h"
 #include "accelerant/error.h"
+#include "accelerant/grad_scaler.h"
 #include "accelerant/gradient_buckets.h"
 #include "accelerant/launch.h"
 #include "accelerant/process_state.h"

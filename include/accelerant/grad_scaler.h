@@ -1,0 +1,67 @@
+// Loss scaling for fp16 training: the loss is multiplied by a large factor so that small
+// gradients survive fp16, gradients are divided by it before the optimizer step, and a step whose
+// gradients overflowed is skipped while the factor shrinks. LibTorch has no C++ GradScaler.
+//
+//   accelerant::GradScaler scaler;
+//   scaler.scale(loss).backward();
+//   scaler.step(optimizer);   // unscales, skips the step if a gradient is inf or nan
+//   scaler.update();          // adapts the scale
+//
+// Found-inf detection and the scale update are tensor operations on the gradients' device: no
+// host synchronisation. Only step() with a torch::optim optimizer reads the flag on the host,
+// once, to decide whether to call optimizer.step().
+#pragma once
+
+#include <torch/arg.h>
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+
+#include <vector>
+
+namespace accelerant {
+
+struct GradScalerOptions {
+  /// Default: 65536 (2^16).
+  TORCH_ARG(double, init_scale) = 65536.0;
+  /// Factor applied after growth_interval steps without overflow. Default: 2.
+  TORCH_ARG(double, growth_factor) = 2.0;
+  /// Factor applied after an overflow. Default: 0.5.
+  TORCH_ARG(double, backoff_factor) = 0.5;
+  /// Steps without overflow before the scale grows. Default: 2000.
+  TORCH_ARG(int64_t, growth_interval) = 2000;
+  /// When false every call passes through unchanged (no scaling). Default: true.
+  TORCH_ARG(bool, enabled) = true;
+};
+
+class GradScaler {
+ public:
+  explicit GradScaler(GradScalerOptions options = {}, torch::Device device = torch::kCPU);
+
+  /// loss * scale (the loss itself when disabled).
+  torch::Tensor scale(const torch::Tensor& loss) const;
+  /// Divides the gradients of `params` by the scale and records whether any is inf or nan.
+  /// Called by step() unless already called this step (e.g. before gradient clipping).
+  void unscale_(const std::vector<torch::Tensor>& params);
+  void unscale_(torch::optim::Optimizer& optimizer);
+  /// Unscales if needed, then runs optimizer.step() unless a gradient overflowed. Returns whether
+  /// it stepped.
+  bool step(torch::optim::Optimizer& optimizer);
+  /// Shrinks the scale after an overflow, grows it after growth_interval clean steps, and resets
+  /// the per-step state. Call once per optimizer step, after step().
+  void update();
+
+  /// 1.0 when the current step's gradients overflowed, else 0.0: a 0-dim tensor on the device.
+  const torch::Tensor& found_inf() const { return found_inf_; }
+  /// The current scale (reads it from the device).
+  double current_scale() const;
+  bool enabled() const { return options_.enabled(); }
+
+ private:
+  GradScalerOptions options_;
+  torch::Tensor scale_;           // 0-dim float
+  torch::Tensor growth_tracker_;  // 0-dim int: clean steps since the last change
+  torch::Tensor found_inf_;       // 0-dim float
+  bool unscaled_ = false;
+};
+
+}  // namespace accelerant

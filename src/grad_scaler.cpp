@@ -1,0 +1,86 @@
+#include "accelerant/grad_scaler.h"
+
+#include "accelerant/error.h"
+#include "text.h"
+
+namespace accelerant {
+namespace {
+
+std::vector<torch::Tensor> optimizer_params(torch::optim::Optimizer& optimizer) {
+  std::vector<torch::Tensor> params;
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& p : group.params()) params.push_back(p);
+  }
+  return params;
+}
+
+}  // namespace
+
+GradScaler::GradScaler(GradScalerOptions options, torch::Device device) : options_(options) {
+  if (options_.init_scale() <= 0 || options_.growth_factor() <= 1 || options_.backoff_factor() <= 0 ||
+      options_.backoff_factor() >= 1 || options_.growth_interval() < 1) {
+    throw Error(detail::str("GradScaler options out of range: init_scale ", options_.init_scale(),
+                            ", growth_factor ", options_.growth_factor(), ", backoff_factor ",
+                            options_.backoff_factor(), ", growth_interval ", options_.growth_interval(),
+                            ". Fix: init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1, "
+                            "growth_interval >= 1."));
+  }
+  auto f = torch::TensorOptions().dtype(torch::kFloat).device(device);
+  scale_ = torch::full({}, options_.init_scale(), f);
+  growth_tracker_ = torch::zeros({}, f.dtype(torch::kInt));
+  found_inf_ = torch::zeros({}, f);
+}
+
+torch::Tensor GradScaler::scale(const torch::Tensor& loss) const {
+  if (!enabled()) return loss;
+  return loss * scale_.to(loss.device()).to(loss.scalar_type());
+}
+
+void GradScaler::unscale_(const std::vector<torch::Tensor>& params) {
+  if (!enabled()) return;
+  if (unscaled_) {
+    throw Error("GradScaler::unscale_ was called twice in one step. Fix: call it at most once "
+                "between update() calls (step() unscales only when you have not).");
+  }
+  torch::NoGradGuard no_grad;
+  const auto inverse = scale_.reciprocal();
+  for (const auto& p : params) {
+    const auto& g = p.grad();
+    if (!g.defined()) continue;
+    g.mul_(inverse.to(g.scalar_type()));
+    // Stays on the device: max with "any element not finite", no .item().
+    found_inf_ = torch::maximum(found_inf_, torch::isfinite(g).logical_not().any().to(found_inf_.options()));
+  }
+  unscaled_ = true;
+}
+
+void GradScaler::unscale_(torch::optim::Optimizer& optimizer) { unscale_(optimizer_params(optimizer)); }
+
+bool GradScaler::step(torch::optim::Optimizer& optimizer) {
+  if (!enabled()) {
+    optimizer.step();
+    return true;
+  }
+  if (!unscaled_) unscale_(optimizer);
+  // The one host read: torch::optim cannot take a device-side skip flag.
+  if (found_inf_.item<float>() != 0.0f) return false;
+  optimizer.step();
+  return true;
+}
+
+void GradScaler::update() {
+  if (!enabled()) return;
+  torch::NoGradGuard no_grad;
+  const auto overflow = found_inf_ > 0;
+  const auto clean_steps = torch::where(overflow, torch::zeros_like(growth_tracker_), growth_tracker_ + 1);
+  const auto grow = clean_steps >= options_.growth_interval();
+  scale_ = torch::where(overflow, scale_ * options_.backoff_factor(),
+                        torch::where(grow, scale_ * options_.growth_factor(), scale_));
+  growth_tracker_ = torch::where(grow, torch::zeros_like(clean_steps), clean_steps);
+  found_inf_ = torch::zeros_like(found_inf_);
+  unscaled_ = false;
+}
+
+double GradScaler::current_scale() const { return scale_.item<double>(); }
+
+}  // namespace accelerant
