@@ -61,7 +61,9 @@ detail::CommBackend& Communicator::Impl::backend_for(const torch::Tensor& t) con
 
 namespace {
 
-[[noreturn]] void fail(Communicator::Impl& c, const detail::CollectiveCall& call, const std::string& cause) {
+[[noreturn]] void fail(Communicator::Impl& c, detail::CollectiveCall call, const std::string& signature,
+                       const std::string& cause) {
+  call.signature = signature;
   std::vector<int> missing;
   std::string message = detail::diagnose_failure(*c.store, call, c.rank, c.size, c.timeout,
                                                  c.rank_prefix, cause, missing);
@@ -91,11 +93,9 @@ auto guarded(Communicator::Impl& c, const char* name, Describe&& describe, Body&
   } catch (const Error&) {
     throw;
   } catch (const c10::Error& e) {
-    call.signature = describe();
-    fail(c, call, e.what_without_backtrace());
+    fail(c, call, describe(), e.what_without_backtrace());
   } catch (const std::exception& e) {
-    call.signature = describe();
-    fail(c, call, e.what());
+    fail(c, call, describe(), e.what());
   }
 }
 

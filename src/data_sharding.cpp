@@ -28,7 +28,10 @@ int64_t per_process_batch_size(const ShardingOptions& o, int world_size) {
   if (o.batch_size() < 1) {
     throw Error(detail::str("batch_size is ", o.batch_size(), ". Fix: use a batch size of 1 or more."));
   }
-  if (world_size < 1) throw Error(detail::str("world size is ", world_size, "; it must be at least 1."));
+  if (world_size < 1) {
+    throw Error(detail::str("world size is ", world_size,
+                            ". Fix: pass ProcessState::num_processes() (at least 1)."));
+  }
   if (!o.split_batches()) return o.batch_size();
   if (o.batch_size() % world_size != 0) {
     throw Error(detail::str("split_batches: batch_size ", o.batch_size(), " cannot be split evenly over ",
@@ -43,12 +46,16 @@ EpochShard shard_epoch(int64_t dataset_size, int64_t epoch, int rank, int world_
                        const ShardingOptions& o) {
   const int64_t b = per_process_batch_size(o, world_size);
   if (rank < 0 || rank >= world_size) {
-    throw Error(detail::str("rank ", rank, " is outside 0..", world_size - 1, "."));
+    throw Error(detail::str("rank ", rank, " is outside 0..", world_size - 1,
+                            ". Fix: pass ProcessState::process_index() and num_processes() together."));
   }
-  if (dataset_size < 0) throw Error(detail::str("dataset size ", dataset_size, " is negative."));
+  if (dataset_size < 0) {
+    throw Error(detail::str("dataset size ", dataset_size,
+                            " is negative. Fix: pass the dataset's number of samples (size() of 0 or more)."));
+  }
   const auto order = epoch_order(dataset_size, epoch, o);
   const int64_t per_step = b * world_size;
-  int64_t steps = o.drop_last() ? dataset_size / per_step : (dataset_size + per_step - 1) / per_step;
+  const int64_t steps = o.drop_last() ? dataset_size / per_step : (dataset_size + per_step - 1) / per_step;
   EpochShard shard;
   const int64_t covered = o.drop_last() ? steps * per_step : dataset_size;
   shard.real_samples = covered;

@@ -44,13 +44,15 @@ void GradScaler::unscale_(const std::vector<torch::Tensor>& params) {
   }
   torch::NoGradGuard no_grad;
   const auto inverse = scale_.reciprocal();
+  std::vector<torch::Tensor> non_finite;  // one 0-dim flag per gradient, reduced once below
   for (const auto& p : params) {
     const auto& g = p.grad();
     if (!g.defined()) continue;
     g.mul_(inverse.to(g.scalar_type()));
-    // Stays on the device: max with "any element not finite", no .item().
-    found_inf_ = torch::maximum(found_inf_, torch::isfinite(g).logical_not().any().to(found_inf_.options()));
+    non_finite.push_back(torch::isfinite(g).logical_not().any());
   }
+  // Stays on the device: no .item() here.
+  if (!non_finite.empty()) found_inf_ = torch::stack(non_finite).any().to(found_inf_.options());
   unscaled_ = true;
 }
 

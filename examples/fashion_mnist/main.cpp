@@ -78,20 +78,19 @@ double train(int index, Net& model, const fashion_mnist::Split& data,
   auto& state = accelerant::ProcessState::get();
   auto& comm = state.communicator();
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(s.lr));
-  const int64_t n = data.images.size(0);
-  // Equal batch counts on every rank: each step is one all_reduce on all of them.
-  const int64_t per_rank = n / state.num_processes();
-  const int64_t steps = per_rank / s.batch_size;
+  // The same permutation on every rank (seed + epoch), full batches only, so that every rank
+  // runs the same number of steps: each step is one all_reduce on all of them.
+  const auto sharding =
+      accelerant::ShardingOptions().batch_size(s.batch_size).shuffle(true).seed(s.seed).drop_last(true);
   double accuracy = 0;
   for (int epoch = 0; epoch < s.epochs; ++epoch) {
     const auto start = std::chrono::steady_clock::now();
-    // The same permutation on every rank (seed + epoch); each rank takes every N-th index.
-    auto generator = at::detail::createCPUGenerator(s.seed + epoch);
-    auto order = torch::randperm(n, generator, torch::kLong)
-                     .slice(0, state.process_index(), per_rank * state.num_processes(), state.num_processes());
+    const auto shard = accelerant::shard_epoch(data.images.size(0), epoch, state.process_index(),
+                                               state.num_processes(), sharding);
+    const auto steps = static_cast<int64_t>(shard.batches.size());
     double loss_sum = 0;
-    for (int64_t step = 0; step < steps; ++step) {
-      auto idx = order.narrow(0, step * s.batch_size, s.batch_size);
+    for (const auto& batch : shard.batches) {
+      auto idx = torch::tensor(batch, torch::kLong);
       auto loss = torch::nn::functional::cross_entropy(model->forward(data.images.index_select(0, idx)),
                                                        data.labels.index_select(0, idx));
       optimizer.zero_grad();
