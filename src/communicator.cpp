@@ -71,12 +71,11 @@ namespace {
   throw CollectiveError(message, missing);
 }
 
-// Runs one public collective: refuses on a broken communicator, checks signatures in debug mode,
-// and turns a transport failure into a CollectiveError naming the ranks that never arrived.
-// `describe` formats the call's signature; it runs only in debug mode or after a failure, so the
-// training step's all-reduces pay no string formatting.
-template <class Describe, class Body>
-auto guarded(Communicator::Impl& c, const char* name, Describe&& describe, Body&& body) {
+// Starts one public collective: refuses on a broken communicator, numbers the call and, in debug
+// mode, checks the signatures across ranks. `describe` formats the call's signature; it runs only
+// in debug mode or after a failure, so the training step's all-reduces pay no string formatting.
+template <class Describe>
+detail::CollectiveCall begin_call(Communicator::Impl& c, const char* name, Describe&& describe) {
   if (!c.broken_reason.empty()) {
     throw CollectiveError(detail::str(c.rank_prefix, name, " refused: this communicator broke earlier: ",
                                       c.broken_reason, "\nFix: end this process; the launcher restarts "
@@ -88,6 +87,14 @@ auto guarded(Communicator::Impl& c, const char* name, Describe&& describe, Body&
     call.signature = describe();
     detail::check_signatures(*c.store, call, c.rank, c.size, c.timeout, c.rank_prefix);
   }
+  return call;
+}
+
+// Runs `body` (the transport part of a collective) and turns a transport failure into a
+// CollectiveError naming the ranks that never arrived.
+template <class Describe, class Body>
+auto run_or_fail(Communicator::Impl& c, const detail::CollectiveCall& call, Describe&& describe,
+                 Body&& body) {
   try {
     return body();
   } catch (const Error&) {
@@ -97,6 +104,13 @@ auto guarded(Communicator::Impl& c, const char* name, Describe&& describe, Body&
   } catch (const std::exception& e) {
     fail(c, call, describe(), e.what());
   }
+}
+
+// One blocking public collective.
+template <class Describe, class Body>
+auto guarded(Communicator::Impl& c, const char* name, Describe&& describe, Body&& body) {
+  auto call = begin_call(c, name, describe);
+  return run_or_fail(c, call, describe, body);
 }
 
 // Equal-shape all-gather without the guard; every rank's tensor in rank order.
@@ -166,24 +180,59 @@ int Communicator::size() const { return impl_->size; }
 const std::string& Communicator::broken_reason() const { return impl_->broken_reason; }
 
 void Communicator::all_reduce_(const torch::Tensor& tensor, ReduceOp op) {
+  all_reduce_async_(tensor, op).wait();
+}
+
+// What an all-reduce in flight needs to finish: the transport's handle, the tensor on the wire
+// (an fp32 or contiguous copy when the caller's cannot travel as it is) and the call's identity
+// for the failure report.
+struct PendingCollective::State {
+  Communicator::Impl* comm = nullptr;
+  detail::CollectiveCall call;
+  c10::intrusive_ptr<c10d::Work> work;
+  torch::Tensor wire;
+  torch::Tensor target;
+  ReduceOp op = ReduceOp::kSum;
+
+  std::string describe() const {
+    return signature(detail::str("all_reduce(", to_string(op), ")"), target);
+  }
+};
+
+void PendingCollective::wait() {
+  if (!state_) return;
+  auto state = std::move(state_);  // a second wait() returns at once, even after a failure
+  Communicator::Impl& c = *state->comm;
+  run_or_fail(c, state->call, [&] { return state->describe(); }, [&] {
+    state->work->wait();
+    if (state->op == ReduceOp::kMean) state->wire.div_(c.size);
+    if (!state->wire.is_same(state->target)) state->target.copy_(state->wire);
+  });
+}
+
+PendingCollective Communicator::all_reduce_async_(const torch::Tensor& tensor, ReduceOp op) {
   if (op == ReduceOp::kMean && !tensor.is_floating_point()) {
     throw Error(detail::str(impl_->rank_prefix, "all_reduce(mean) needs a floating-point tensor, got ",
                             c10::toString(tensor.scalar_type()),
                             ". Fix: convert first, e.g. tensor.to(torch::kFloat), or reduce with sum."));
   }
-  if (impl_->size == 1) return;
-  auto describe = [&] { return signature(detail::str("all_reduce(", to_string(op), ")"), tensor); };
-  guarded(*impl_, "all_reduce", describe, [&] {
+  if (impl_->size == 1) return {};
+  auto state = std::make_shared<PendingCollective::State>();
+  state->comm = impl_.get();
+  state->target = tensor;
+  state->op = op;
+  auto describe = [&] { return state->describe(); };
+  state->call = begin_call(*impl_, "all_reduce", describe);
+  run_or_fail(*impl_, state->call, describe, [&] {
     // Gloo cannot reduce bf16 (nor a strided view): reduce an fp32 / contiguous copy.
     const bool upcast = tensor.scalar_type() == torch::kBFloat16 && !tensor.is_cuda();
-    torch::Tensor wire = upcast ? tensor.to(torch::kFloat) : tensor.contiguous();
+    state->wire = upcast ? tensor.to(torch::kFloat) : tensor.contiguous();
     c10d::AllreduceOptions opts;
     opts.reduceOp = to_c10d(op);
-    std::vector<torch::Tensor> tensors{wire};
-    wait(impl_->backend_for(wire).allreduce(tensors, opts));
-    if (op == ReduceOp::kMean) wire.div_(impl_->size);
-    if (!wire.is_same(tensor)) tensor.copy_(wire);
+    std::vector<torch::Tensor> tensors{state->wire};
+    state->work = impl_->backend_for(state->wire).allreduce(tensors, opts);
   });
+  return PendingCollective(std::move(state));
 }
 
 torch::Tensor Communicator::all_reduce(const torch::Tensor& tensor, ReduceOp op) {
@@ -206,11 +255,14 @@ std::vector<torch::Tensor> Communicator::gather_list(const torch::Tensor& tensor
       pad_shape[0] = longest - t.size(0);
       padded = torch::cat({t, torch::zeros(pad_shape, t.options())});
     }
-    const bool upcast = t.scalar_type() == torch::kBFloat16 && !t.is_cuda();
-    auto parts = raw_all_gather(*impl_, upcast ? padded.to(torch::kFloat) : padded);
+    // Gloo has neither bf16 nor bool: they travel as fp32 and uint8 and come back as they were.
+    const auto wire_type = t.is_cuda()                              ? t.scalar_type()
+                           : t.scalar_type() == torch::kBFloat16 ? torch::kFloat
+                           : t.scalar_type() == torch::kBool     ? torch::kByte
+                                                                 : t.scalar_type();
+    auto parts = raw_all_gather(*impl_, padded.to(wire_type));
     for (size_t r = 0; r < parts.size(); ++r) {
-      parts[r] = parts[r].narrow(0, 0, shapes[r][2]);
-      if (upcast) parts[r] = parts[r].to(torch::kBFloat16);
+      parts[r] = parts[r].narrow(0, 0, shapes[r][2]).to(t.scalar_type());
     }
     return parts;
   });
@@ -246,9 +298,13 @@ void Communicator::broadcast_(const torch::Tensor& tensor, int src) {
   auto describe = [&] { return signature(detail::str("broadcast(src=", src, ")"), tensor); };
   guarded(*impl_, "broadcast", describe, [&] {
     // Gloo has no bf16 type; a broadcast only moves bytes, so send them as fp16 (same width).
-    const bool as_half = tensor.scalar_type() == torch::kBFloat16 && !tensor.is_cuda();
+    // Gloo has neither bf16 nor bool; a broadcast only moves bytes, so send them as a type of
+    // the same width (fp16, uint8).
     torch::Tensor wire = tensor.contiguous();
-    std::vector<torch::Tensor> tensors{as_half ? wire.view(torch::kHalf) : wire};
+    torch::Tensor bytes = wire;
+    if (!tensor.is_cuda() && tensor.scalar_type() == torch::kBFloat16) bytes = wire.view(torch::kHalf);
+    if (!tensor.is_cuda() && tensor.scalar_type() == torch::kBool) bytes = wire.view(torch::kByte);
+    std::vector<torch::Tensor> tensors{bytes};
     c10d::BroadcastOptions opts;
     opts.rootRank = src;
     wait(impl_->backend_for(wire).broadcast(tensors, opts));

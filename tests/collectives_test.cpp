@@ -123,6 +123,31 @@ TEST_P(CollectivesOnRanks, PadAcrossProcessesAndSplitBetweenProcesses) {
   for (int i = 0; i < 10; ++i) EXPECT_EQ(all_items[i], i);
 }
 
+TEST_P(CollectivesOnRanks, BoolTensorsGatherAndBroadcastThoughGlooHasNoBool) {
+  const int n = GetParam();
+  auto results = launch(
+      [](int index) {
+        auto& comm = ProcessState::get().communicator();
+        auto flags = torch::tensor({index % 2 == 0, true, false});  // e.g. "prediction correct"
+        auto gathered = comm.gather(flags);
+        auto from_last = torch::tensor({index == 0, index != 0});
+        comm.broadcast_(from_last, comm.size() - 1);
+        return torch::cat({gathered.to(torch::kLong), from_last.to(torch::kLong),
+                           torch::tensor({gathered.scalar_type() == torch::kBool ? 1L : 0L})});
+      },
+      ranks(n));
+  for (const auto& r : results) {
+    for (int rank = 0; rank < n; ++rank) {
+      EXPECT_EQ(r[3 * rank].item<int64_t>(), rank % 2 == 0 ? 1 : 0);
+      EXPECT_EQ(r[3 * rank + 1].item<int64_t>(), 1);
+      EXPECT_EQ(r[3 * rank + 2].item<int64_t>(), 0);
+    }
+    EXPECT_EQ(r[3 * n].item<int64_t>(), 0);      // rank n-1's {false, true}
+    EXPECT_EQ(r[3 * n + 1].item<int64_t>(), 1);
+    EXPECT_EQ(r[3 * n + 2].item<int64_t>(), 1);  // still bool
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(TwoAndFour, CollectivesOnRanks, ::testing::Values(2, 4));
 
 TEST(Collectives, SingleProcessCollectivesReturnTheInput) {

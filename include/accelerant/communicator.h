@@ -25,6 +25,26 @@ enum class ReduceOp { kSum, kMean, kMax, kMin };
 /// "sum", "mean", "max" or "min".
 const char* to_string(ReduceOp op);
 
+/// A collective started by an *_async call and still in flight. wait() finishes it and raises
+/// exactly what the blocking call would have raised. Collectives complete in the order they were
+/// started, so every rank must start them in the same order.
+class PendingCollective {
+ public:
+  /// A handle with nothing in flight: wait() returns at once.
+  PendingCollective() = default;
+  /// Blocks until the collective is done and its result is in the tensor it was started on.
+  /// Throws CollectiveError as the blocking call would; later calls return at once.
+  void wait();
+  /// True while the collective has been started and not yet waited for.
+  bool pending() const { return state_ != nullptr; }
+
+  struct State;
+  explicit PendingCollective(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
 class Communicator {
  public:
   /// A communicator of one process: every collective returns (a copy of) its input.
@@ -42,6 +62,10 @@ class Communicator {
   torch::Tensor all_reduce(const torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
   /// all_reduce, writing the result into `tensor`.
   void all_reduce_(const torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  /// all_reduce_ that returns once the collective is queued; the result is in `tensor` after
+  /// wait(). Used to overlap communication with computation (the gradient reducer). `tensor` must
+  /// stay alive and untouched until then. Same dtype rules as all_reduce_.
+  PendingCollective all_reduce_async_(const torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
 
   /// Every rank's tensor, concatenated along dim 0 in rank order. The first dimension may differ
   /// between ranks (each is padded to the longest, sent, then trimmed); the others must match.

@@ -1,0 +1,279 @@
+// The Accelerator: a plain LibTorch training loop becomes data-parallel and mixed-precision with
+// a handful of calls, and runs unchanged on one process or many.
+//
+//   accelerant::Accelerator acc(accelerant::AcceleratorOptions().mixed_precision("bf16"));
+//   auto [model, opt, loader] = acc.prepare(net, sgd, train_loader);   // any order, same back
+//   for (auto& batch : loader) {
+//     auto guard = acc.accumulate(model);            // only with gradient accumulation
+//     torch::Tensor loss;
+//     { auto autocast = acc.autocast(); loss = criterion(model->forward(batch.data), batch.target); }
+//     acc.backward(loss);                             // gradients averaged across processes
+//     opt.step(); opt.zero_grad();
+//   }
+//
+// prepare() keeps the user's own objects: a model comes back as the same shared_ptr (moved to the
+// device, weights broadcast from rank 0, a GradientReducer hooked into its parameters); an
+// optimizer or scheduler comes back as a PreparedOptimizer / PreparedScheduler handle over it; a
+// DataLoader comes back sharded across processes. See docs/accelerator.md.
+#pragma once
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/schedulers/lr_scheduler.h>
+#include <torch/types.h>
+
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "accelerant/accelerator_options.h"
+#include "accelerant/autocast.h"
+#include "accelerant/communicator.h"
+#include "accelerant/data_loader.h"
+#include "accelerant/gradient_reducer.h"
+#include "accelerant/prepared_optimizer.h"
+#include "accelerant/training_state.h"
+
+namespace accelerant {
+
+namespace detail {
+template <class T>
+struct is_shared_module : std::false_type {};
+template <class M>
+struct is_shared_module<std::shared_ptr<M>> : std::is_base_of<torch::nn::Module, M> {};
+template <class T>
+constexpr bool is_module_holder_v = std::is_base_of_v<torch::detail::ModuleHolderIndicator, T>;
+template <class T>
+constexpr bool always_false_v = false;
+
+/// The nn::Module behind a shared_ptr<Module subclass> or a TORCH_MODULE holder.
+template <class M>
+std::shared_ptr<torch::nn::Module> module_ptr(const M& model) {
+  if constexpr (is_shared_module<M>::value) {
+    return model;
+  } else {
+    static_assert(is_module_holder_v<M>, "expected a std::shared_ptr<Module> or a TORCH_MODULE holder");
+    return model.ptr();
+  }
+}
+}  // namespace detail
+
+class Accelerator {
+ public:
+  /// Resolves the options (option > environment > config file > default), joins the process
+  /// group when launched (ProcessState::initialize), applies the CPU defaults and the seed.
+  explicit Accelerator(AcceleratorOptions options = {});
+  ~Accelerator();
+  Accelerator(const Accelerator&) = delete;
+  Accelerator& operator=(const Accelerator&) = delete;
+
+  // ---- prepare -------------------------------------------------------------------------------
+  /// Prepares models, optimizers (lvalues), schedulers (lvalues) and DataLoaders, in any number
+  /// and order; one object comes back as itself, several as a std::tuple in the same order.
+  /// Call it in the same order on every process (models are broadcast from rank 0).
+  template <class... Ts>
+  auto prepare(Ts&&... objects) {
+    static_assert(sizeof...(Ts) > 0, "prepare() needs at least one object");
+    if constexpr (sizeof...(Ts) == 1) {
+      return prepare_one(std::forward<Ts>(objects)...);
+    } else {
+      // Braced initialisation runs the prepares left to right, the same order on every rank.
+      return std::tuple<decltype(prepare_one(std::forward<Ts>(objects)))...>{
+          prepare_one(std::forward<Ts>(objects))...};
+    }
+  }
+  /// The model-specific part of prepare (device, downcast, broadcast, gradient reducer).
+  void prepare_model(const std::shared_ptr<torch::nn::Module>& model);
+  PreparedOptimizer prepare_optimizer(torch::optim::Optimizer& optimizer);
+  PreparedScheduler prepare_scheduler(torch::optim::LRScheduler& scheduler);
+  DataLoader prepare_data_loader(const DataLoader& loader);
+
+  // ---- the training step ---------------------------------------------------------------------
+  /// loss.backward(), divided by the accumulation steps and scaled under fp16. Gradients of
+  /// prepared models come back averaged across processes (unless accumulating).
+  void backward(const torch::Tensor& loss);
+
+  /// RAII scope of one micro-step of gradient accumulation: decides whether this micro-step
+  /// synchronises (every gradient_accumulation_steps-th, and the last batch of an epoch) and
+  /// turns the models' all-reduce off while it only accumulates.
+  class AccumulationGuard;
+  template <class... Models>
+  AccumulationGuard accumulate(const Models&... models);
+  /// RAII scope in which backward only accumulates locally (no communication) for `model`.
+  class NoSyncGuard;
+  template <class M>
+  NoSyncGuard no_sync(const M& model);
+  /// Whether this micro-step synchronises gradients (false while accumulating).
+  bool sync_gradients() const { return state_->sync_gradients; }
+
+  /// Clips the gradients' global norm (they are averaged already, so every rank sees the same
+  /// norm); unscales fp16 gradients first. Returns the norm before clipping.
+  double clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm, double norm_type = 2.0);
+  template <class M>
+  double clip_grad_norm_(const M& model, double max_norm, double norm_type = 2.0) {
+    return clip_grad_norm_(detail::module_ptr(model)->parameters(), max_norm, norm_type);
+  }
+
+  /// Mixed-precision autocast for the forward pass (a no-op guard when mixed_precision is no).
+  AutocastGuard autocast() const;
+
+  // ---- metrics and communication -------------------------------------------------------------
+  /// Every rank's tensor concatenated along dim 0 (bf16 comes back as fp32).
+  torch::Tensor gather(const torch::Tensor& tensor);
+  /// gather(), minus the even_batches padding on the last batch of an epoch: over an epoch the
+  /// results are exactly the dataset's samples.
+  torch::Tensor gather_for_metrics(const torch::Tensor& tensor);
+  /// all_reduce across ranks (bf16 reduced and returned as fp32).
+  torch::Tensor reduce(const torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  torch::Tensor pad_across_processes(const torch::Tensor& tensor, int64_t dim = 0, double pad_value = 0);
+  void wait_for_everyone();
+
+  /// Writes the arguments (streamed, no separators) and a newline on the main process only.
+  template <class... Args>
+  void print(const Args&... args) const {
+    if (!is_main_process()) return;
+    std::ostringstream line;
+    (line << ... << args);
+    std::cout << line.str() << std::endl;
+  }
+
+  /// Seeds LibTorch's generators (CPU and CUDA) and std::rand; with device_specific each rank
+  /// gets seed + rank, e.g. for dropout masks that should differ between ranks.
+  void set_seed(uint64_t seed, bool device_specific = false);
+
+  /// The model itself: prepare() does not wrap models (kept for code written for Accelerate).
+  template <class M>
+  M unwrap_model(const M& model) const {
+    return model;
+  }
+
+  /// Saves from the main process only, tensors moved to the CPU first (xm.save's semantics),
+  /// atomically (a temporary file renamed into place). Tensors, tensor lists and modules (the
+  /// latter readable with torch::load(module, path)).
+  void save(const torch::Tensor& tensor, const std::string& path) const;
+  void save(const std::vector<torch::Tensor>& tensors, const std::string& path) const;
+  template <class M, class = std::enable_if_t<detail::is_shared_module<M>::value || detail::is_module_holder_v<M>>>
+  void save(const M& model, const std::string& path) const {
+    save_module(*detail::module_ptr(model), path);
+  }
+
+  /// Waits for every process and leaves the process group; the Accelerator is done afterwards.
+  void end_training();
+
+  // ---- state ---------------------------------------------------------------------------------
+  const AcceleratorSettings& settings() const { return settings_; }
+  MixedPrecision mixed_precision() const { return settings_.mixed_precision; }
+  int64_t gradient_accumulation_steps() const { return settings_.gradient_accumulation_steps; }
+  torch::Device device() const { return device_; }
+  int process_index() const { return process_index_; }
+  int num_processes() const { return num_processes_; }
+  int local_process_index() const { return local_process_index_; }
+  bool is_main_process() const { return process_index_ == 0; }
+  bool is_local_main_process() const { return local_process_index_ == 0; }
+  /// Threads per process in force (after the CPU defaults).
+  int threads() const { return threads_; }
+  const std::shared_ptr<TrainingState>& state() const { return state_; }
+  /// The gradient reducer's counters for a prepared model.
+  template <class M>
+  GradientReducerStats reducer_stats(const M& model) const {
+    return reducer_for(*detail::module_ptr(model)).stats();
+  }
+
+ private:
+  template <class T>
+  auto prepare_one(T&& object);
+  void save_module(const torch::nn::Module& module, const std::string& path) const;
+  GradientReducer& reducer_for(const torch::nn::Module& module) const;
+  AccumulationGuard accumulate_modules(std::vector<std::shared_ptr<torch::nn::Module>> modules);
+  Communicator& communicator() const;
+
+  struct PreparedModel {
+    std::shared_ptr<torch::nn::Module> module;
+    std::unique_ptr<GradientReducer> reducer;
+  };
+
+  AcceleratorOptions options_;
+  AcceleratorSettings settings_;
+  torch::Device device_ = torch::kCPU;
+  // Copied from ProcessState at construction: still valid after end_training() shut it down.
+  int process_index_ = 0;
+  int num_processes_ = 1;
+  int local_process_index_ = 0;
+  std::string rank_prefix_;
+  int threads_ = 1;
+  bool ended_ = false;
+  std::shared_ptr<TrainingState> state_;
+  std::vector<PreparedModel> models_;
+};
+
+class Accelerator::AccumulationGuard {
+ public:
+  AccumulationGuard(std::vector<GradientReducer*> reducers) : reducers_(std::move(reducers)) {}
+  ~AccumulationGuard() {
+    for (auto* reducer : reducers_) reducer->set_sync(true);
+  }
+  AccumulationGuard(AccumulationGuard&& other) noexcept : reducers_(std::move(other.reducers_)) {
+    other.reducers_.clear();
+  }
+  AccumulationGuard(const AccumulationGuard&) = delete;
+  AccumulationGuard& operator=(const AccumulationGuard&) = delete;
+
+ private:
+  std::vector<GradientReducer*> reducers_;
+};
+
+class Accelerator::NoSyncGuard {
+ public:
+  explicit NoSyncGuard(GradientReducer& reducer) : reducer_(&reducer) { reducer_->set_sync(false); }
+  ~NoSyncGuard() {
+    if (reducer_) reducer_->set_sync(true);
+  }
+  NoSyncGuard(NoSyncGuard&& other) noexcept : reducer_(other.reducer_) { other.reducer_ = nullptr; }
+  NoSyncGuard(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+ private:
+  GradientReducer* reducer_;
+};
+
+template <class... Models>
+Accelerator::AccumulationGuard Accelerator::accumulate(const Models&... models) {
+  return accumulate_modules({detail::module_ptr(models)...});
+}
+
+template <class M>
+Accelerator::NoSyncGuard Accelerator::no_sync(const M& model) {
+  return NoSyncGuard(reducer_for(*detail::module_ptr(model)));
+}
+
+template <class T>
+auto Accelerator::prepare_one(T&& object) {
+  using D = std::decay_t<T>;
+  if constexpr (detail::is_shared_module<D>::value || detail::is_module_holder_v<D>) {
+    prepare_model(detail::module_ptr(object));
+    return D(object);
+  } else if constexpr (std::is_base_of_v<torch::optim::Optimizer, D>) {
+    static_assert(std::is_lvalue_reference_v<T>,
+                  "prepare(): pass the optimizer as a named object that outlives the loop; the "
+                  "returned PreparedOptimizer refers to it");
+    return prepare_optimizer(object);
+  } else if constexpr (std::is_base_of_v<torch::optim::LRScheduler, D>) {
+    static_assert(std::is_lvalue_reference_v<T>,
+                  "prepare(): pass the scheduler as a named object that outlives the loop; the "
+                  "returned PreparedScheduler refers to it");
+    return prepare_scheduler(object);
+  } else if constexpr (std::is_same_v<D, DataLoader>) {
+    return prepare_data_loader(object);
+  } else {
+    static_assert(detail::always_false_v<D>,
+                  "prepare() accepts std::shared_ptr<nn::Module subclass>, TORCH_MODULE holders, "
+                  "torch::optim optimizers and LR schedulers (as lvalues) and accelerant::DataLoader "
+                  "(make_data_loader). Fix: wrap other data sources with make_data_loader.");
+  }
+}
+
+}  // namespace accelerant

@@ -1,0 +1,87 @@
+// The Accelerator's options and where each value comes from. Every setting is taken from the
+// first of these that sets it:
+//   1. the option set in code (AcceleratorOptions), like a command-line flag;
+//   2. the environment a launcher sets (ACCELERANT_MIXED_PRECISION, ...; table in
+//      docs/accelerator.md);
+//   3. the config file (accelerant config): $ACCELERANT_CONFIG_FILE, else
+//      $XDG_CACHE_HOME/accelerant/default_config.yaml, else ~/.cache/accelerant/default_config.yaml;
+//   4. the default.
+#pragma once
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "accelerant/distributed_env.h"
+
+namespace accelerant {
+
+enum class MixedPrecision { kNo, kFp16, kBf16 };
+/// "no", "fp16" or "bf16".
+const char* to_string(MixedPrecision precision);
+
+struct AcceleratorOptions {
+  /// "no", "fp16" (CUDA only, with loss scaling) or "bf16" (CPU and CUDA autocast).
+  /// Default: "no".
+  TORCH_ARG(std::optional<std::string>, mixed_precision) = std::nullopt;
+  /// Keep the model's weights in bf16 (converted at prepare) while gradient all-reduces, reduce()
+  /// and gather() of bf16 values run in fp32. See docs/mixed_precision.md. Default: false.
+  TORCH_ARG(std::optional<bool>, downcast_bf16) = std::nullopt;
+  /// Micro-batches per optimizer step. Default: 1.
+  TORCH_ARG(std::optional<int64_t>, gradient_accumulation_steps) = std::nullopt;
+  /// A loader's batch_size is the global batch, split across processes. Default: false.
+  TORCH_ARG(std::optional<bool>, split_batches) = std::nullopt;
+  /// Pad the last step so that every process has the same number of batches. Default: true.
+  TORCH_ARG(std::optional<bool>, even_batches) = std::nullopt;
+  /// Train on the CPU even when CUDA is available. Default: false.
+  TORCH_ARG(std::optional<bool>, cpu) = std::nullopt;
+  /// Seeds every generator at construction (set_seed) and the loaders' shuffling. Default: unset
+  /// (generators untouched, loaders shuffle with seed 0).
+  TORCH_ARG(std::optional<uint64_t>, seed) = std::nullopt;
+  /// CPU defaults: intra-op and BLAS threads = cores / local processes (unless a launcher or
+  /// OMP_NUM_THREADS chose), and malloc thresholds that keep step-sized buffers out of mmap.
+  /// Default: true.
+  TORCH_ARG(std::optional<bool>, cpu_defaults) = std::nullopt;
+  /// Gradient bucket size in MiB for the all-reduce during backward. Default: 25.
+  TORCH_ARG(int64_t, bucket_cap_mb) = 25;
+  /// Treat trainable parameters that get no gradient as zero gradients instead of an error.
+  /// Default: false.
+  TORCH_ARG(bool, allow_unused_parameters) = false;
+  /// The config file to read; unset = the default location (see the file comment).
+  TORCH_ARG(std::optional<std::string>, config_file) = std::nullopt;
+};
+
+/// The settings in force, after resolution.
+struct AcceleratorSettings {
+  MixedPrecision mixed_precision = MixedPrecision::kNo;
+  bool downcast_bf16 = false;
+  int64_t gradient_accumulation_steps = 1;
+  bool split_batches = false;
+  bool even_batches = true;
+  bool cpu = false;
+  std::optional<uint64_t> seed;
+  bool cpu_defaults = true;
+  /// For each setting that was not the default, where it came from: "option", "ACCELERANT_..."
+  /// or "config file <path>".
+  std::map<std::string, std::string> sources;
+};
+
+/// Top-level keys of a config file with their values as text.
+using ConfigValues = std::map<std::string, std::string>;
+
+/// The config file path from the rules in the file comment ($ACCELERANT_CONFIG_FILE, ...).
+std::string default_config_path(const EnvLookup& lookup);
+
+/// Reads the top-level keys of a YAML config file. A missing file gives no values; a malformed
+/// one throws accelerant::Error with the line and column.
+ConfigValues read_config_values(const std::string& path);
+
+/// Resolves `options` over the environment and the config values. Throws accelerant::Error
+/// naming the source, the value and the accepted values when one is invalid.
+AcceleratorSettings resolve_accelerator_settings(const AcceleratorOptions& options, const EnvLookup& env,
+                                                 const ConfigValues& config,
+                                                 const std::string& config_path = "config file");
+
+}  // namespace accelerant

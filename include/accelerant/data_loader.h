@@ -1,0 +1,155 @@
+// A data loader whose batches are sharded across processes once Accelerator::prepare has seen it.
+//
+//   auto loader = accelerant::make_data_loader(images, labels,      // or any torch dataset
+//                     accelerant::DataLoaderOptions().batch_size(64).shuffle(true).num_workers(2));
+//   auto [m, o, l] = accelerator.prepare(model, optimizer, loader);
+//   for (auto& batch : l) { ... batch.data ... batch.target ... }
+//
+// Before prepare it iterates the whole dataset, like a single-process loader. After prepare each
+// process gets its share of every epoch (see data_sharding.h for the rules): each sample once per
+// epoch across ranks, the same seeded permutation everywhere (seed + epoch), even_batches padding
+// that gather_for_metrics removes again. Each `for` over the loader is one epoch; the epoch
+// counter advances by itself (set_epoch to choose).
+//
+// Worker threads (num_workers > 0) build batches ahead of the training loop, up to
+// num_workers * prefetch_factor batches; batches still come out in order. A dataset's get() is
+// then called from several threads at once and must be safe for that (reading is).
+#pragma once
+#include <torch/arg.h>
+#include <torch/data/example.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "accelerant/data_sharding.h"
+#include "accelerant/error.h"
+#include "accelerant/training_state.h"
+
+namespace accelerant {
+
+using Batch = torch::data::Example<>;
+
+struct DataLoaderOptions {
+  /// Samples per batch on each process (with AcceleratorOptions::split_batches: across all).
+  /// Default: 1.
+  TORCH_ARG(int64_t, batch_size) = 1;
+  /// Reshuffle every epoch (seed + epoch). Default: false.
+  TORCH_ARG(bool, shuffle) = false;
+  /// Drop the last incomplete global step. Default: false.
+  TORCH_ARG(bool, drop_last) = false;
+  /// Threads that build batches ahead of the loop; 0 builds them in the loop's thread.
+  /// Default: 0.
+  TORCH_ARG(int, num_workers) = 0;
+  /// Batches each worker thread may build ahead. Default: 2.
+  TORCH_ARG(int, prefetch_factor) = 2;
+  /// Shuffle seed; unset = the Accelerator's seed (AcceleratorOptions::seed), else 0.
+  TORCH_ARG(std::optional<uint64_t>, seed) = std::nullopt;
+};
+
+/// Builds the batch of the given dataset indices (collation included).
+using BatchMaker = std::function<Batch(const std::vector<int64_t>& indices)>;
+
+class DataLoader {
+ public:
+  /// A loader over `dataset_size` samples whose batches `make_batch` builds.
+  DataLoader(BatchMaker make_batch, int64_t dataset_size, DataLoaderOptions options);
+
+  class Iterator;
+  /// Starts an epoch (the current epoch number, then advances it).
+  Iterator begin();
+  Iterator end();
+
+  /// Batches this process gets in the current epoch.
+  int64_t size() const;
+  int64_t dataset_size() const { return shared_->dataset_size; }
+  int64_t epoch() const { return shared_->epoch; }
+  void set_epoch(int64_t epoch) { shared_->epoch = epoch; }
+  const DataLoaderOptions& options() const { return shared_->options; }
+  /// This loader's sharding: rank, world size and the options prepare chose.
+  const ShardingOptions& sharding() const { return shared_->sharding; }
+  int rank() const { return shared_->rank; }
+  int world_size() const { return shared_->world_size; }
+
+  /// A copy of this loader that yields rank `rank`'s share of each epoch, reports its progress
+  /// to `state` and passes every batch through `transform` (device move, dtype). Used by
+  /// Accelerator::prepare.
+  DataLoader sharded(int rank, int world_size, ShardingOptions sharding,
+                     std::shared_ptr<TrainingState> state,
+                     std::function<Batch(Batch)> transform) const;
+
+  struct Shared {
+    BatchMaker make_batch;
+    int64_t dataset_size = 0;
+    DataLoaderOptions options;
+    ShardingOptions sharding;
+    int rank = 0;
+    int world_size = 1;
+    int64_t epoch = 0;
+    std::shared_ptr<TrainingState> state;
+    std::function<Batch(Batch)> transform;
+  };
+  struct EpochRun;
+
+ private:
+  explicit DataLoader(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
+  std::shared_ptr<Shared> shared_;
+};
+
+class DataLoader::Iterator {
+ public:
+  using iterator_category = std::input_iterator_tag;
+  using value_type = Batch;
+  using difference_type = std::ptrdiff_t;
+  using pointer = Batch*;
+  using reference = Batch&;
+
+  Iterator() = default;
+  Batch& operator*() { return current_; }
+  Batch* operator->() { return &current_; }
+  Iterator& operator++();
+  bool operator==(const Iterator& other) const { return done() == other.done(); }
+  bool operator!=(const Iterator& other) const { return !(*this == other); }
+
+ private:
+  friend class DataLoader;
+  explicit Iterator(std::shared_ptr<EpochRun> run);
+  bool done() const { return run_ == nullptr; }
+  void fetch();
+  std::shared_ptr<EpochRun> run_;
+  size_t index_ = 0;
+  Batch current_;
+};
+
+/// A loader over two tensors whose first dimension indexes samples (images and labels); batches
+/// are gathered with index_select, the fastest collation.
+DataLoader make_data_loader(torch::Tensor data, torch::Tensor targets, DataLoaderOptions options = {});
+
+/// A loader over a torch::data dataset (anything with get(index) -> Example<> and size()); a batch
+/// stacks the examples' data and targets.
+template <class Dataset>
+DataLoader make_data_loader(Dataset dataset, DataLoaderOptions options = {}) {
+  auto shared = std::make_shared<Dataset>(std::move(dataset));
+  const auto size = shared->size();
+  if (!size.has_value()) {
+    throw Error("make_data_loader: the dataset does not know its size (size() returned nullopt). "
+                "Fix: give the dataset a size() so that it can be sharded across processes.");
+  }
+  BatchMaker make_batch = [shared](const std::vector<int64_t>& indices) {
+    std::vector<torch::Tensor> data, targets;
+    data.reserve(indices.size());
+    targets.reserve(indices.size());
+    for (int64_t i : indices) {
+      auto example = shared->get(static_cast<size_t>(i));
+      data.push_back(std::move(example.data));
+      targets.push_back(std::move(example.target));
+    }
+    return Batch{torch::stack(data), torch::stack(targets)};
+  };
+  return DataLoader(std::move(make_batch), static_cast<int64_t>(*size), std::move(options));
+}
+
+}  // namespace accelerant

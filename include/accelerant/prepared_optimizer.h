@@ -1,0 +1,57 @@
+// What Accelerator::prepare returns for an optimizer and a learning-rate scheduler: thin handles
+// over the user's own objects that follow the TrainingState.
+//
+// - While gradient accumulation only accumulates (sync_gradients false), step() and zero_grad()
+//   do nothing, so the loop need not know which micro-step it is in.
+// - Under fp16, step() unscales the gradients, skips the update when one is inf or nan, and
+//   adapts the loss scale (GradScaler: init 65536, growth 2, backoff 0.5, interval 2000).
+// - The scheduler advances only when the optimizer really stepped: not on accumulating
+//   micro-steps, not on fp16 steps skipped for overflow. A schedule therefore counts optimizer
+//   updates; build it with the number of updates of the sharded loop (loader.size() after
+//   prepare, divided by the accumulation steps), not with the single-process length.
+#pragma once
+#include <torch/optim/optimizer.h>
+#include <torch/optim/schedulers/lr_scheduler.h>
+
+#include <memory>
+
+#include "accelerant/training_state.h"
+
+namespace accelerant {
+
+class PreparedOptimizer {
+ public:
+  /// Wraps `optimizer` (which must outlive this handle) under `state`.
+  PreparedOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<TrainingState> state);
+
+  /// Updates the parameters unless accumulating; under fp16 unscales first and skips on
+  /// overflow. Returns whether the parameters were updated.
+  bool step();
+  /// Clears the gradients unless accumulating.
+  void zero_grad();
+  /// The last step() that should have updated was skipped because of an fp16 overflow.
+  bool step_was_skipped() const { return state_->last_step_skipped; }
+  torch::optim::Optimizer& optimizer() const { return *optimizer_; }
+  const std::shared_ptr<TrainingState>& state() const { return state_; }
+
+ private:
+  torch::optim::Optimizer* optimizer_;
+  std::shared_ptr<TrainingState> state_;
+};
+
+class PreparedScheduler {
+ public:
+  /// Wraps `scheduler` (which must outlive this handle) under `state`.
+  PreparedScheduler(torch::optim::LRScheduler& scheduler, std::shared_ptr<TrainingState> state);
+
+  /// Advances the schedule if the optimizer updated the parameters since the last call.
+  void step();
+  torch::optim::LRScheduler& scheduler() const { return *scheduler_; }
+
+ private:
+  torch::optim::LRScheduler* scheduler_;
+  std::shared_ptr<TrainingState> state_;
+  int64_t seen_optimizer_steps_;
+};
+
+}  // namespace accelerant

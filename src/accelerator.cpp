@@ -1,0 +1,277 @@
+#include "accelerant/accelerator.h"
+
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/serialize.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+
+#include "accelerant/error.h"
+#include "accelerant/process_state.h"
+#include "cpu_defaults.h"
+#include "text.h"
+
+namespace accelerant {
+namespace {
+
+std::optional<std::string> getenv_lookup(const std::string& name) {
+  const char* value = std::getenv(name.c_str());
+  if (!value) return std::nullopt;
+  return std::string(value);
+}
+
+// Writes through a temporary file and renames it into place, so that a reader never sees half a
+// file and a crash leaves the previous one.
+template <class Write>
+void write_atomically(const std::string& path, Write&& write) {
+  const std::string temporary = path + ".tmp";
+  write(temporary);
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    std::remove(temporary.c_str());
+    throw Error(detail::str("save: could not move ", temporary, " to ", path, ". Fix: check that the ",
+                            "directory exists and is writable."));
+  }
+}
+
+// Module::save's layout (parameters, buffers, then one nested archive per child), with every
+// tensor copied to the CPU, so that torch::load(module, path) reads it on any device.
+void write_module_on_cpu(const torch::nn::Module& module, torch::serialize::OutputArchive& archive) {
+  for (const auto& p : module.named_parameters(/*recurse=*/false)) archive.write(p.key(), p.value().cpu());
+  for (const auto& b : module.named_buffers(/*recurse=*/false)) {
+    archive.write(b.key(), b.value().cpu(), /*is_buffer=*/true);
+  }
+  for (const auto& child : module.named_children()) {
+    torch::serialize::OutputArchive child_archive;
+    write_module_on_cpu(*child.value(), child_archive);
+    archive.write(child.key(), child_archive);
+  }
+}
+
+// Rank 0's parameters and buffers on every rank: one broadcast per dtype of a flat copy.
+void broadcast_from_main(Communicator& communicator, torch::nn::Module& module) {
+  torch::NoGradGuard no_grad;
+  std::map<std::pair<torch::ScalarType, std::string>, std::vector<torch::Tensor>> groups;
+  auto add = [&](const torch::Tensor& t) { groups[{t.scalar_type(), t.device().str()}].push_back(t); };
+  for (const auto& p : module.parameters()) add(p);
+  for (const auto& b : module.buffers()) add(b);
+  for (auto& [key, tensors] : groups) {
+    std::vector<torch::Tensor> flat_parts;
+    for (const auto& t : tensors) flat_parts.push_back(t.reshape({-1}));
+    torch::Tensor flat = torch::cat(flat_parts);
+    communicator.broadcast_(flat, 0);
+    int64_t offset = 0;
+    for (auto& t : tensors) {
+      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
+}
+
+}  // namespace
+
+Accelerator::Accelerator(AcceleratorOptions options)
+    : options_(std::move(options)), state_(std::make_shared<TrainingState>()) {
+  const EnvLookup lookup = getenv_lookup;
+  const std::string config_path = options_.config_file().value_or(default_config_path(lookup));
+  settings_ = resolve_accelerator_settings(options_, lookup, read_config_values(config_path), config_path);
+  if (settings_.downcast_bf16 && settings_.mixed_precision != MixedPrecision::kBf16) {
+    throw Error(detail::str("downcast_bf16 is set but mixed_precision is ", to_string(settings_.mixed_precision),
+                            ". downcast_bf16 stores the weights in bf16 and belongs to bf16 training. ",
+                            "Fix: set mixed_precision to bf16 as well, or drop downcast_bf16."));
+  }
+  ProcessState& process = ProcessState::initialized() ? ProcessState::get() : ProcessState::initialize();
+  process_index_ = process.process_index();
+  num_processes_ = process.num_processes();
+  local_process_index_ = process.local_process_index();
+  rank_prefix_ = process.rank_prefix();
+  device_ = settings_.cpu ? torch::Device(torch::kCPU) : process.device();
+  if (settings_.mixed_precision == MixedPrecision::kFp16 && !device_.is_cuda()) {
+    throw Error(detail::str(process.rank_prefix(), "mixed_precision fp16 needs a CUDA device, but this ",
+                            "process trains on the CPU (LibTorch's CPU autocast has no fp16). ",
+                            "Fix: use mixed_precision bf16 on the CPU, or run on a GPU."));
+  }
+  threads_ = torch::get_num_threads();
+  if (settings_.cpu_defaults && device_.is_cpu()) {
+    threads_ = detail::apply_cpu_defaults(process.env(), lookup).threads;
+  }
+  if (settings_.seed) set_seed(*settings_.seed);
+  state_->gradient_accumulation_steps = settings_.gradient_accumulation_steps;
+  if (settings_.mixed_precision == MixedPrecision::kFp16) {
+    state_->scaler = std::make_shared<GradScaler>(GradScalerOptions(), device_);
+  }
+}
+
+Accelerator::~Accelerator() = default;
+
+Communicator& Accelerator::communicator() const {
+  if (ended_) {
+    throw Error("This Accelerator's training has ended (end_training() was called), so it can no longer "
+                "communicate. Fix: call end_training() last, after every gather, reduce and step.");
+  }
+  return ProcessState::get().communicator();
+}
+
+
+void Accelerator::prepare_model(const std::shared_ptr<torch::nn::Module>& model) {
+  if (!model) {
+    throw Error("prepare() got an empty model pointer. Fix: construct the model first, e.g. "
+                "std::make_shared<Net>(), and pass that.");
+  }
+  for (const auto& prepared : models_) {
+    if (prepared.module == model) return;  // preparing twice changes nothing
+  }
+  model->to(device_);
+  if (settings_.downcast_bf16) model->to(torch::kBFloat16);
+  Communicator& comm = communicator();
+  if (comm.size() > 1) broadcast_from_main(comm, *model);
+  const int64_t cap = options_.bucket_cap_mb() * 1024 * 1024;
+  auto reducer = std::make_unique<GradientReducer>(
+      model->named_parameters(), comm,
+      GradientReducerOptions()
+          .bucket_cap_bytes(cap)
+          .first_bucket_cap_bytes(std::min<int64_t>(cap, 1024 * 1024))
+          .allow_unused_parameters(options_.allow_unused_parameters()));
+  models_.push_back({model, std::move(reducer)});
+}
+
+PreparedOptimizer Accelerator::prepare_optimizer(torch::optim::Optimizer& optimizer) {
+  return PreparedOptimizer(optimizer, state_);
+}
+
+PreparedScheduler Accelerator::prepare_scheduler(torch::optim::LRScheduler& scheduler) {
+  return PreparedScheduler(scheduler, state_);
+}
+
+DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
+  const DataLoaderOptions& o = loader.options();
+  ShardingOptions sharding = ShardingOptions()
+                                 .batch_size(o.batch_size())
+                                 .shuffle(o.shuffle())
+                                 .seed(o.seed().value_or(settings_.seed.value_or(0)))
+                                 .drop_last(o.drop_last())
+                                 .even_batches(settings_.even_batches)
+                                 .split_batches(settings_.split_batches);
+  const torch::Device device = device_;
+  const bool downcast = settings_.downcast_bf16;
+  std::function<Batch(Batch)> transform;
+  if (!device.is_cpu() || downcast) {
+    transform = [device, downcast](Batch batch) {
+      auto move = [&](const torch::Tensor& t) {
+        const bool cast = downcast && t.is_floating_point();
+        return t.to(device, cast ? torch::kBFloat16 : t.scalar_type());
+      };
+      return Batch{move(batch.data), move(batch.target)};
+    };
+  }
+  try {
+    return loader.sharded(process_index(), num_processes(), sharding, state_, std::move(transform));
+  } catch (const Error& e) {
+    throw Error(detail::str(rank_prefix_, "prepare(data loader): ", e.what()));
+  }
+}
+
+void Accelerator::backward(const torch::Tensor& loss) {
+  if (!loss.defined() || loss.numel() != 1) {
+    throw Error(detail::str("backward() needs a scalar loss; got ",
+                            loss.defined() ? c10::str("a tensor of shape ", loss.sizes()) : "an undefined tensor",
+                            ". Fix: reduce it first, e.g. loss.mean()."));
+  }
+  torch::Tensor scaled = loss;
+  if (settings_.gradient_accumulation_steps > 1) scaled = scaled / settings_.gradient_accumulation_steps;
+  if (state_->scaler) scaled = state_->scaler->scale(scaled);
+  scaled.backward();
+}
+
+Accelerator::AccumulationGuard Accelerator::accumulate_modules(std::vector<std::shared_ptr<torch::nn::Module>> modules) {
+  TrainingState& s = *state_;
+  ++s.micro_steps;
+  s.sync_gradients = s.micro_steps % s.gradient_accumulation_steps == 0 || s.end_of_dataloader;
+  std::vector<GradientReducer*> reducers;
+  if (modules.empty()) {
+    for (auto& prepared : models_) reducers.push_back(prepared.reducer.get());
+  } else {
+    for (auto& module : modules) reducers.push_back(&reducer_for(*module));
+  }
+  for (auto* reducer : reducers) reducer->set_sync(s.sync_gradients);
+  return AccumulationGuard(std::move(reducers));
+}
+
+GradientReducer& Accelerator::reducer_for(const torch::nn::Module& module) const {
+  for (const auto& prepared : models_) {
+    if (prepared.module.get() == &module) return *prepared.reducer;
+  }
+  throw Error(detail::str("The model '", module.name(), "' was not prepared by this Accelerator. ",
+                          "Fix: pass it through accelerator.prepare(model) first and use what it returns."));
+}
+
+double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm,
+                                    double norm_type) {
+  if (state_->scaler && state_->sync_gradients) state_->scaler->unscale_(parameters);
+  return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
+}
+
+AutocastGuard Accelerator::autocast() const {
+  const bool enabled = settings_.mixed_precision != MixedPrecision::kNo;
+  const auto dtype = settings_.mixed_precision == MixedPrecision::kFp16 ? torch::kHalf : torch::kBFloat16;
+  return AutocastGuard(device_, dtype, enabled);
+}
+
+torch::Tensor Accelerator::gather(const torch::Tensor& tensor) {
+  const bool upcast = tensor.scalar_type() == torch::kBFloat16;
+  return communicator().gather(upcast ? tensor.to(torch::kFloat) : tensor);
+}
+
+torch::Tensor Accelerator::gather_for_metrics(const torch::Tensor& tensor) {
+  torch::Tensor all = gather(tensor);
+  const int64_t padding = state_->end_of_dataloader ? state_->padding_in_last_step : 0;
+  if (padding > 0 && all.dim() > 0 && all.size(0) >= padding) all = all.narrow(0, 0, all.size(0) - padding);
+  return all;
+}
+
+torch::Tensor Accelerator::reduce(const torch::Tensor& tensor, ReduceOp op) {
+  const bool upcast = tensor.scalar_type() == torch::kBFloat16;
+  return communicator().all_reduce(upcast ? tensor.to(torch::kFloat) : tensor, op);
+}
+
+torch::Tensor Accelerator::pad_across_processes(const torch::Tensor& tensor, int64_t dim, double pad_value) {
+  return communicator().pad_across_processes(tensor, dim, pad_value);
+}
+
+void Accelerator::wait_for_everyone() { communicator().barrier(); }
+
+void Accelerator::set_seed(uint64_t seed, bool device_specific) {
+  const uint64_t value = seed + (device_specific ? static_cast<uint64_t>(process_index()) : 0);
+  torch::manual_seed(value);  // also seeds every CUDA device's generator when CUDA is present
+  std::srand(static_cast<unsigned>(value));
+}
+
+void Accelerator::save(const torch::Tensor& tensor, const std::string& path) const {
+  if (!is_main_process()) return;
+  write_atomically(path, [&](const std::string& file) { torch::save(tensor.cpu(), file); });
+}
+
+void Accelerator::save(const std::vector<torch::Tensor>& tensors, const std::string& path) const {
+  if (!is_main_process()) return;
+  std::vector<torch::Tensor> on_cpu;
+  for (const auto& t : tensors) on_cpu.push_back(t.cpu());
+  write_atomically(path, [&](const std::string& file) { torch::save(on_cpu, file); });
+}
+
+void Accelerator::save_module(const torch::nn::Module& module, const std::string& path) const {
+  if (!is_main_process()) return;
+  torch::serialize::OutputArchive archive;
+  write_module_on_cpu(module, archive);
+  write_atomically(path, [&](const std::string& file) { archive.save_to(file); });
+}
+
+void Accelerator::end_training() {
+  if (ended_) return;
+  wait_for_everyone();
+  std::fflush(stdout);
+  ended_ = true;
+  models_.clear();  // the reducers refer to the communicator that shutdown() destroys
+  ProcessState::shutdown();
+}
+
+}  // namespace accelerant
