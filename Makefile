@@ -17,7 +17,7 @@ build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
 demo: build
-	$(BUILD_DIR)/bin/fashion_mnist --num_processes 2 --epochs 1
+	$(BUILD_DIR)/bin/fashion_mnist --num_processes 2 --epochs 2
 
 test: build
 	ctest --test-dir $(BUILD_DIR) -j $(JOBS) --output-on-failure

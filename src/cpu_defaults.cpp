@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "accelerant/cpu_settings.h"
 #include "thread_config.h"
 
 namespace accelerant::detail {
@@ -29,15 +30,33 @@ CpuDefaults apply_cpu_defaults(const DistributedEnv& env, const EnvLookup& looku
   } else if (auto omp = lookup("OMP_NUM_THREADS"); omp && !omp->empty()) {
     applied.threads = torch::get_num_threads();
     applied.threads_from = "OMP_NUM_THREADS";
+  } else if (torch::get_num_threads() != usable_cpus()) {
+    // Not LibTorch's default (one thread per usable CPU): the program chose, e.g. with
+    // torch::set_num_threads before creating the Accelerator.
+    applied.threads = torch::get_num_threads();
+    applied.threads_from = "the program (torch::set_num_threads)";
   } else {
     applied.threads = std::max(1, usable_cpus() / std::max(1, env.local_world_size));
     applied.threads_from = "cores / local processes";
   }
   // Also when the count is unchanged: OpenBLAS's pool is separate and still at its own default.
-  set_compute_threads(applied.threads);
-  applied.malloc_tuned = mallopt(M_MMAP_THRESHOLD, static_cast<int>(kMmapThresholdBytes)) == 1 &&
-                         mallopt(M_TRIM_THRESHOLD, static_cast<int>(kTrimThresholdBytes)) == 1;
+  detail::set_compute_threads(applied.threads);
+  applied.malloc_tuned = keep_freed_memory_in_heap();
   return applied;
 }
 
 }  // namespace accelerant::detail
+
+namespace accelerant {
+
+void set_compute_threads(int threads) { detail::set_compute_threads(threads); }
+
+bool keep_freed_memory_in_heap() {
+  constexpr int kMmapThresholdBytes = 32 * 1024 * 1024;  // glibc refuses more (HEAP_MAX_SIZE / 2)
+  constexpr int kTrimThresholdBytes = 1024 * 1024 * 1024;
+  // Both together: raising only the trim threshold was measured to make the faults far worse
+  // (../shared/DESIGN.md, platform facts).
+  return mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes) == 1 && mallopt(M_TRIM_THRESHOLD, kTrimThresholdBytes) == 1;
+}
+
+}  // namespace accelerant

@@ -1,7 +1,9 @@
 // CPU settings a LibTorch user rarely knows to make, applied by the Accelerator (on by default,
 // AcceleratorOptions::cpu_defaults(false) or ACCELERANT_CPU_DEFAULTS=0 turns them off). Both were
 // measured on these machines (docs/benchmarks.md "CPU defaults"):
-// - Threads: each process's intra-op pool and OpenBLAS's pool sized cores / local processes.
+// - Threads: each process's intra-op pool and OpenBLAS's pool sized cores / local processes,
+//   unless a launcher, OMP_NUM_THREADS or the program itself (torch::set_num_threads before the
+//   Accelerator) already chose a count; then both pools get that count.
 //   LibTorch's default is all cores per process, and the two pools are separate: 2 + 2 threads
 //   on 2 cores ran an MLP at 0.41x of 1 + 1.
 // - malloc: glibc returns large freed blocks to the OS (munmap, heap trimming), so a training step
@@ -17,17 +19,12 @@ namespace accelerant::detail {
 
 struct CpuDefaults {
   int threads = 0;           // intra-op threads now in force
-  std::string threads_from;  // why: "launcher", "OMP_NUM_THREADS", "cores / local processes"
+  std::string threads_from;  // why: the launcher, OMP_NUM_THREADS, the program, or cores / local processes
   bool malloc_tuned = false;
 };
 
 /// Applies the thread and malloc defaults for a process that shares this machine with
 /// env.local_world_size - 1 others. `lookup` reads OMP_NUM_THREADS.
 CpuDefaults apply_cpu_defaults(const DistributedEnv& env, const EnvLookup& lookup);
-
-/// The mmap threshold set by apply_cpu_defaults, in bytes (glibc's largest allowed value).
-constexpr long kMmapThresholdBytes = 32L * 1024 * 1024;
-/// The trim threshold set by apply_cpu_defaults, in bytes.
-constexpr long kTrimThresholdBytes = 1024L * 1024 * 1024;
 
 }  // namespace accelerant::detail

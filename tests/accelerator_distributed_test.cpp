@@ -213,3 +213,18 @@ TEST(AcceleratorDistributed, FrozenLayersAreLeftAloneAndTheRestTrainsInStep) {
   }
   EXPECT_TRUE(torch::equal(results[0], results[1])) << "the ranks' trained weights differ";
 }
+
+TEST(AcceleratorDistributed, CpuDefaultsTakeTheLauncherThreadCountForBothPools) {
+  auto results = launch(
+      [](int) {
+        Accelerator acc;
+        auto x = torch::randn({512, 512});
+        (void)torch::mm(x, x).sum();  // BLAS and OpenMP at 2 threads in a forked worker
+        return torch::tensor({static_cast<int64_t>(acc.threads()), static_cast<int64_t>(torch::get_num_threads())});
+      },
+      ranks(2).threads_per_process(2));  // not cores / processes (1 on 2 cores), so it shows
+  for (const auto& r : results) {
+    EXPECT_EQ(r[0].item<int64_t>(), 2);
+    EXPECT_EQ(r[1].item<int64_t>(), 2);
+  }
+}

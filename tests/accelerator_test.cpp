@@ -334,3 +334,10 @@ TEST(Accelerator, SetSeedMakesDrawsRepeatable) {
   acc.set_seed(5);
   EXPECT_TRUE(torch::equal(a, torch::rand({3})));
 }
+
+TEST(Accelerator, CpuDefaultsKeepAThreadCountTheProgramChose) {
+  torch::set_num_threads(1);
+  Accelerator acc;  // cpu_defaults on
+  EXPECT_EQ(acc.threads(), 1);
+  EXPECT_EQ(torch::get_num_threads(), 1);
+}
