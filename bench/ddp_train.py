@@ -50,9 +50,10 @@ def build_model(name):
     torch.manual_seed(0)  # same initial weights on every rank and in every run
     if name == "cnn":
         return nn.Sequential(
-            nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Flatten(), nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
+            # examples/fashion_mnist's Net, layer for layer
+            nn.Conv2d(1, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(32 * 4 * 4, 128), nn.ReLU(), nn.Linear(128, 10))
     return nn.Sequential(
         nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
         nn.Linear(512, 10))
