@@ -3,11 +3,12 @@
 //
 //   bench_training --model cnn|mlp --batch B --steps S --warmup W [--threads T] --processes P
 //                  [--plain | --no-cpu-defaults | --no-thread-defaults | --no-malloc-defaults]
-//                  [--no-communication]
+//                  [--no-communication] [--paired-overhead]
 //
 // prints exactly one line `RESULT samples_per_sec=X step_ms_median=Y world=N exposed_wait_ms_median=Z`
 // (X counts samples of all processes; Z is the all-reduce time left after backward, rank 0). --plain is a bare LibTorch loop without the Accelerator (one process only).
-// The CPU-default switches turn the Accelerator's defaults off (both, or one of them): "off"
+// --paired-overhead trains a plain loop and the Accelerator in one process, in alternating blocks,
+// and prints a PLAIN line for the plain side as well (both rates from the median step). The CPU-default switches turn the Accelerator's defaults off (both, or one of them): "off"
 // means LibTorch's own behaviour, every process using all cores for its intra-op and OpenBLAS
 // pools, and glibc's malloc thresholds untouched.
 #include <accelerant/accelerant.h>
@@ -32,6 +33,7 @@ struct Config {
   bool no_thread_defaults = false;
   bool no_malloc_defaults = false;
   bool no_communication = false;
+  bool paired_overhead = false;
   int bucket_cap_mb = 25;
 };
 
@@ -141,6 +143,60 @@ Timing run_accelerated(const Config& c) {
   return t;
 }
 
+// The Accelerator's per-step overhead, measured in one process: the same model trained by a plain
+// loop and through the Accelerator, in alternating blocks of steps, so that both sides see the
+// same machine state (clock, neighbours, allocator). Returns {accelerator, plain}.
+std::pair<Timing, Timing> run_paired_overhead(const Config& c) {
+  if (c.threads > 0) accelerant::set_compute_threads(c.threads);
+  accelerant::Accelerator acc(accelerant::AcceleratorOptions().cpu_defaults(false));
+  // Process-wide, so both sides get it; without it page-fault bursts land on either side at random.
+  accelerant::keep_freed_memory_in_heap();
+  torch::manual_seed(0);
+  auto plain_model = make_model(c.model);
+  torch::manual_seed(0);
+  auto accelerated_model = make_model(c.model);
+  torch::optim::SGD plain_sgd(plain_model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  torch::optim::SGD sgd(accelerated_model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  auto [m, o] = acc.prepare(accelerated_model, sgd);
+  const Data d = make_data(c, 0);
+  auto plain_step = [&](int i) {
+    plain_sgd.zero_grad();
+    auto loss = torch::nn::functional::cross_entropy(plain_model->forward(d.inputs[i % 64]), d.labels[i % 64]);
+    loss.backward();
+    plain_sgd.step();
+  };
+  auto accelerated_step = [&](int i) {
+    o.zero_grad();
+    acc.backward(torch::nn::functional::cross_entropy(m->forward(d.inputs[i % 64]), d.labels[i % 64]));
+    o.step();
+  };
+  for (int i = 0; i < c.warmup; ++i) {
+    plain_step(i);
+    accelerated_step(i);
+  }
+  constexpr int kBlock = 5;
+  std::vector<double> ms[2];
+  for (int i = 0; i < c.steps; i += kBlock) {
+    for (int k = 0; k < 2; ++k) {
+      const int side = (i / kBlock + k) % 2;  // alternate which side goes first
+      for (int j = i; j < std::min(c.steps, i + kBlock); ++j) {
+        const auto t0 = std::chrono::steady_clock::now();
+        side == 0 ? accelerated_step(j) : plain_step(j);
+        const double took = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        ms[side].push_back(took);
+      }
+    }
+  }
+  Timing t[2];
+  for (int side = 0; side < 2; ++side) {
+    std::nth_element(ms[side].begin(), ms[side].begin() + ms[side].size() / 2, ms[side].end());
+    // From the median step: one slow step (a page-fault burst, a neighbour) must not decide it.
+    const double median = ms[side][ms[side].size() / 2];
+    t[side] = {1e3 * static_cast<double>(c.batch) / median, median, 0.0};
+  }
+  return {t[0], t[1]};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -157,6 +213,9 @@ int main(int argc, char** argv) {
   app.add_flag("--no-thread-defaults", c.no_thread_defaults, "Accelerator without its thread default");
   app.add_flag("--no-malloc-defaults", c.no_malloc_defaults, "Accelerator without its malloc default");
   app.add_option("--bucket_cap_mb", c.bucket_cap_mb, "Gradient bucket size")->capture_default_str();
+  app.add_flag("--paired-overhead", c.paired_overhead,
+               "One process: plain loop and Accelerator in alternating blocks; prints RESULT (Accelerator) "
+               "and PLAIN lines");
   app.add_flag("--no-communication", c.no_communication,
                "Skip the gradient all-reduce (no_sync every step): the compute-only upper bound");
   CLI11_PARSE(app, argc, argv);
@@ -166,7 +225,11 @@ int main(int argc, char** argv) {
   }
   try {
     Timing t;
-    if (c.plain) {
+    if (c.paired_overhead) {
+      auto [accelerated, plain] = run_paired_overhead(c);
+      std::printf("PLAIN samples_per_sec=%.2f step_ms_median=%.3f\n", plain.samples_per_sec, plain.step_ms_median);
+      t = accelerated;
+    } else if (c.plain) {
       t = run_plain(c);
     } else if (c.processes == 1) {
       if (c.threads > 0) accelerant::set_compute_threads(c.threads);
