@@ -88,19 +88,21 @@ Data make_data(const Config& c, int rank) {
   return d;
 }
 
+// One step of the plain LibTorch loop, the baseline the Accelerator is compared with.
+void plain_step(torch::nn::Sequential& model, torch::optim::SGD& sgd, const Data& d, int i) {
+  sgd.zero_grad();
+  auto loss = torch::nn::functional::cross_entropy(model->forward(d.inputs[i % 64]), d.labels[i % 64]);
+  loss.backward();
+  sgd.step();
+}
+
 Timing run_plain(const Config& c) {
   if (c.threads > 0) accelerant::set_compute_threads(c.threads);
   torch::manual_seed(0);
   auto model = make_model(c.model);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   const Data d = make_data(c, 0);
-  auto step = [&](int i) {
-    sgd.zero_grad();
-    auto loss = torch::nn::functional::cross_entropy(model->forward(d.inputs[i % 64]), d.labels[i % 64]);
-    loss.backward();
-    sgd.step();
-  };
-  return time_steps(c, 1, step, [] {});
+  return time_steps(c, 1, [&](int i) { plain_step(model, sgd, d, i); }, [] {});
 }
 
 Timing run_accelerated(const Config& c) {
@@ -159,19 +161,14 @@ std::pair<Timing, Timing> run_paired_overhead(const Config& c) {
   torch::optim::SGD sgd(accelerated_model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   auto [m, o] = acc.prepare(accelerated_model, sgd);
   const Data d = make_data(c, 0);
-  auto plain_step = [&](int i) {
-    plain_sgd.zero_grad();
-    auto loss = torch::nn::functional::cross_entropy(plain_model->forward(d.inputs[i % 64]), d.labels[i % 64]);
-    loss.backward();
-    plain_sgd.step();
-  };
+  auto plain = [&](int i) { plain_step(plain_model, plain_sgd, d, i); };
   auto accelerated_step = [&](int i) {
     o.zero_grad();
     acc.backward(torch::nn::functional::cross_entropy(m->forward(d.inputs[i % 64]), d.labels[i % 64]));
     o.step();
   };
   for (int i = 0; i < c.warmup; ++i) {
-    plain_step(i);
+    plain(i);
     accelerated_step(i);
   }
   constexpr int kBlock = 5;
@@ -181,7 +178,7 @@ std::pair<Timing, Timing> run_paired_overhead(const Config& c) {
       const int side = (i / kBlock + k) % 2;  // alternate which side goes first
       for (int j = i; j < std::min(c.steps, i + kBlock); ++j) {
         const auto t0 = std::chrono::steady_clock::now();
-        side == 0 ? accelerated_step(j) : plain_step(j);
+        side == 0 ? accelerated_step(j) : plain(j);
         const double took = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         ms[side].push_back(took);
       }
