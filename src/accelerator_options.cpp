@@ -1,9 +1,8 @@
 #include "accelerant/accelerator_options.h"
 
-#include <yaml-cpp/yaml.h>
-
 #include <fstream>
 
+#include "accelerant/config.h"
 #include "accelerant/error.h"
 #include "text.h"
 
@@ -30,25 +29,8 @@ std::string default_config_path(const EnvLookup& lookup) {
 }
 
 ConfigValues read_config_values(const std::string& path) {
-  std::ifstream file(path);
-  if (!file) return {};
-  ConfigValues values;
-  try {
-    YAML::Node root = YAML::Load(file);
-    if (!root || root.IsNull()) return {};
-    if (!root.IsMap()) {
-      throw Error(detail::str("Config file ", path, " is not a mapping of keys to values. Fix: write ",
-                              "'key: value' lines, or regenerate it with `accelerant config default`."));
-    }
-    for (const auto& item : root) {
-      if (item.second.IsScalar()) values[item.first.as<std::string>()] = item.second.as<std::string>();
-    }
-  } catch (const YAML::Exception& e) {
-    throw Error(detail::str("Config file ", path, " is not valid YAML: ", e.msg, " at line ", e.mark.line + 1,
-                            ", column ", e.mark.column + 1,
-                            ". Fix: correct it there, or regenerate it with `accelerant config default`."));
-  }
-  return values;
+  if (!std::ifstream(path)) return {};  // no config file: nothing from this layer
+  return to_config_values(load_config(path));
 }
 
 namespace {

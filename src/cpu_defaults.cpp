@@ -20,6 +20,11 @@ int usable_cpus() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
+// LibTorch's intra-op thread count before the program could change it, read when this library is
+// loaded (after LibTorch's own initialisation). Not a constant: Debian's LibTorch starts with 1,
+// other builds with the number of cores.
+const int kLibTorchDefaultThreads = torch::get_num_threads();
+
 }  // namespace
 
 CpuDefaults apply_cpu_defaults(const DistributedEnv& env, const EnvLookup& lookup) {
@@ -30,9 +35,9 @@ CpuDefaults apply_cpu_defaults(const DistributedEnv& env, const EnvLookup& looku
   } else if (auto omp = lookup("OMP_NUM_THREADS"); omp && !omp->empty()) {
     applied.threads = torch::get_num_threads();
     applied.threads_from = "OMP_NUM_THREADS";
-  } else if (torch::get_num_threads() != usable_cpus()) {
-    // Not LibTorch's default (one thread per usable CPU): the program chose, e.g. with
-    // torch::set_num_threads before creating the Accelerator.
+  } else if (torch::get_num_threads() != kLibTorchDefaultThreads) {
+    // Changed since the library was loaded: the program chose, e.g. with torch::set_num_threads
+    // before creating the Accelerator.
     applied.threads = torch::get_num_threads();
     applied.threads_from = "the program (torch::set_num_threads)";
   } else {

@@ -3,7 +3,8 @@
 // measured on these machines (docs/benchmarks.md "CPU defaults"):
 // - Threads: each process's intra-op pool and OpenBLAS's pool sized cores / local processes,
 //   unless a launcher, OMP_NUM_THREADS or the program itself (torch::set_num_threads before the
-//   Accelerator) already chose a count; then both pools get that count.
+//   Accelerator, to a count other than LibTorch's start-up value) already chose a count; then both
+//   pools get that count.
 //   LibTorch's default is all cores per process, and the two pools are separate: 2 + 2 threads
 //   on 2 cores ran an MLP at 0.41x of 1 + 1.
 // - malloc: glibc returns large freed blocks to the OS (munmap, heap trimming), so a training step

@@ -4,6 +4,9 @@
 #include <accelerant/accelerant.h>
 #include <gtest/gtest.h>
 
+#include <sched.h>
+
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <set>
@@ -336,8 +339,18 @@ TEST(Accelerator, SetSeedMakesDrawsRepeatable) {
 }
 
 TEST(Accelerator, CpuDefaultsKeepAThreadCountTheProgramChose) {
-  torch::set_num_threads(1);
-  Accelerator acc;  // cpu_defaults on
-  EXPECT_EQ(acc.threads(), 1);
-  EXPECT_EQ(torch::get_num_threads(), 1);
+  torch::set_num_threads(3);  // neither LibTorch's default nor cores / processes on any machine here
+  Accelerator acc;            // cpu_defaults on
+  EXPECT_EQ(acc.threads(), 3);
+  EXPECT_EQ(torch::get_num_threads(), 3);
+}
+
+TEST(Accelerator, CpuDefaultsGiveOneProcessEveryUsableCore) {
+  // Meaningful in a fresh process (CTest runs each test alone) with no thread variables set.
+  if (std::getenv("OMP_NUM_THREADS") != nullptr) GTEST_SKIP() << "OMP_NUM_THREADS is set";
+  cpu_set_t set;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  Accelerator acc;
+  EXPECT_EQ(acc.threads(), CPU_COUNT(&set));
+  EXPECT_EQ(torch::get_num_threads(), CPU_COUNT(&set));
 }

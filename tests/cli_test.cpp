@@ -1,7 +1,12 @@
 // The accelerant command line, run as a real program.
+#include <accelerant/config.h>
 #include <accelerant/version.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 
 #include "test_support.h"
 
@@ -37,4 +42,133 @@ TEST(Cli, UnknownOptionIsAnErrorWithNonZeroExit) {
   std::string out;
   EXPECT_NE(run_cli({"--no-such-flag"}, out), 0);
   EXPECT_NE(out.find("--no-such-flag"), std::string::npos) << out;
+}
+
+// ---- accelerant config and env ------------------------------------------------------------
+
+namespace {
+
+struct ScratchDir {
+  std::string path = make_temp_dir();
+  ~ScratchDir() { remove_tree(path); }
+};
+
+std::string file_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Runs the CLI through sh, so that a test can pipe answers into it.
+int run_shell(const std::string& command, std::string& output) {
+  auto run = start_program({"/bin/sh", "-c", command});
+  const int status = finish_program(run, output, std::chrono::seconds(30));
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace
+
+TEST(CliConfig, DefaultWritesEveryKeyWithTheChosenPrecision) {
+  ScratchDir dir;
+  const std::string file = dir.path + "/c.yaml";
+  std::string out;
+  ASSERT_EQ(run_cli({"config", "default", "--mixed_precision", "bf16", "--config_file", file}, out), 0) << out;
+  const std::string text = file_text(file);
+  EXPECT_NE(text.find("mixed_precision: \"bf16\""), std::string::npos) << text;
+  EXPECT_NE(text.find("num_processes: 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("config_version: 1"), std::string::npos) << text;
+  auto loaded = accelerant::load_config(file);
+  EXPECT_EQ(loaded.mixed_precision, "bf16");
+}
+
+TEST(CliConfig, DefaultLocationFollowsXdgCacheHome) {
+  ScratchDir dir;
+  ::unsetenv("ACCELERANT_CONFIG_FILE");
+  ::setenv("XDG_CACHE_HOME", dir.path.c_str(), 1);  // inherited by the CLI
+  std::string out;
+  ASSERT_EQ(run_cli({"config", "default"}, out), 0) << out;
+  EXPECT_NE(file_text(dir.path + "/accelerant/default_config.yaml").find("num_machines: 1"), std::string::npos);
+  ASSERT_EQ(run_cli({"config", "show"}, out), 0) << out;
+  EXPECT_NE(out.find(dir.path + "/accelerant/default_config.yaml"), std::string::npos) << out;
+}
+
+TEST(CliConfig, QuestionsReadPipedAnswersAndAskAgainAfterABadOne) {
+  ScratchDir dir;
+  const std::string file = dir.path + "/q.yaml";
+  // machines 2, rank 1, address, port, processes: "lots" (refused) then 4, bf16, downcast yes,
+  // debug: default, restarts 2, threads: default.
+  std::string out;
+  ASSERT_EQ(run_shell("printf '2\\n1\\n10.1.2.3\\n29501\\nlots\\n4\\nbf16\\nyes\\n\\n2\\n\\n' | " + cli_path() +
+                          " config --config_file " + file,
+                      out),
+            0)
+      << out;
+  EXPECT_NE(out.find("'lots' is not a whole number"), std::string::npos) << out;
+  auto c = accelerant::load_config(file);
+  EXPECT_EQ(c.num_machines, 2);
+  EXPECT_EQ(c.machine_rank, 1);
+  EXPECT_EQ(c.main_process_ip, "10.1.2.3");
+  EXPECT_EQ(c.main_process_port, 29501);
+  EXPECT_EQ(c.num_processes, 4);
+  EXPECT_EQ(c.mixed_precision, "bf16");
+  EXPECT_TRUE(c.downcast_bf16);
+  EXPECT_FALSE(c.debug);
+  EXPECT_EQ(c.max_restarts, 2);
+}
+
+TEST(CliConfig, AnswersEndingEarlyAreAnErrorNotAHalfWrittenFile) {
+  ScratchDir dir;
+  std::string out;
+  EXPECT_NE(run_shell("printf '1\\n' | " + cli_path() + " config --config_file " + dir.path + "/q.yaml", out), 0);
+  EXPECT_NE(out.find("input ended"), std::string::npos) << out;
+  EXPECT_FALSE(std::ifstream(dir.path + "/q.yaml").good());
+}
+
+TEST(CliConfig, BadFilesAreRefusedWithWhatAndWhere) {
+  ScratchDir dir;
+  struct Case {
+    const char* content;
+    std::vector<std::string> expected;
+  };
+  const std::vector<Case> cases = {
+      {"num_procesess: 2\n", {"unknown key 'num_procesess'", "did you mean 'num_processes'"}},
+      {"num_machines: two\n", {"'num_machines' is 'two'", "line 1", "a whole number"}},
+      {"num_processes: [1\n", {"not valid YAML", "line "}},
+      {"num_processes: -1\n", {"num_processes is -1", "1 or more"}},
+      {"config_version: 9\n", {"config_version 9", "newer Accelerant"}},
+      {"num_machines: 2\nnum_processes: 3\n", {"cannot be split evenly over 2"}},
+  };
+  for (const auto& c : cases) {
+    const std::string file = dir.path + "/bad.yaml";
+    std::ofstream(file) << c.content;
+    std::string out;
+    EXPECT_EQ(run_cli({"config", "validate", "--config_file", file}, out), 1) << c.content;
+    for (const auto& e : c.expected) EXPECT_NE(out.find(e), std::string::npos) << "expected '" << e << "' in: " << out;
+  }
+  std::string out;
+  EXPECT_EQ(run_cli({"config", "show", "--config_file", dir.path + "/missing.yaml"}, out), 1);
+  EXPECT_NE(out.find("accelerant config"), std::string::npos) << out;
+}
+
+TEST(CliEnv, PrintsVersionsHardwareAndTheConfig) {
+  ScratchDir dir;
+  const std::string file = dir.path + "/c.yaml";
+  std::string out;
+  ASSERT_EQ(run_cli({"config", "default", "--config_file", file}, out), 0);
+  ASSERT_EQ(run_cli({"env", "--config_file", file}, out), 0) << out;
+  for (const char* expected : {"Accelerant: ", "LibTorch: ", "Gloo: ", "Compiler: ", "CPU: ", "BLAS: ", "Threads: ",
+                               "GPUs: ", "num_processes: 1"}) {
+    EXPECT_NE(out.find(expected), std::string::npos) << "missing '" << expected << "' in:\n" << out;
+  }
+}
+
+TEST(CliHelp, EverySubcommandShowsExamples) {
+  for (std::vector<std::string> args : {std::vector<std::string>{"config", "--help"}, {"config", "default", "--help"},
+                                        {"config", "show", "--help"}, {"config", "validate", "--help"},
+                                        {"env", "--help"}}) {
+    std::string out;
+    EXPECT_EQ(run_cli(args, out), 0);
+    EXPECT_NE(out.find("Examples:"), std::string::npos) << args[0] << ": " << out;
+  }
 }

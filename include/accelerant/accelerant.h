@@ -6,6 +6,7 @@
 #include "accelerant/accelerator_options.h"
 #include "accelerant/autocast.h"
 #include "accelerant/communicator.h"
+#include "accelerant/config.h"
 #include "accelerant/cpu_settings.h"
 #include "accelerant/data_loader.h"
 #include "accelerant/data_sharding.h"

@@ -74,8 +74,8 @@ using ConfigValues = std::map<std::string, std::string>;
 /// The config file path from the rules in the file comment ($ACCELERANT_CONFIG_FILE, ...).
 std::string default_config_path(const EnvLookup& lookup);
 
-/// Reads the top-level keys of a YAML config file. A missing file gives no values; a malformed
-/// one throws accelerant::Error with the line and column.
+/// Reads a config file (load_config: strict) as key -> text. A missing file gives no values; a
+/// bad one throws accelerant::Error naming the problem.
 ConfigValues read_config_values(const std::string& path);
 
 /// Resolves `options` over the environment and the config values. Throws accelerant::Error

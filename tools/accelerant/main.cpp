@@ -2,29 +2,57 @@
 #include <accelerant/accelerant.h>
 
 #include <CLI/CLI.hpp>
+#include <cstdlib>
 #include <iostream>
+
+#include "commands.h"
+
+namespace accelerant::cli {
+
+std::string config_path_or_default(const std::string& config_file) {
+  if (!config_file.empty()) return config_file;
+  return default_config_path([](const std::string& name) -> std::optional<std::string> {
+    const char* value = std::getenv(name.c_str());
+    if (value == nullptr) return std::nullopt;
+    return std::string(value);
+  });
+}
+
+}  // namespace accelerant::cli
 
 int main(int argc, char** argv) {
   CLI::App app{
       "accelerant: run one LibTorch training loop on one CPU, many processes, GPUs and machines.\n\n"
       "Examples:\n"
-      "  accelerant --version        print Accelerant's and LibTorch's versions\n"
-      "  accelerant --help           this text\n\n"
-      "Sub-commands (config, launch, env, test) are being added; until then start workers from\n"
-      "your program with accelerant::launch (see README.md).",
+      "  accelerant config            answer a few questions, write the config file\n"
+      "  accelerant config default    write a basic config without questions\n"
+      "  accelerant env               versions, hardware and config, for bug reports\n"
+      "  accelerant --version         print Accelerant's and LibTorch's versions\n\n"
+      "`accelerant launch` is being added; until then start workers from your program with\n"
+      "accelerant::launch (see README.md).",
       "accelerant"};
   bool show_version = false;
   app.add_flag("-V,--version", show_version, "Print the versions and exit");
+  accelerant::cli::Action action;
+  accelerant::cli::add_config_command(app, action);
+  accelerant::cli::add_env_command(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
   if (show_version) {
-    std::cout << "accelerant " << accelerant::kVersion << " (LibTorch " << accelerant::torch_version()
-              << ")\n";
+    std::cout << "accelerant " << accelerant::kVersion << " (LibTorch " << accelerant::torch_version() << ")\n";
     return 0;
   }
-  std::cout << app.help();
-  return 0;
+  if (!action) {
+    std::cout << app.help();
+    return 0;
+  }
+  try {
+    return action();
+  } catch (const accelerant::Error& e) {
+    std::cerr << "accelerant: " << e.what() << "\n";
+    return 1;
+  }
 }

@@ -1,0 +1,71 @@
+// The config file that `accelerant config` writes and `accelerant launch` and the Accelerator read:
+// YAML, one key per setting, key names as Accelerate's where the meaning matches.
+//
+//   config_version: 1
+//   num_machines: 1
+//   machine_rank: 0
+//   main_process_ip: 127.0.0.1
+//   main_process_port: 29500
+//   num_processes: 2
+//   mixed_precision: "no"
+//   ...
+//
+// Loading is strict, so that a typo never silently falls back to a default: an unknown key is an
+// error naming the closest known key, a wrong type names the key, the value and the expected type,
+// malformed YAML gives the line and column. `config_version` lets later versions of the schema
+// keep reading old files.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "accelerant/accelerator_options.h"
+
+namespace accelerant {
+
+/// The schema version this build writes (and the newest it reads).
+constexpr int kConfigVersion = 1;
+
+struct Config {
+  int config_version = kConfigVersion;
+  int num_machines = 1;
+  int machine_rank = 0;
+  std::string main_process_ip = "127.0.0.1";
+  int main_process_port = 29500;  ///< 0 = a free port, chosen at launch (single machine only)
+  int num_processes = 1;          ///< total across machines
+  std::string mixed_precision = "no";
+  bool downcast_bf16 = false;
+  bool use_cpu = false;
+  bool debug = false;
+  int max_restarts = 0;
+  double monitor_interval = 0.1;  ///< seconds between checks of the workers
+  int threads_per_process = 0;    ///< 0 = cores / local processes
+  int gradient_accumulation_steps = 1;
+};
+
+/// Every key a config file may contain, in the order they are written.
+const std::vector<std::string>& config_keys();
+
+/// Reads and validates a config file. Throws accelerant::Error naming the file and the problem
+/// (missing file, malformed YAML with line and column, unknown key with the closest known one,
+/// wrong type, out-of-range value, a config_version newer than this build).
+Config load_config(const std::string& path);
+
+/// Checks the values' ranges and combinations; throws accelerant::Error naming each problem.
+void validate_config(const Config& config, const std::string& where = "config");
+
+/// The config as YAML text (every key, in config_keys() order).
+std::string to_yaml(const Config& config);
+
+/// Writes `config` to `path` (creating its directory), through a temporary file and a rename.
+void save_config(const Config& config, const std::string& path);
+
+/// Writes a basic config (Config's defaults: one machine, one process, port 29500) with
+/// `mixed_precision` to `path`, or to the default location when `path` is empty; returns the path
+/// written. Accelerate's write_basic_config.
+std::string write_basic_config(const std::string& mixed_precision = "no", const std::string& path = "");
+
+/// The config as key -> text for the Accelerator's option resolution.
+ConfigValues to_config_values(const Config& config);
+
+}  // namespace accelerant
