@@ -43,6 +43,13 @@ int main(int argc, char** argv) {
         LaunchOptions().num_processes(2).stop_grace_period(std::chrono::seconds(1)));
     return 0;
   }
-  std::cerr << "usage: launch_helper node NODE_RANK PORT | sleepy DIR\n";
+  if (mode == "worker") {  // started by `accelerant launch`: join the group the environment names
+    auto& state = ProcessState::get();
+    auto sum = state.communicator().all_reduce(torch::tensor({state.process_index() + 1}), ReduceOp::kSum);
+    std::cout << "worker rank=" << state.process_index() << " world=" << state.num_processes()
+              << " local=" << state.local_process_index() << " sum=" << sum.item<int64_t>() << std::endl;
+    return 0;
+  }
+  std::cerr << "usage: launch_helper node NODE_RANK PORT | sleepy DIR | worker\n";
   return 2;
 }

@@ -11,6 +11,8 @@ using Action = std::function<int()>;
 
 /// `accelerant config [default|show|validate]`.
 void add_config_command(CLI::App& app, Action& action);
+/// `accelerant launch [options] program [args...]`.
+void add_launch_command(CLI::App& app, Action& action);
 /// `accelerant env`.
 void add_env_command(CLI::App& app, Action& action);
 

@@ -26,15 +26,16 @@ int main(int argc, char** argv) {
       "Examples:\n"
       "  accelerant config            answer a few questions, write the config file\n"
       "  accelerant config default    write a basic config without questions\n"
+      "  accelerant launch -n 2 ./train --epochs 3\n"
+      "                               run ./train as 2 workers (torchrun's variables set)\n"
       "  accelerant env               versions, hardware and config, for bug reports\n"
-      "  accelerant --version         print Accelerant's and LibTorch's versions\n\n"
-      "`accelerant launch` is being added; until then start workers from your program with\n"
-      "accelerant::launch (see README.md).",
+      "  accelerant --version         print Accelerant's and LibTorch's versions",
       "accelerant"};
   bool show_version = false;
   app.add_flag("-V,--version", show_version, "Print the versions and exit");
   accelerant::cli::Action action;
   accelerant::cli::add_config_command(app, action);
+  accelerant::cli::add_launch_command(app, action);
   accelerant::cli::add_env_command(app, action);
   try {
     app.parse(argc, argv);
@@ -51,7 +52,7 @@ int main(int argc, char** argv) {
   }
   try {
     return action();
-  } catch (const accelerant::Error& e) {
+  } catch (const accelerant::Error& e) {  // LaunchError included: the failure report
     std::cerr << "accelerant: " << e.what() << "\n";
     return 1;
   }

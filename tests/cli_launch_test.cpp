@@ -1,0 +1,122 @@
+// `accelerant launch`, run as a real program: workers get the torchrun variables and join one
+// group; a failing worker is named; a killed worker is restarted; SIGINT leaves no process;
+// the config file is read and flags override it.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <fstream>
+#include <thread>
+
+#include "test_support.h"
+
+using namespace accelerant::testing;
+
+namespace {
+
+struct ScratchDir {
+  std::string path = make_temp_dir();
+  ~ScratchDir() { remove_tree(path); }
+};
+
+int run(const std::vector<std::string>& args, std::string& output) {
+  // No config file of the machine's own may leak in: the tests that want one pass --config_file.
+  ::unsetenv("ACCELERANT_CONFIG_FILE");
+  ::setenv("XDG_CACHE_HOME", "/nonexistent/accelerant-test-cache", 1);
+  std::vector<std::string> argv{cli_path(), "launch"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto program = start_program(argv);
+  const int status = finish_program(program, output, std::chrono::seconds(60));
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+int count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+class LaunchWorkers : public ::testing::TestWithParam<int> {};
+
+TEST_P(LaunchWorkers, EveryWorkerJoinsOneGroup) {
+  const int n = GetParam();
+  std::string out;
+  ASSERT_EQ(run({"--num_processes", std::to_string(n), "--main_process_port", "0", launch_helper_path(), "worker"}, out),
+            0)
+      << out;
+  const std::string sum = "sum=" + std::to_string(n * (n + 1) / 2);
+  for (int r = 0; r < n; ++r) {
+    const std::string line = "worker rank=" + std::to_string(r) + " world=" + std::to_string(n) +
+                             " local=" + std::to_string(r) + " " + sum;
+    EXPECT_NE(out.find(line), std::string::npos) << "missing '" << line << "' in:\n" << out;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TwoAndFour, LaunchWorkers, ::testing::Values(2, 4));
+
+TEST(Launch, AWorkerExitingWithThreeIsNamedAndTheLauncherFails) {
+  std::string out;
+  EXPECT_NE(run({"-n", "2", "--main_process_port", "0", "/bin/sh", "-c", "[ \"$RANK\" = 1 ] && exit 3; sleep 20"}, out),
+            0);
+  EXPECT_NE(out.find("worker rank 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("exit code 3"), std::string::npos) << out;
+}
+
+TEST(Launch, AKilledWorkerIsRestartedAndTheRunCompletes) {
+  std::string out;
+  ASSERT_EQ(run({"-n", "2", "--main_process_port", "0", "--max_restarts", "1", "/bin/sh", "-c",
+                 "if [ \"$ACCELERANT_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 1 ]; then kill -9 $$; fi; "
+                 "echo \"done rank $RANK restart $ACCELERANT_RESTART_COUNT\""},
+                out),
+            0)
+      << out;
+  EXPECT_NE(out.find("done rank 0 restart 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("done rank 1 restart 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("signal 9"), std::string::npos) << "the restart should say why: " << out;
+}
+
+TEST(Launch, SigintStopsEveryWorkerAndLeavesNoProcess) {
+  ScratchDir dir;
+  ::setenv("XDG_CACHE_HOME", "/nonexistent/accelerant-test-cache", 1);
+  auto program = start_program({cli_path(), "launch", "-n", "2", "--main_process_port", "0", "/bin/sh", "-c",
+                                "echo $$ > " + dir.path + "/pid.$RANK; exec sleep 60"});
+  std::vector<pid_t> workers;
+  for (int i = 0; i < 100 && workers.size() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    workers = read_pid_files(dir.path);
+  }
+  ASSERT_EQ(workers.size(), 2u);
+  ::kill(program.pid, SIGINT);
+  std::string out;
+  finish_program(program, out, std::chrono::seconds(20));
+  EXPECT_TRUE(wait_until_dead(workers, std::chrono::seconds(10)).empty()) << "orphaned workers; output:\n" << out;
+}
+
+TEST(Launch, TheConfigFileIsReadAndFlagsOverrideIt) {
+  ScratchDir dir;
+  const std::string config = dir.path + "/c.yaml";
+  std::ofstream(config) << "num_processes: 3\nmain_process_port: 0\n";
+  std::string out;
+  ASSERT_EQ(run({"--config_file", config, "/bin/sh", "-c", "echo \"rank $RANK of $WORLD_SIZE\""}, out), 0) << out;
+  EXPECT_EQ(count(out, "of 3"), 3) << out;
+  ASSERT_EQ(run({"--config_file", config, "-n", "2", "/bin/sh", "-c", "echo \"rank $RANK of $WORLD_SIZE\""}, out), 0)
+      << out;
+  EXPECT_EQ(count(out, "of 2"), 2) << out;
+}
+
+TEST(Launch, BadInputIsRefusedBeforeAnyWorkerStarts) {
+  ScratchDir dir;
+  std::string out;
+  EXPECT_EQ(run({"-n", "2", dir.path + "/no_such_program"}, out), 1);
+  EXPECT_NE(out.find("cannot run"), std::string::npos) << out;
+  EXPECT_EQ(out.find("Launching"), std::string::npos) << "workers were started: " << out;
+  const std::string config = dir.path + "/bad.yaml";
+  std::ofstream(config) << "num_procesess: 2\n";
+  EXPECT_EQ(run({"--config_file", config, "/bin/true"}, out), 1);
+  EXPECT_NE(out.find("did you mean 'num_processes'"), std::string::npos) << out;
+  EXPECT_EQ(run({"-n", "0", "/bin/true"}, out), 1);
+  EXPECT_NE(out.find("num_processes is 0"), std::string::npos) << out;
+}

@@ -1,0 +1,134 @@
+// accelerant launch: starts a program as N workers with fork+exec (never through a shell), each
+// with the torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, ...) and
+// ACCELERANT_* set, watches them, restarts the group up to max_restarts and reports the first
+// failure. Settings come from the config file; flags override it.
+#include <accelerant/accelerant.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+
+#include "commands.h"
+
+namespace accelerant::cli {
+namespace {
+
+struct LaunchFlags {
+  std::string config_file;
+  std::optional<int> num_processes, num_machines, machine_rank, main_process_port, max_restarts, threads_per_process;
+  std::optional<std::string> main_process_ip, mixed_precision;
+  std::optional<double> monitor_interval;
+  bool cpu = false, debug = false, prefix_output = false;
+};
+
+// The config file (when there is one), then the flags over it.
+Config resolve(const LaunchFlags& f) {
+  const std::string path = config_path_or_default(f.config_file);
+  Config c;
+  if (!f.config_file.empty() || std::ifstream(path)) c = load_config(path);
+  if (f.num_processes) c.num_processes = *f.num_processes;
+  if (f.num_machines) c.num_machines = *f.num_machines;
+  if (f.machine_rank) c.machine_rank = *f.machine_rank;
+  if (f.main_process_ip) c.main_process_ip = *f.main_process_ip;
+  if (f.main_process_port) c.main_process_port = *f.main_process_port;
+  if (f.max_restarts) c.max_restarts = *f.max_restarts;
+  if (f.threads_per_process) c.threads_per_process = *f.threads_per_process;
+  if (f.mixed_precision) c.mixed_precision = *f.mixed_precision;
+  if (f.monitor_interval) c.monitor_interval = *f.monitor_interval;
+  if (f.cpu) c.use_cpu = true;
+  if (f.debug) c.debug = true;
+  validate_config(c, "accelerant launch (config file " + path + " and flags)");
+  return c;
+}
+
+// Whether execvp would find an executable `program` (a path, or a name looked up on PATH).
+bool runnable(const std::string& program) {
+  if (program.find('/') != std::string::npos) return ::access(program.c_str(), X_OK) == 0;
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/bin:/bin";
+  for (size_t start = 0; start <= dirs.size();) {
+    size_t end = dirs.find(':', start);
+    if (end == std::string::npos) end = dirs.size();
+    const std::string dir = end > start ? dirs.substr(start, end - start) : ".";
+    if (::access((dir + "/" + program).c_str(), X_OK) == 0) return true;
+    start = end + 1;
+  }
+  return false;
+}
+
+int run_launch(const LaunchFlags& flags, const std::vector<std::string>& command) {
+  if (command.empty()) {
+    throw Error("accelerant launch: no program given. Fix: name the program after the options, e.g. "
+                "`accelerant launch -n 2 ./train --epochs 3`.");
+  }
+  if (!runnable(command[0])) {
+    throw Error("accelerant launch: cannot run '" + command[0] + "': no such executable" +
+                (command[0].find('/') == std::string::npos ? " on PATH" : "") +
+                ". Fix: give a path to an executable program (./train), or put it on PATH.");
+  }
+  const Config c = resolve(flags);
+  // Settings the workers read from their environment beyond the launcher's own contract.
+  ::setenv("ACCELERANT_DOWNCAST_BF16", c.downcast_bf16 ? "1" : "0", 1);
+  ::setenv("ACCELERANT_USE_CPU", c.use_cpu ? "1" : "0", 1);
+  ::setenv("ACCELERANT_GRADIENT_ACCUMULATION_STEPS", std::to_string(c.gradient_accumulation_steps).c_str(), 1);
+  auto options = LaunchOptions()
+                     .num_processes(c.num_processes / c.num_machines)
+                     .num_nodes(c.num_machines)
+                     .node_rank(c.machine_rank)
+                     .master_addr(c.main_process_ip)
+                     .master_port(c.main_process_port)
+                     .max_restarts(c.max_restarts)
+                     .monitor_interval(std::chrono::milliseconds(static_cast<int64_t>(c.monitor_interval * 1000)))
+                     .mixed_precision(c.mixed_precision)
+                     .threads_per_process(c.threads_per_process)
+                     .debug(c.debug)
+                     .prefix_output(flags.prefix_output);
+  std::vector<std::string> args = command;
+  detail::launch_forked(options, [&args](int) -> std::vector<char> {
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execvp(argv[0], argv.data());
+    throw Error(std::string("accelerant launch: cannot run '") + args[0] + "': " + std::strerror(errno) +
+                ". Fix: give a path to an executable program (./train), or put it on PATH.");
+  });
+  return 0;
+}
+
+}  // namespace
+
+void add_launch_command(CLI::App& app, Action& action) {
+  auto* launch = app.add_subcommand(
+      "launch",
+      "Run a program as several worker processes (fork+exec, no shell), with the torchrun variables\n"
+      "and ACCELERANT_* set for each. Reads the config file; flags override it.\n\n"
+      "Examples:\n"
+      "  accelerant launch -n 2 ./fashion_mnist --epochs 1\n"
+      "  accelerant launch -n 4 --max_restarts 2 --mixed_precision bf16 ./train\n"
+      "  accelerant launch --num_machines 2 --machine_rank 0 --main_process_ip 10.0.0.1 \\\n"
+      "                    --main_process_port 29500 -n 8 ./train        (on each machine, its rank)");
+  auto flags = std::make_shared<LaunchFlags>();
+  launch->add_option("--config_file", flags->config_file, "Config file (default: accelerant config's location)");
+  launch->add_option("-n,--num_processes", flags->num_processes, "Processes in total, across machines");
+  launch->add_option("--num_machines", flags->num_machines, "Machines taking part");
+  launch->add_option("--machine_rank", flags->machine_rank, "This machine's rank (0 = main)");
+  launch->add_option("--main_process_ip", flags->main_process_ip, "The main machine's address");
+  launch->add_option("--main_process_port", flags->main_process_port, "Its port (0 = free port, one machine)");
+  launch->add_option("--max_restarts", flags->max_restarts, "Restarts of a failed group");
+  launch->add_option("--monitor_interval", flags->monitor_interval, "Seconds between checks of the workers");
+  launch->add_option("--mixed_precision", flags->mixed_precision, "no, fp16 or bf16")
+      ->check(CLI::IsMember({"no", "fp16", "bf16"}));
+  launch->add_option("--threads_per_process", flags->threads_per_process, "0 = cores / local processes");
+  launch->add_flag("--cpu", flags->cpu, "Train on the CPU even when CUDA is available");
+  launch->add_flag("--debug", flags->debug, "Check collectives across ranks; dry fork first");
+  launch->add_flag("--prefix_output", flags->prefix_output, "Prefix every output line with its rank");
+  launch->prefix_command();  // the first positional is the program; everything after it is its own
+  launch->callback([&action, flags, launch] {
+    std::vector<std::string> command = launch->remaining();
+    action = [flags, command] { return run_launch(*flags, command); };
+  });
+}
+
+}  // namespace accelerant::cli
