@@ -6,6 +6,7 @@
 #include "communicator_impl.h"
 #include "text.h"
 #include "torch_compat.h"
+#include "uncaught_exception_recorder.h"
 
 namespace accelerant {
 namespace {
@@ -54,6 +55,7 @@ ProcessState::ProcessState(DistributedEnv env, const ProcessStateOptions& option
       timeout_(options.timeout().value_or(env_.timeout.value_or(kDefaultTimeout))),
       debug_mode_(options.debug_mode().value_or(env_.debug_mode)),
       device_(torch::kCPU) {
+  detail::record_uncaught_exceptions_to(env_.error_file);  // for the launcher's failure report
   if (!options.cpu() && detail::cuda_available()) {
     device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(
                                               env_.local_rank % std::max<int64_t>(1, torch::cuda::device_count())));

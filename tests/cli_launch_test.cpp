@@ -65,6 +65,13 @@ TEST(Launch, AWorkerExitingWithThreeIsNamedAndTheLauncherFails) {
   EXPECT_NE(out.find("exit code 3"), std::string::npos) << out;
 }
 
+TEST(Launch, AnUncaughtExceptionInAWorkerIsQuotedInTheReport) {
+  std::string out;
+  EXPECT_EQ(run({"-n", "2", "--main_process_port", "0", launch_helper_path(), "throw"}, out), 1);
+  EXPECT_NE(out.find("worker rank 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("Its error:\n  | the data file shard-7 is corrupt"), std::string::npos) << out;
+}
+
 TEST(Launch, AKilledWorkerIsRestartedAndTheRunCompletes) {
   std::string out;
   ASSERT_EQ(run({"-n", "2", "--main_process_port", "0", "--max_restarts", "1", "/bin/sh", "-c",

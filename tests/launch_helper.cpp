@@ -50,6 +50,11 @@ int main(int argc, char** argv) {
               << " local=" << state.local_process_index() << " sum=" << sum.item<int64_t>() << std::endl;
     return 0;
   }
-  std::cerr << "usage: launch_helper node NODE_RANK PORT | sleepy DIR | worker\n";
+  if (mode == "throw") {  // started by `accelerant launch`: dies of an uncaught exception
+    ProcessState::get();
+    if (ProcessState::get().process_index() == 1) throw std::runtime_error("the data file shard-7 is corrupt");
+    return 0;
+  }
+  std::cerr << "usage: launch_helper node NODE_RANK PORT | sleepy DIR | worker | throw\n";
   return 2;
 }
