@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
+#include <regex>
 #include <thread>
 
 #include "test_support.h"
@@ -126,4 +127,40 @@ TEST(Launch, BadInputIsRefusedBeforeAnyWorkerStarts) {
   EXPECT_NE(out.find("did you mean 'num_processes'"), std::string::npos) << out;
   EXPECT_EQ(run({"-n", "0", "/bin/true"}, out), 1);
   EXPECT_NE(out.find("num_processes is 0"), std::string::npos) << out;
+}
+
+namespace {
+
+// The losses the progress display printed and the final accuracy line: what identical training
+// runs share exactly.
+std::vector<std::string> training_trace(const std::string& output) {
+  std::vector<std::string> trace;
+  std::smatch m;
+  const std::regex loss("loss ([0-9]+\\.[0-9]{4})");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), loss); it != std::sregex_iterator(); ++it) {
+    trace.push_back((*it)[1]);
+  }
+  const std::regex accuracy("test accuracy ([0-9]+\\.[0-9]+)%");
+  if (std::regex_search(output, m, accuracy)) trace.push_back("accuracy " + m[1].str());
+  return trace;
+}
+
+}  // namespace
+
+TEST(Launch, TheExampleTrainsIdenticallyUnderTorchrun) {
+  std::string probe;
+  auto check = start_program({"/usr/bin/python3", "-c", "import torch.distributed.run"});
+  if (finish_program(check, probe, std::chrono::seconds(60)) != 0) {
+    GTEST_SKIP() << "Debian's python3-torch is not importable by /usr/bin/python3: " << probe;
+  }
+  const std::string example = cli_path().substr(0, cli_path().rfind('/')) + "/fashion_mnist";
+  std::string ours, theirs;
+  ASSERT_EQ(run({"-n", "2", "--main_process_port", "0", example, "--epochs", "1"}, ours), 0) << ours;
+  // Debian's torchrun 1.13 needs --redirects/--tee on Python 3.11 (../shared/DESIGN.md).
+  auto torchrun = start_program({"/usr/bin/python3", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                                 "2", "--redirects", "1", "--tee", "1", "--no_python", example, "--epochs", "1"});
+  ASSERT_EQ(finish_program(torchrun, theirs, std::chrono::seconds(120)), 0) << theirs;
+  const auto expected = training_trace(ours);
+  ASSERT_GE(expected.size(), 5u) << ours;
+  EXPECT_EQ(training_trace(theirs), expected) << "accelerant launch:\n" << ours << "\ntorchrun:\n" << theirs;
 }
