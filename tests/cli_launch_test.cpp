@@ -164,3 +164,15 @@ TEST(Launch, TheExampleTrainsIdenticallyUnderTorchrun) {
   ASSERT_GE(expected.size(), 5u) << ours;
   EXPECT_EQ(training_trace(theirs), expected) << "accelerant launch:\n" << ours << "\ntorchrun:\n" << theirs;
 }
+
+TEST(SelfTest, PassesEveryCheckOnTwoProcesses) {
+  ::unsetenv("ACCELERANT_CONFIG_FILE");
+  ::setenv("XDG_CACHE_HOME", "/nonexistent/accelerant-test-cache", 1);
+  auto program = start_program({cli_path(), "test", "-n", "2"});
+  std::string out;
+  const int status = finish_program(program, out, std::chrono::seconds(60));
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  EXPECT_EQ(count(out, "] PASS "), 6) << out;
+  EXPECT_EQ(count(out, "FAIL"), 0) << out;
+  EXPECT_NE(out.find("accelerant test: all checks passed on 2 processes"), std::string::npos) << out;
+}

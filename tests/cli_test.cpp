@@ -166,7 +166,7 @@ TEST(CliEnv, PrintsVersionsHardwareAndTheConfig) {
 TEST(CliHelp, EverySubcommandShowsExamples) {
   for (std::vector<std::string> args : {std::vector<std::string>{"config", "--help"}, {"config", "default", "--help"},
                                         {"config", "show", "--help"}, {"config", "validate", "--help"},
-                                        {"env", "--help"}}) {
+                                        {"env", "--help"}, {"launch", "--help"}, {"test", "--help"}}) {
     std::string out;
     EXPECT_EQ(run_cli(args, out), 0);
     EXPECT_NE(out.find("Examples:"), std::string::npos) << args[0] << ": " << out;

@@ -3,6 +3,9 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <optional>
+#include <string>
+#include <vector>
 
 namespace accelerant::cli {
 
@@ -13,6 +16,21 @@ using Action = std::function<int()>;
 void add_config_command(CLI::App& app, Action& action);
 /// `accelerant launch [options] program [args...]`.
 void add_launch_command(CLI::App& app, Action& action);
+/// `accelerant test`.
+void add_test_command(CLI::App& app, Action& action);
+
+/// accelerant launch's flags; unset ones leave the config file's value.
+struct LaunchFlags {
+  std::string config_file;
+  std::optional<int> num_processes, num_machines, machine_rank, main_process_port, max_restarts, threads_per_process;
+  std::optional<std::string> main_process_ip, mixed_precision;
+  std::optional<double> monitor_interval;
+  bool cpu = false, debug = false, prefix_output = false;
+};
+
+/// Launches `command` as workers with the config file's settings under `flags`; returns the exit
+/// status, or throws accelerant::Error (LaunchError: the failure report).
+int run_launch(const LaunchFlags& flags, const std::vector<std::string>& command);
 /// `accelerant env`.
 void add_env_command(CLI::App& app, Action& action);
 

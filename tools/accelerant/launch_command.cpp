@@ -15,14 +15,6 @@
 namespace accelerant::cli {
 namespace {
 
-struct LaunchFlags {
-  std::string config_file;
-  std::optional<int> num_processes, num_machines, machine_rank, main_process_port, max_restarts, threads_per_process;
-  std::optional<std::string> main_process_ip, mixed_precision;
-  std::optional<double> monitor_interval;
-  bool cpu = false, debug = false, prefix_output = false;
-};
-
 // The config file (when there is one), then the flags over it.
 Config resolve(const LaunchFlags& f) {
   const std::string path = config_path_or_default(f.config_file);
@@ -57,6 +49,8 @@ bool runnable(const std::string& program) {
   }
   return false;
 }
+
+}  // namespace
 
 int run_launch(const LaunchFlags& flags, const std::vector<std::string>& command) {
   if (command.empty()) {
@@ -96,8 +90,6 @@ int run_launch(const LaunchFlags& flags, const std::vector<std::string>& command
   });
   return 0;
 }
-
-}  // namespace
 
 void add_launch_command(CLI::App& app, Action& action) {
   auto* launch = app.add_subcommand(

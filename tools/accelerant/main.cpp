@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
       "  accelerant launch -n 2 ./train --epochs 3\n"
       "                               run ./train as 2 workers (torchrun's variables set)\n"
       "  accelerant env               versions, hardware and config, for bug reports\n"
+      "  accelerant test              self-test: collectives and training across processes\n"
       "  accelerant --version         print Accelerant's and LibTorch's versions",
       "accelerant"};
   bool show_version = false;
@@ -37,6 +38,7 @@ int main(int argc, char** argv) {
   accelerant::cli::add_config_command(app, action);
   accelerant::cli::add_launch_command(app, action);
   accelerant::cli::add_env_command(app, action);
+  accelerant::cli::add_test_command(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

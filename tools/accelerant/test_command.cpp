@@ -1,0 +1,129 @@
+// accelerant test: a self-test of this installation with the current config. It launches itself
+// as workers (the same launcher as `accelerant launch`) which check the collectives and a few
+// data-parallel training steps against the same steps computed in one process.
+#include <accelerant/accelerant.h>
+#include <limits.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "commands.h"
+
+namespace accelerant::cli {
+namespace {
+
+int failures = 0;
+
+void report(Accelerator& acc, const std::string& check, bool passed, const std::string& details) {
+  if (!passed) ++failures;
+  std::cout << "[rank " << acc.process_index() << "] " << (passed ? "PASS " : "FAIL ") << check
+            << (passed ? "" : ": " + details) << std::endl;
+}
+
+torch::nn::Sequential tiny_mlp() {
+  torch::manual_seed(0);
+  return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 4));
+}
+
+torch::Tensor flat_parameters(torch::nn::Sequential& model) {
+  std::vector<torch::Tensor> parts;
+  for (auto& p : model->parameters()) parts.push_back(p.detach().reshape({-1}));
+  return torch::cat(parts);
+}
+
+// Runs inside each worker.
+int run_checks() {
+  Accelerator acc;
+  const int n = acc.num_processes();
+  const int r = acc.process_index();
+
+  auto sum = acc.reduce(torch::tensor({r + 1.0}), ReduceOp::kSum).item<double>();
+  report(acc, "all_reduce", sum == n * (n + 1) / 2.0,
+         "sum of 1..N is " + std::to_string(sum) + ", expected " + std::to_string(n * (n + 1) / 2.0));
+
+  auto gathered = acc.gather(torch::full({r + 1}, static_cast<double>(r)));
+  bool gather_ok = gathered.size(0) == n * (n + 1) / 2;
+  for (int k = 0, at = 0; gather_ok && k < n; at += ++k) {
+    gather_ok = torch::equal(gathered.narrow(0, at, k + 1), torch::full({k + 1}, static_cast<double>(k)));
+  }
+  report(acc, "gather of unequal lengths", gather_ok, c10::str("got ", gathered));
+
+  // Data-parallel steps against the same steps on the whole batch in this process alone.
+  const int64_t per_rank = 4, steps = 5;
+  torch::manual_seed(1);
+  auto x = torch::randn({steps * per_rank * n, 8});
+  auto y = torch::randint(0, 4, {steps * per_rank * n}, torch::kLong);
+  auto reference = tiny_mlp();
+  torch::optim::SGD reference_sgd(reference->parameters(), 0.1);
+  for (int64_t s = 0; s < steps; ++s) {
+    reference_sgd.zero_grad();
+    torch::nn::functional::cross_entropy(reference->forward(x.narrow(0, s * per_rank * n, per_rank * n)),
+                                         y.narrow(0, s * per_rank * n, per_rank * n))
+        .backward();
+    reference_sgd.step();
+  }
+  auto model = tiny_mlp();
+  torch::optim::SGD sgd(model->parameters(), 0.1);
+  auto [m, o, loader] = acc.prepare(model, sgd, make_data_loader(x, y, DataLoaderOptions().batch_size(per_rank)));
+  for (auto& batch : loader) {
+    acc.backward(torch::nn::functional::cross_entropy(m->forward(batch.data), batch.target));
+    o.step();
+    o.zero_grad();
+  }
+  auto expected = flat_parameters(reference);
+  const double difference = ((flat_parameters(m) - expected).abs().max() / expected.abs().max()).item<double>();
+  report(acc, "training steps equal one process on the combined batch", difference <= 1e-5,
+         "relative difference " + std::to_string(difference) + " (limit 1e-5)");
+
+  const int total_failures = static_cast<int>(acc.reduce(torch::tensor({failures}), ReduceOp::kSum).item<int64_t>());
+  if (acc.is_main_process()) {
+    std::cout << (total_failures == 0 ? "accelerant test: all checks passed on " : "accelerant test: FAILED on ") << n
+              << " process" << (n == 1 ? "" : "es") << std::endl;
+  }
+  acc.end_training();
+  return total_failures == 0 ? 0 : 1;
+}
+
+std::string own_executable() {
+  char path[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n <= 0) throw Error("accelerant test: cannot find its own executable (/proc/self/exe).");
+  return std::string(path, static_cast<size_t>(n));
+}
+
+}  // namespace
+
+void add_test_command(CLI::App& app, Action& action) {
+  auto* test = app.add_subcommand(
+      "test",
+      "Self-test: launch workers with the current config and check the collectives and a few\n"
+      "training steps against one process. Exit status 0 when every check passes.\n\n"
+      "Examples:\n"
+      "  accelerant test                 with the config file's settings\n"
+      "  accelerant test -n 4            4 processes");
+  auto file = std::make_shared<std::string>();
+  auto processes = std::make_shared<std::optional<int>>();
+  auto worker = std::make_shared<bool>(false);
+  test->add_option("--config_file", *file, "The config file to test with");
+  test->add_option("-n,--num_processes", *processes, "Processes (default: the config's, at least 2)");
+  test->add_flag("--worker", *worker, "Internal: run the checks (started by accelerant test)")->group("");
+  test->callback([&action, file, processes, worker] {
+    action = [file, processes, worker] {
+      if (*worker) return run_checks();
+      LaunchFlags flags;
+      flags.config_file = *file;
+      const std::string path = config_path_or_default(*file);
+      int configured = 1;
+      if (!file->empty() || std::ifstream(path)) configured = load_config(path).num_processes;
+      flags.num_processes = processes->value_or(std::max(2, configured));
+      flags.num_machines = 1;  // a self-test of this machine
+      flags.machine_rank = 0;
+      flags.main_process_port = 0;
+      return run_launch(flags, {own_executable(), "test", "--worker"});
+    };
+  });
+}
+
+}  // namespace accelerant::cli
