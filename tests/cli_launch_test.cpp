@@ -176,3 +176,27 @@ TEST(SelfTest, PassesEveryCheckOnTwoProcesses) {
   EXPECT_EQ(count(out, "FAIL"), 0) << out;
   EXPECT_NE(out.find("accelerant test: all checks passed on 2 processes"), std::string::npos) << out;
 }
+
+TEST(Launch, LogDirKeepsEachRanksOutputPerAttemptAndTeeAlsoShowsIt) {
+  ScratchDir dir;
+  const std::string logs = dir.path + "/logs";
+  std::string out;
+  ASSERT_EQ(run({"-n", "2", "--main_process_port", "0", "--max_restarts", "1", "--log_dir", logs, "/bin/sh", "-c",
+                 "echo \"out $RANK\"; echo \"err $RANK\" >&2; "
+                 "[ \"$ACCELERANT_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 1 ] && exit 4; true"},
+                out),
+            0)
+      << out;
+  std::ifstream first(logs + "/attempt_0/rank_1.stderr"), second(logs + "/attempt_1/rank_0.stdout");
+  std::string line;
+  ASSERT_TRUE(std::getline(first, line));
+  EXPECT_EQ(line, "err 1");
+  ASSERT_TRUE(std::getline(second, line));
+  EXPECT_EQ(line, "out 0");
+  EXPECT_EQ(out.find("out 0"), std::string::npos) << "without --tee the console should not repeat the logs: " << out;
+  EXPECT_NE(out.find("err 1"), std::string::npos) << "the failure report keeps the stderr tail: " << out;
+  ASSERT_EQ(run({"-n", "2", "--main_process_port", "0", "--log_dir", logs, "--tee", "/bin/sh", "-c", "echo \"tee $RANK\""},
+                out),
+            0);
+  EXPECT_NE(out.find("tee 1"), std::string::npos) << out;
+}

@@ -61,6 +61,12 @@ struct LaunchOptions {
   TORCH_ARG(std::chrono::milliseconds, stop_grace_period) = std::chrono::seconds(5);
   /// Prefix every line a worker prints with "[rank r] ". Default: false.
   TORCH_ARG(bool, prefix_output) = false;
+  /// Directory for per-rank logs: attempt_<n>/rank_<r>.stdout and .stderr (one directory per
+  /// restart attempt). Empty = no log files. Default: empty.
+  TORCH_ARG(std::string, log_dir) = "";
+  /// With log_dir: also show the workers' output on the console (without log_dir it always is).
+  /// Default: false.
+  TORCH_ARG(bool, tee) = false;
   /// Lines of a failed worker's stderr kept for the error report. Default: 20.
   TORCH_ARG(int, stderr_tail_lines) = 20;
   /// Print the "Launching training on N CPUs." banner and restart notices. Default: true.

@@ -149,7 +149,8 @@ enum class Outcome { kSucceeded, kFailedHere, kFailedElsewhere, kInterrupted };
 class Agent {
  public:
   Agent(const LaunchOptions& o, const WorkerBody& body)
-      : o_(o), body_(body), relay_(o.prefix_output(), static_cast<size_t>(std::max(0, o.stderr_tail_lines()))) {}
+      : o_(o), body_(body), relay_(o.prefix_output(), static_cast<size_t>(std::max(0, o.stderr_tail_lines())), o.log_dir(),
+               o.tee()) {}
 
   std::vector<std::vector<char>> run() {
     validate(o_);
@@ -223,7 +224,7 @@ class Agent {
   }
 
   void start_group(int attempt, bool debug) {
-    relay_.reset();
+    relay_.reset(attempt);
     workers_.clear();
     first_failure_ = WorkerExit{};
     for (int local = 0; local < o_.num_processes(); ++local) {

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -9,8 +10,31 @@
 
 namespace accelerant::detail {
 
-OutputRelay::OutputRelay(bool prefix_with_rank, size_t tail_lines)
-    : prefix_(prefix_with_rank), tail_lines_(tail_lines) {}
+OutputRelay::OutputRelay(bool prefix_with_rank, size_t tail_lines, std::string log_dir, bool tee)
+    : prefix_(prefix_with_rank), tail_lines_(tail_lines), log_dir_(std::move(log_dir)), tee_(tee) {}
+
+OutputRelay::~OutputRelay() {
+  for (auto& entry : log_files_) std::fclose(entry.second);
+}
+
+void OutputRelay::log(const Stream& s, const std::string& line) {
+  std::FILE* file = nullptr;
+  for (auto& [key, f] : log_files_) {
+    if (key.first == s.rank && key.second == s.is_stderr) file = f;
+  }
+  if (file == nullptr) {
+    const std::string dir = log_dir_ + "/attempt_" + std::to_string(attempt_);
+    ::mkdir(log_dir_.c_str(), 0755);
+    ::mkdir(dir.c_str(), 0755);
+    const std::string path = dir + "/rank_" + std::to_string(s.rank) + (s.is_stderr ? ".stderr" : ".stdout");
+    file = std::fopen(path.c_str(), "a");
+    if (file == nullptr) return;  // the console and the failure tail still have it
+    log_files_.push_back({{s.rank, s.is_stderr}, file});
+  }
+  std::fputs(line.c_str(), file);
+  std::fputc('\n', file);
+  std::fflush(file);  // a crash of the launcher must not lose a worker's last lines
+}
 
 void OutputRelay::add(int fd, int rank, bool is_stderr) {
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
@@ -18,6 +42,12 @@ void OutputRelay::add(int fd, int rank, bool is_stderr) {
 }
 
 void OutputRelay::emit(const Stream& s, const std::string& line) {
+  if (!log_dir_.empty()) log(s, line);
+  if (log_dir_.empty() || tee_) write_to_console(s, line);
+  remember_tail(s, line);
+}
+
+void OutputRelay::write_to_console(const Stream& s, const std::string& line) {
   std::string out = prefix_ ? "[rank " + std::to_string(s.rank) + "] " + line : line;
   out += '\n';
   const int target = s.is_stderr ? STDERR_FILENO : STDOUT_FILENO;
@@ -27,6 +57,9 @@ void OutputRelay::emit(const Stream& s, const std::string& line) {
     if (n <= 0) break;  // our own output is gone (closed pipe): keep relaying for the tail
     done += static_cast<size_t>(n);
   }
+}
+
+void OutputRelay::remember_tail(const Stream& s, const std::string& line) {
   if (!s.is_stderr || tail_lines_ == 0) return;
   for (auto& [rank, lines] : tails_) {
     if (rank != s.rank) continue;
@@ -103,10 +136,13 @@ std::string OutputRelay::stderr_tail(int rank) const {
   return "";
 }
 
-void OutputRelay::reset() {
+void OutputRelay::reset(int attempt) {
   drain(0);
   streams_.clear();
   tails_.clear();
+  for (auto& entry : log_files_) std::fclose(entry.second);
+  log_files_.clear();
+  attempt_ = attempt;
 }
 
 }  // namespace accelerant::detail

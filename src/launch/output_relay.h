@@ -3,6 +3,7 @@
 // worker's stderr for the failure report.
 #pragma once
 
+#include <cstdio>
 #include <deque>
 #include <string>
 #include <vector>
@@ -11,7 +12,10 @@ namespace accelerant::detail {
 
 class OutputRelay {
  public:
-  OutputRelay(bool prefix_with_rank, size_t tail_lines);
+  /// With a `log_dir`, every line also goes to <log_dir>/attempt_<n>/rank_<r>.stdout|stderr, and
+  /// to the console only when `tee` is set.
+  OutputRelay(bool prefix_with_rank, size_t tail_lines, std::string log_dir = "", bool tee = false);
+  ~OutputRelay();
 
   /// Starts relaying `fd` (the read end of a worker's pipe; made non-blocking, closed at EOF).
   void add(int fd, int rank, bool is_stderr);
@@ -22,8 +26,9 @@ class OutputRelay {
   void drain(int timeout_ms);
   /// The last lines rank `rank` wrote to stderr, newline-separated.
   std::string stderr_tail(int rank) const;
-  /// Forgets all pipes and tails (before a restart).
-  void reset();
+  /// Forgets all pipes and tails and closes the log files (before a restart); later lines are
+  /// logged under attempt `attempt`.
+  void reset(int attempt = 0);
 
  private:
   struct Stream {
@@ -35,8 +40,15 @@ class OutputRelay {
   void read_from(Stream& s);
   void emit(const Stream& s, const std::string& line);
 
+  void log(const Stream& s, const std::string& line);
+  void write_to_console(const Stream& s, const std::string& line);
+  void remember_tail(const Stream& s, const std::string& line);
   bool prefix_;
   size_t tail_lines_;
+  std::string log_dir_;
+  bool tee_;
+  int attempt_ = 0;
+  std::vector<std::pair<std::pair<int, bool>, std::FILE*>> log_files_;  // (rank, is_stderr) -> file
   std::vector<Stream> streams_;
   std::vector<std::pair<int, std::deque<std::string>>> tails_;
 };

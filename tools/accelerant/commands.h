@@ -25,7 +25,8 @@ struct LaunchFlags {
   std::optional<int> num_processes, num_machines, machine_rank, main_process_port, max_restarts, threads_per_process;
   std::optional<std::string> main_process_ip, mixed_precision;
   std::optional<double> monitor_interval;
-  bool cpu = false, debug = false, prefix_output = false;
+  std::string log_dir;
+  bool cpu = false, debug = false, prefix_output = false, tee = false;
 };
 
 /// Launches `command` as workers with the config file's settings under `flags`; returns the exit

@@ -78,7 +78,9 @@ int run_launch(const LaunchFlags& flags, const std::vector<std::string>& command
                      .mixed_precision(c.mixed_precision)
                      .threads_per_process(c.threads_per_process)
                      .debug(c.debug)
-                     .prefix_output(flags.prefix_output);
+                     .prefix_output(flags.prefix_output)
+                     .log_dir(flags.log_dir)
+                     .tee(flags.tee);
   std::vector<std::string> args = command;
   detail::launch_forked(options, [&args](int) -> std::vector<char> {
     std::vector<char*> argv;
@@ -116,6 +118,9 @@ void add_launch_command(CLI::App& app, Action& action) {
   launch->add_flag("--cpu", flags->cpu, "Train on the CPU even when CUDA is available");
   launch->add_flag("--debug", flags->debug, "Check collectives across ranks; dry fork first");
   launch->add_flag("--prefix_output", flags->prefix_output, "Prefix every output line with its rank");
+  launch->add_option("--log_dir", flags->log_dir,
+                     "Write each rank's output to DIR/attempt_<n>/rank_<r>.stdout|stderr (not the console)");
+  launch->add_flag("--tee", flags->tee, "With --log_dir: show the output on the console too");
   launch->prefix_command();  // the first positional is the program; everything after it is its own
   launch->callback([&action, flags, launch] {
     std::vector<std::string> command = launch->remaining();
