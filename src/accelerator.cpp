@@ -6,31 +6,25 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <sstream>
 
 #include "accelerant/error.h"
 #include "accelerant/process_state.h"
 #include "cpu_defaults.h"
+#include "file_io.h"
 #include "text.h"
 
 namespace accelerant {
 namespace {
 
-std::optional<std::string> getenv_lookup(const std::string& name) {
-  const char* value = std::getenv(name.c_str());
-  if (!value) return std::nullopt;
-  return std::string(value);
-}
-
-// Writes through a temporary file and renames it into place, so that a reader never sees half a
-// file and a crash leaves the previous one.
+// Serialises with `write` into memory, then writes the file crash-safely (detail::write_file_atomically).
 template <class Write>
-void write_atomically(const std::string& path, Write&& write) {
-  const std::string temporary = path + ".tmp";
-  write(temporary);
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    std::remove(temporary.c_str());
-    throw Error(detail::str("save: could not move ", temporary, " to ", path, ". Fix: check that the ",
-                            "directory exists and is writable."));
+void save_atomically(const std::string& path, Write&& write) {
+  std::ostringstream bytes;
+  write(bytes);
+  if (!detail::write_file_atomically(path, bytes.str())) {
+    throw Error(detail::str("save: could not write ", path, " (through ", path, ".tmp). Fix: check that the ",
+                            "directory exists and is writable and that the disk is not full."));
   }
 }
 
@@ -46,6 +40,11 @@ void write_module_on_cpu(const torch::nn::Module& module, torch::serialize::Outp
     write_module_on_cpu(*child.value(), child_archive);
     archive.write(child.key(), child_archive);
   }
+}
+
+// Metrics are gathered and reduced in fp32 even when computed in bf16 (downcast_bf16).
+torch::Tensor fp32_if_bf16(const torch::Tensor& t) {
+  return t.scalar_type() == torch::kBFloat16 ? t.to(torch::kFloat) : t;
 }
 
 // Rank 0's parameters and buffers on every rank: one broadcast per dtype of a flat copy.
@@ -72,7 +71,7 @@ void broadcast_from_main(Communicator& communicator, torch::nn::Module& module) 
 
 Accelerator::Accelerator(AcceleratorOptions options)
     : options_(std::move(options)), state_(std::make_shared<TrainingState>()) {
-  const EnvLookup lookup = getenv_lookup;
+  const EnvLookup lookup = process_environment();
   const std::string config_path = options_.config_file().value_or(default_config_path(lookup));
   settings_ = resolve_accelerator_settings(options_, lookup, read_config_values(config_path), config_path);
   if (settings_.downcast_bf16 && settings_.mixed_precision != MixedPrecision::kBf16) {
@@ -93,7 +92,7 @@ Accelerator::Accelerator(AcceleratorOptions options)
   }
   threads_ = torch::get_num_threads();
   if (settings_.cpu_defaults && device_.is_cpu()) {
-    threads_ = detail::apply_cpu_defaults(process.env(), lookup).threads;
+    threads_ = detail::apply_cpu_defaults(process.env(), lookup);
   }
   if (settings_.seed) set_seed(*settings_.seed);
   state_->gradient_accumulation_steps = settings_.gradient_accumulation_steps;
@@ -218,8 +217,7 @@ AutocastGuard Accelerator::autocast() const {
 }
 
 torch::Tensor Accelerator::gather(const torch::Tensor& tensor) {
-  const bool upcast = tensor.scalar_type() == torch::kBFloat16;
-  return communicator().gather(upcast ? tensor.to(torch::kFloat) : tensor);
+  return communicator().gather(fp32_if_bf16(tensor));
 }
 
 torch::Tensor Accelerator::gather_for_metrics(const torch::Tensor& tensor) {
@@ -230,8 +228,7 @@ torch::Tensor Accelerator::gather_for_metrics(const torch::Tensor& tensor) {
 }
 
 torch::Tensor Accelerator::reduce(const torch::Tensor& tensor, ReduceOp op) {
-  const bool upcast = tensor.scalar_type() == torch::kBFloat16;
-  return communicator().all_reduce(upcast ? tensor.to(torch::kFloat) : tensor, op);
+  return communicator().all_reduce(fp32_if_bf16(tensor), op);
 }
 
 torch::Tensor Accelerator::pad_across_processes(const torch::Tensor& tensor, int64_t dim, double pad_value) {
@@ -248,21 +245,21 @@ void Accelerator::set_seed(uint64_t seed, bool device_specific) {
 
 void Accelerator::save(const torch::Tensor& tensor, const std::string& path) const {
   if (!is_main_process()) return;
-  write_atomically(path, [&](const std::string& file) { torch::save(tensor.cpu(), file); });
+  save_atomically(path, [&](std::ostream& out) { torch::save(tensor.cpu(), out); });
 }
 
 void Accelerator::save(const std::vector<torch::Tensor>& tensors, const std::string& path) const {
   if (!is_main_process()) return;
   std::vector<torch::Tensor> on_cpu;
   for (const auto& t : tensors) on_cpu.push_back(t.cpu());
-  write_atomically(path, [&](const std::string& file) { torch::save(on_cpu, file); });
+  save_atomically(path, [&](std::ostream& out) { torch::save(on_cpu, out); });
 }
 
 void Accelerator::save_module(const torch::nn::Module& module, const std::string& path) const {
   if (!is_main_process()) return;
   torch::serialize::OutputArchive archive;
   write_module_on_cpu(module, archive);
-  write_atomically(path, [&](const std::string& file) { archive.save_to(file); });
+  save_atomically(path, [&](std::ostream& out) { archive.save_to(out); });
 }
 
 void Accelerator::end_training() {

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "accelerant/error.h"
+#include "file_io.h"
 #include "text.h"
 
 namespace accelerant {
@@ -213,32 +214,16 @@ std::string to_yaml(const Config& config) {
 void save_config(const Config& config, const std::string& path) {
   validate_config(config);
   make_directories(path);
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << to_yaml(config);
-    out.flush();
-    if (!out) {
-      std::remove(temporary.c_str());
-      throw Error(detail::str("Could not write the config file ", temporary,
-                              ". Fix: check that the directory is writable and the disk not full."));
-    }
-  }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    std::remove(temporary.c_str());
-    throw Error(detail::str("Could not move ", temporary, " to ", path, ". Fix: check the directory's permissions."));
+  if (!detail::write_file_atomically(path, to_yaml(config))) {
+    throw Error(detail::str("Could not write the config file ", path, " (through ", path,
+                            ".tmp). Fix: check that the directory is writable and the disk not full."));
   }
 }
 
 std::string write_basic_config(const std::string& mixed_precision, const std::string& path) {
   Config config;
   config.mixed_precision = mixed_precision;
-  const std::string target = path.empty() ? default_config_path([](const std::string& name) -> std::optional<std::string> {
-    const char* value = std::getenv(name.c_str());
-    if (value == nullptr) return std::nullopt;
-    return std::string(value);
-  })
-                                          : path;
+  const std::string target = path.empty() ? default_config_path(process_environment()) : path;
   save_config(config, target);
   return target;
 }

@@ -27,27 +27,22 @@ const int kLibTorchDefaultThreads = torch::get_num_threads();
 
 }  // namespace
 
-CpuDefaults apply_cpu_defaults(const DistributedEnv& env, const EnvLookup& lookup) {
-  CpuDefaults applied;
+int apply_cpu_defaults(const DistributedEnv& env, const EnvLookup& lookup) {
+  int threads = 0;
+  const bool omp_set = lookup("OMP_NUM_THREADS").value_or("") != "";
   if (env.threads_per_process > 0) {
-    applied.threads = env.threads_per_process;
-    applied.threads_from = "launcher (ACCELERANT_THREADS_PER_PROCESS)";
-  } else if (auto omp = lookup("OMP_NUM_THREADS"); omp && !omp->empty()) {
-    applied.threads = torch::get_num_threads();
-    applied.threads_from = "OMP_NUM_THREADS";
-  } else if (torch::get_num_threads() != kLibTorchDefaultThreads) {
-    // Changed since the library was loaded: the program chose, e.g. with torch::set_num_threads
-    // before creating the Accelerator.
-    applied.threads = torch::get_num_threads();
-    applied.threads_from = "the program (torch::set_num_threads)";
+    threads = env.threads_per_process;  // the launcher chose (ACCELERANT_THREADS_PER_PROCESS)
+  } else if (omp_set || torch::get_num_threads() != kLibTorchDefaultThreads) {
+    // OMP_NUM_THREADS, or the program changed the count since the library was loaded (e.g.
+    // torch::set_num_threads before creating the Accelerator): keep that count.
+    threads = torch::get_num_threads();
   } else {
-    applied.threads = std::max(1, usable_cpus() / std::max(1, env.local_world_size));
-    applied.threads_from = "cores / local processes";
+    threads = std::max(1, usable_cpus() / std::max(1, env.local_world_size));
   }
   // Also when the count is unchanged: OpenBLAS's pool is separate and still at its own default.
-  detail::set_compute_threads(applied.threads);
-  applied.malloc_tuned = keep_freed_memory_in_heap();
-  return applied;
+  detail::set_compute_threads(threads);
+  keep_freed_memory_in_heap();
+  return threads;
 }
 
 }  // namespace accelerant::detail

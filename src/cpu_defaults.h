@@ -12,20 +12,14 @@
 //   (~4,000 faults per step, 3-5x slower on a small CNN). Raising the mmap and trim thresholds
 //   together keeps those blocks in the heap; raising only one makes it worse.
 #pragma once
-#include <string>
 
 #include "accelerant/distributed_env.h"
 
 namespace accelerant::detail {
 
-struct CpuDefaults {
-  int threads = 0;           // intra-op threads now in force
-  std::string threads_from;  // why: the launcher, OMP_NUM_THREADS, the program, or cores / local processes
-  bool malloc_tuned = false;
-};
-
 /// Applies the thread and malloc defaults for a process that shares this machine with
-/// env.local_world_size - 1 others. `lookup` reads OMP_NUM_THREADS.
-CpuDefaults apply_cpu_defaults(const DistributedEnv& env, const EnvLookup& lookup);
+/// env.local_world_size - 1 others (`lookup` reads OMP_NUM_THREADS). Returns the intra-op
+/// threads now in force.
+int apply_cpu_defaults(const DistributedEnv& env, const EnvLookup& lookup);
 
 }  // namespace accelerant::detail

@@ -211,13 +211,15 @@ DistributedEnv parse_distributed_env(const EnvLookup& lookup) {
   return env;
 }
 
-DistributedEnv read_distributed_env() {
-  return parse_distributed_env([](const std::string& var) -> std::optional<std::string> {
+EnvLookup process_environment() {
+  return [](const std::string& var) -> std::optional<std::string> {
     const char* v = std::getenv(var.c_str());
     if (v == nullptr) return std::nullopt;
     return std::string(v);
-  });
+  };
 }
+
+DistributedEnv read_distributed_env() { return parse_distributed_env(process_environment()); }
 
 std::map<std::string, std::string> to_environment(const DistributedEnv& env) {
   std::map<std::string, std::string> vars = {

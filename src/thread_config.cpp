@@ -4,6 +4,8 @@
 #include <dirent.h>
 #include <dlfcn.h>
 
+#include <algorithm>
+
 namespace accelerant::detail {
 
 int other_thread_count() {
@@ -15,6 +17,10 @@ int other_thread_count() {
   }
   ::closedir(dir);
   return count > 0 ? count - 1 : 0;
+}
+
+int fork_unsafe_thread_count() {
+  return std::max(0, other_thread_count() - std::max(0, openblas_threads() - 1));
 }
 
 void set_compute_threads(int threads) {

@@ -30,16 +30,7 @@ void write_all(int fd, const std::string& text) {
 
 [[noreturn]] void record_then_terminate() {
   if (auto exception = std::current_exception()) {
-    std::string text;
-    try {
-      std::rethrow_exception(exception);
-    } catch (const c10::Error& e) {  // LibTorch's what() carries a C++ backtrace: keep it short
-      text = e.what_without_backtrace();
-    } catch (const std::exception& e) {
-      text = e.what();
-    } catch (...) {
-      text = "an exception of a type not derived from std::exception";
-    }
+    const std::string text = exception_text(exception);
     const std::string& path = error_path();
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd >= 0) {
@@ -52,6 +43,18 @@ void write_all(int fd, const std::string& text) {
 }
 
 }  // namespace
+
+std::string exception_text(std::exception_ptr exception) {
+  try {
+    std::rethrow_exception(exception);
+  } catch (const c10::Error& e) {  // LibTorch's what() carries a C++ backtrace: keep it short
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception of a type not derived from std::exception";
+  }
+}
 
 void record_uncaught_exceptions_to(const std::string& path) {
   if (path.empty()) return;

@@ -3,9 +3,14 @@
 // records the exception's text in the file the launcher named (ACCELERANT_ERROR_FILE), which the
 // launcher's failure report quotes. Installed when the process state is created.
 #pragma once
+#include <exception>
 #include <string>
 
 namespace accelerant::detail {
+
+/// The text of a caught exception for a failure report: what() (without LibTorch's C++
+/// backtrace), or a note that the type is not derived from std::exception.
+std::string exception_text(std::exception_ptr exception);
 
 /// From now on, an uncaught exception writes its text to `path` before the process terminates
 /// as it would have (the previous terminate handler still runs).

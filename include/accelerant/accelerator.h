@@ -212,7 +212,7 @@ class Accelerator {
 
 class Accelerator::AccumulationGuard {
  public:
-  AccumulationGuard(std::vector<GradientReducer*> reducers) : reducers_(std::move(reducers)) {}
+  explicit AccumulationGuard(std::vector<GradientReducer*> reducers) : reducers_(std::move(reducers)) {}
   ~AccumulationGuard() {
     for (auto* reducer : reducers_) reducer->set_sync(true);
   }

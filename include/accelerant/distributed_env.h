@@ -51,6 +51,9 @@ struct DistributedEnv {
 /// Looks one variable up; std::nullopt when it is unset.
 using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
 
+/// This process's environment (getenv) as an EnvLookup.
+EnvLookup process_environment();
+
 /// Parses and validates. Throws EnvironmentError naming the variable, its value and the fix.
 DistributedEnv parse_distributed_env(const EnvLookup& lookup);
 

@@ -70,10 +70,7 @@ int choose_threads(const LaunchOptions& o, bool verbose) {
   const int cores = std::max(1u, std::thread::hardware_concurrency());
   int wanted = o.threads_per_process() > 0 ? o.threads_per_process()
                                            : std::max(1, cores / o.num_processes());
-  // OpenBLAS (pthreads build) starts its pool when it is loaded, before main, and registers a
-  // fork handler that stops the pool and lets the child start its own: those threads are safe
-  // and not counted. What remains (libgomp's OpenMP pool above all) is not fork-safe.
-  const int others = std::max(0, other_thread_count() - std::max(0, openblas_threads() - 1));
+  const int others = fork_unsafe_thread_count();
   if (wanted > 1 && others > 0) {
     if (verbose) {
       std::fprintf(stderr,

@@ -16,6 +16,7 @@
 #include "../text.h"
 #include "../thread_config.h"
 #include "accelerant/process_state.h"
+#include "../uncaught_exception_recorder.h"
 #include "signal_guard.h"
 
 namespace accelerant::detail {
@@ -43,38 +44,14 @@ int report_uncaught(const WorkerSpec& spec, const std::string& text) {
                       " (disk full or directory removed?)"));
     }
     ProcessState::shutdown();
-  } catch (const c10::Error& e) {  // LibTorch's what() carries a C++ backtrace: keep it short
-    code = report_uncaught(spec, e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    code = report_uncaught(spec, e.what());
   } catch (...) {
-    write_file_atomically(spec.error_path, "an exception of a type not derived from std::exception");
-    std::fprintf(stderr, "[rank %d] worker failed with an exception of unknown type\n", spec.rank);
-    code = 1;
+    code = report_uncaught(spec, exception_text(std::current_exception()));
   }
   flush_all_output();
   ::_exit(code);
 }
 
 }  // namespace
-
-bool write_file_atomically(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()))) return false;
-    out.flush();
-    if (!out) return false;
-  }
-  return std::rename(tmp.c_str(), path.c_str()) == 0;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream content;
-  content << in.rdbuf();
-  return content.str();
-}
 
 WorkerProcess start_worker(const WorkerSpec& spec, const WorkerBody& body, OutputRelay& relay) {
   int out[2], err[2];

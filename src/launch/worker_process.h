@@ -8,6 +8,7 @@
 #include <map>
 #include <string>
 
+#include "../file_io.h"
 #include "accelerant/launch.h"
 #include "output_relay.h"
 
@@ -34,9 +35,5 @@ constexpr int kExitParentGone = 125;
 
 /// Forks a worker running `body`, relaying its stdout/stderr through `relay`.
 WorkerProcess start_worker(const WorkerSpec& spec, const WorkerBody& body, OutputRelay& relay);
-
-/// Writes `bytes` to `path` through a temporary file and a rename (readers never see half a file).
-bool write_file_atomically(const std::string& path, const std::string& bytes);
-std::string read_file(const std::string& path);
 
 }  // namespace accelerant::detail

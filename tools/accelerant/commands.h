@@ -1,6 +1,8 @@
 // The sub-commands of the accelerant command line; each registers itself on the CLI11 app and
 // runs when chosen. main.cpp only dispatches.
 #pragma once
+#include <accelerant/config.h>
+
 #include <CLI/CLI.hpp>
 #include <functional>
 #include <optional>
@@ -28,6 +30,10 @@ struct LaunchFlags {
   std::string log_dir;
   bool cpu = false, debug = false, prefix_output = false, tee = false;
 };
+
+/// The config file (when given or present at the default location), then the flags over it;
+/// validated. Throws accelerant::Error naming the problems.
+Config resolve_launch_config(const LaunchFlags& flags);
 
 /// Launches `command` as workers with the config file's settings under `flags`; returns the exit
 /// status, or throws accelerant::Error (LaunchError: the failure report).

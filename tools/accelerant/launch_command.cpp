@@ -13,10 +13,7 @@
 #include "commands.h"
 
 namespace accelerant::cli {
-namespace {
-
-// The config file (when there is one), then the flags over it.
-Config resolve(const LaunchFlags& f) {
+Config resolve_launch_config(const LaunchFlags& f) {
   const std::string path = config_path_or_default(f.config_file);
   Config c;
   if (!f.config_file.empty() || std::ifstream(path)) c = load_config(path);
@@ -34,6 +31,8 @@ Config resolve(const LaunchFlags& f) {
   validate_config(c, "accelerant launch (config file " + path + " and flags)");
   return c;
 }
+
+namespace {
 
 // Whether execvp would find an executable `program` (a path, or a name looked up on PATH).
 bool runnable(const std::string& program) {
@@ -62,7 +61,7 @@ int run_launch(const LaunchFlags& flags, const std::vector<std::string>& command
                 (command[0].find('/') == std::string::npos ? " on PATH" : "") +
                 ". Fix: give a path to an executable program (./train), or put it on PATH.");
   }
-  const Config c = resolve(flags);
+  const Config c = resolve_launch_config(flags);
   // Settings the workers read from their environment beyond the launcher's own contract.
   ::setenv("ACCELERANT_DOWNCAST_BF16", c.downcast_bf16 ? "1" : "0", 1);
   ::setenv("ACCELERANT_USE_CPU", c.use_cpu ? "1" : "0", 1);

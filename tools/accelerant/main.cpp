@@ -11,11 +11,7 @@ namespace accelerant::cli {
 
 std::string config_path_or_default(const std::string& config_file) {
   if (!config_file.empty()) return config_file;
-  return default_config_path([](const std::string& name) -> std::optional<std::string> {
-    const char* value = std::getenv(name.c_str());
-    if (value == nullptr) return std::nullopt;
-    return std::string(value);
-  });
+  return default_config_path(process_environment());
 }
 
 }  // namespace accelerant::cli

@@ -5,7 +5,6 @@
 #include <limits.h>
 #include <unistd.h>
 
-#include <fstream>
 #include <iostream>
 #include <sstream>
 
@@ -89,7 +88,11 @@ int run_checks() {
 std::string own_executable() {
   char path[PATH_MAX];
   const ssize_t n = ::readlink("/proc/self/exe", path, sizeof(path) - 1);
-  if (n <= 0) throw Error("accelerant test: cannot find its own executable (/proc/self/exe).");
+  if (n <= 0) {
+    throw Error("accelerant test: cannot find its own executable: /proc/self/exe is unreadable. Likely cause: "
+                "/proc is not mounted (a minimal container). Fix: mount /proc, or run the checks under a "
+                "launcher yourself: `accelerant launch -n 2 accelerant test --worker`.");
+  }
   return std::string(path, static_cast<size_t>(n));
 }
 
@@ -114,13 +117,10 @@ void add_test_command(CLI::App& app, Action& action) {
       if (*worker) return run_checks();
       LaunchFlags flags;
       flags.config_file = *file;
-      const std::string path = config_path_or_default(*file);
-      int configured = 1;
-      if (!file->empty() || std::ifstream(path)) configured = load_config(path).num_processes;
-      flags.num_processes = processes->value_or(std::max(2, configured));
       flags.num_machines = 1;  // a self-test of this machine
       flags.machine_rank = 0;
       flags.main_process_port = 0;
+      flags.num_processes = processes->value_or(std::max(2, resolve_launch_config(flags).num_processes));
       return run_launch(flags, {own_executable(), "test", "--worker"});
     };
   });

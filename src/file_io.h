@@ -1,0 +1,16 @@
+// Whole-file reads and crash-safe writes, shared by the launcher (results, error files), the
+// Accelerator's save() and the config file.
+#pragma once
+#include <string>
+
+namespace accelerant::detail {
+
+/// Writes `bytes` to `path` through `path`.tmp and a rename, so that a reader never sees half a
+/// file and a failure leaves the previous file. Returns false (and removes the temporary file)
+/// when writing or renaming fails.
+bool write_file_atomically(const std::string& path, const std::string& bytes);
+
+/// The file's bytes; empty when it cannot be read.
+std::string read_file(const std::string& path);
+
+}  // namespace accelerant::detail
