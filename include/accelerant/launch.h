@@ -55,6 +55,10 @@ struct LaunchOptions {
   /// Debug mode: a dry fork first, then cross-rank shape checks before every collective.
   /// Default: ACCELERANT_DEBUG_MODE, else off.
   TORCH_ARG(std::optional<bool>, debug) = std::nullopt;
+  /// With num_nodes > 1: how long the launchers wait for every machine to arrive (and, after a
+  /// restart, to be ready again) before giving up, naming the machines that did not come.
+  /// Default: 10 minutes (torchrun's join_timeout).
+  TORCH_ARG(std::chrono::milliseconds, join_timeout) = std::chrono::minutes(10);
   /// Rendezvous and collective timeout inside the workers. Default: 30 minutes.
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(30);
   /// Time between SIGTERM and SIGKILL when the group is stopped. Default: 5 s.

@@ -1,9 +1,12 @@
 // The agent behind accelerant::launch: validates options, hosts (or joins) the job's store, forks
-// the local group, watches it, restarts it on failure up to max_restarts, and reports.
+// the local group, watches it, restarts it on failure up to max_restarts, and reports. What
+// the machines of a multi-node job tell each other is in node_group.h.
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
+#include <memory>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -15,6 +18,7 @@
 #include "accelerant/distributed_env.h"
 #include "accelerant/launch.h"
 #include "failure_report.h"
+#include "node_group.h"
 #include "output_relay.h"
 #include "signal_guard.h"
 #include "worker_process.h"
@@ -50,8 +54,8 @@ void validate(const LaunchOptions& o) {
   if (o.mixed_precision() != "no" && o.mixed_precision() != "fp16" && o.mixed_precision() != "bf16") {
     bad_option(str("mixed_precision \"", o.mixed_precision(), "\" is unknown"), "use no, fp16 or bf16");
   }
-  if (o.monitor_interval().count() <= 0 || o.timeout().count() <= 0) {
-    bad_option("monitor_interval and timeout must be positive", "give durations above zero");
+  if (o.monitor_interval().count() <= 0 || o.timeout().count() <= 0 || o.join_timeout().count() <= 0) {
+    bad_option("monitor_interval, timeout and join_timeout must be positive", "give durations above zero");
   }
 }
 
@@ -121,27 +125,8 @@ void dry_fork(int threads, std::chrono::milliseconds limit) {
   }
 }
 
-c10::intrusive_ptr<c10d::TCPStore> open_agent_store(const LaunchOptions& o) {
-  c10d::TCPStoreOptions so;
-  so.port = static_cast<std::uint16_t>(o.master_port());
-  so.isServer = o.node_rank() == 0;
-  so.waitWorkers = false;
-  so.timeout = o.timeout();
-  try {
-    return c10::make_intrusive<c10d::TCPStore>(o.master_addr(), so);
-  } catch (const std::exception& e) {
-    throw LaunchError(str(
-        "accelerant::launch: node ", o.node_rank(), " could not ", so.isServer ? "host" : "reach",
-        " the job's store at ", o.master_addr(), ":", o.master_port(), ": ", e.what(),
-        "\nLikely cause: ", so.isServer ? "the port is taken by another job"
-                                        : "node 0's launch is not running or the address/port differ",
-        ". Fix: use a free port and the same master_addr and master_port on every node."));
-  }
-}
-
-std::string failed_key(int attempt) { return str("accelerant/launch/attempt_", attempt, "/failed"); }
-
-enum class Outcome { kSucceeded, kFailedHere, kFailedElsewhere, kInterrupted };
+// Why the local group stopped.
+enum class Outcome { kSucceeded, kFailedHere, kFailedElsewhere, kAborted, kInterrupted };
 
 class Agent {
  public:
@@ -156,31 +141,53 @@ class Agent {
     threads_ = choose_threads(o_, o_.verbose());
     if (debug) dry_fork(threads_, std::min(o_.timeout(), std::chrono::milliseconds(60000)));
     workdir_ = make_workdir();
-    store_ = open_agent_store(o_);
-    port_ = store_->getPort();
+    nodes_ = std::make_unique<NodeGroup>(o_);  // on several machines: waits for all of them
+    port_ = nodes_->store_port();
     if (o_.verbose()) print_banner();
     SignalGuard signals;
+    auto interrupted = [&signals] { return signals.caught() != 0; };
     for (int attempt = 0;; ++attempt) {
-      start_group(attempt, debug);
-      Outcome outcome = monitor(attempt, signals);
+      NodeEvent ready = nodes_->start_attempt(attempt, interrupted);
+      Outcome outcome = ready.kind == NodeEvent::kGo          ? Outcome::kSucceeded
+                        : ready.kind == NodeEvent::kInterrupted ? Outcome::kInterrupted
+                                                                : Outcome::kAborted;
+      if (outcome == Outcome::kAborted) node_news_ = ready.text;
+      if (outcome == Outcome::kSucceeded) {
+        start_group(attempt, debug);
+        outcome = monitor(attempt, signals);
+      }
       if (outcome == Outcome::kSucceeded) {
         relay_.drain(1000);
-        wait_for_other_nodes(attempt);
-        auto results = collect_results();
-        cleanup();
-        return results;
+        NodeEvent verdict = nodes_->finish(attempt, interrupted);  // every machine's group
+        if (verdict.kind == NodeEvent::kDone) {
+          nodes_->leave("");
+          auto results = collect_results();
+          cleanup();
+          return results;
+        }
+        outcome = outcome_of(verdict);
       }
-      if (outcome == Outcome::kFailedHere) publish_failure(attempt);
+      if (outcome == Outcome::kFailedHere) {
+        nodes_->report_failure(attempt, failure_report(first_failure_, o_.node_rank(), attempt, o_.max_restarts()));
+      }
       stop_group();
       if (outcome == Outcome::kInterrupted) {
+        nodes_->leave(str("its launcher was stopped by signal ", signals.caught(), " (", strsignal(signals.caught()),
+                          "), so the job cannot go on. Fix: restart the job on every machine (from the last "
+                          "checkpoint)."));
         cleanup();
         signals.reraise();
         throw LaunchError(str("accelerant::launch: stopped by signal ", signals.caught(),
                               "; every worker was stopped."));
       }
+      if (outcome == Outcome::kAborted) {
+        nodes_->leave(node_news_);
+        cleanup();
+        throw LaunchError("accelerant::launch: " + node_news_, first_failure_, attempt);
+      }
       const std::string report = outcome == Outcome::kFailedHere
                                      ? failure_report(first_failure_, o_.node_rank(), attempt, o_.max_restarts())
-                                     : remote_failure_;
+                                     : node_news_;
       if (attempt < o_.max_restarts()) {
         if (o_.verbose()) {
           std::fprintf(stderr, "accelerant::launch: %s\nRestarting the group (restart %d of %d).\n",
@@ -188,6 +195,7 @@ class Agent {
         }
         continue;
       }
+      nodes_->leave(report);
       cleanup();
       throw LaunchError("accelerant::launch: " + report, first_failure_, attempt);
     }
@@ -199,6 +207,15 @@ class Agent {
   }
 
  private:
+  Outcome outcome_of(const NodeEvent& event) {
+    node_news_ = event.text;
+    switch (event.kind) {
+      case NodeEvent::kRestart: return Outcome::kFailedElsewhere;
+      case NodeEvent::kInterrupted: return Outcome::kInterrupted;
+      default: return Outcome::kAborted;
+    }
+  }
+
   std::string make_workdir() {
     std::string pattern = (std::filesystem::temp_directory_path() / "accelerant-launch-XXXXXX").string();
     if (::mkdtemp(pattern.data()) == nullptr) {
@@ -282,48 +299,18 @@ class Agent {
         relay_.drain(500);  // the failed worker's last words belong in the report
         first_failure_.stderr_tail = relay_.stderr_tail(first_failure_.rank);
         first_failure_.error_text = read_file(workers_[first_failure_.local_rank].spec.error_path);
+        // A lost machine also breaks our workers' connections; then the loss is the real cause.
+        NodeEvent news = nodes_->poll(attempt);
+        if (news.kind == NodeEvent::kAbort) {
+          node_news_ = str(news.text, "\nOn this machine, as a consequence, worker rank ", first_failure_.rank,
+                           " failed with ", describe_exit(first_failure_), ".");
+          return Outcome::kAborted;
+        }
         return Outcome::kFailedHere;
       }
       if (all_done) return Outcome::kSucceeded;
-      if (o_.num_nodes() > 1 && other_node_failed(attempt)) {
-        auto bytes = store_->get(failed_key(attempt));
-        remote_failure_ = str("another node's worker failed: ", std::string(bytes.begin(), bytes.end()));
-        return Outcome::kFailedElsewhere;
-      }
-    }
-  }
-
-  bool other_node_failed(int attempt) {
-    try {
-      return store_->check({failed_key(attempt)});
-    } catch (const std::exception&) {
-      return false;  // node 0 is gone: our workers lose their peers and report it themselves
-    }
-  }
-
-  // Node 0 hosts the store, so it leaves last: it waits until every node's group succeeded.
-  void wait_for_other_nodes(int attempt) {
-    if (o_.num_nodes() == 1) return;
-    const std::string done = str("accelerant/launch/attempt_", attempt, "/nodes_done");
-    try {
-      store_->add(done, 1);
-      if (o_.node_rank() != 0) return;
-      const auto deadline = Clock::now() + o_.timeout();
-      while (store_->add(done, 0) < o_.num_nodes() && Clock::now() < deadline) {
-        std::this_thread::sleep_for(o_.monitor_interval());
-      }
-    } catch (const std::exception&) {
-      // Our own group succeeded; a store problem now cannot change that.
-    }
-  }
-
-  void publish_failure(int attempt) {
-    if (o_.num_nodes() == 1) return;
-    const std::string text = failure_report(first_failure_, o_.node_rank(), attempt, o_.max_restarts());
-    try {
-      store_->set(failed_key(attempt), std::vector<uint8_t>(text.begin(), text.end()));
-    } catch (const std::exception&) {
-      // The store host (node 0) is gone; the other nodes will find out through their workers.
+      NodeEvent news = nodes_->poll(attempt);
+      if (news.kind != NodeEvent::kNone) return outcome_of(news);
     }
   }
 
@@ -369,11 +356,11 @@ class Agent {
   OutputRelay relay_;
   int threads_ = 1;
   std::string workdir_;
-  c10::intrusive_ptr<c10d::TCPStore> store_;
+  std::unique_ptr<NodeGroup> nodes_;
   int port_ = 0;
   std::vector<WorkerProcess> workers_;
   WorkerExit first_failure_;
-  std::string remote_failure_;
+  std::string node_news_;  // what the other machines said, when that ended the attempt
 };
 
 }  // namespace

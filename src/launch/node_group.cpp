@@ -1,0 +1,277 @@
+#include "node_group.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "../text.h"
+#include "accelerant/error.h"
+
+namespace accelerant::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<uint8_t> bytes(const std::string& text) { return {text.begin(), text.end()}; }
+std::string text(const std::vector<uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
+
+std::string seconds(std::chrono::milliseconds d) { return str(d.count() / 1000.0, " s"); }
+
+}  // namespace
+
+NodeGroup::NodeGroup(const LaunchOptions& options) : options_(options) {
+  if (options_.node_rank() == 0) {
+    join_as_main();
+  } else {
+    join_as_other();
+  }
+}
+
+NodeGroup::~NodeGroup() {
+  if (left_) return;
+  try {
+    leave(str("machine ", options_.node_rank(), "'s launcher stopped before its workers finished"));
+  } catch (...) {
+    // Leaving is a courtesy to the other machines; their links tell them anyway.
+  }
+}
+
+int NodeGroup::store_port() const { return store_->getPort(); }
+
+std::string NodeGroup::key(const std::string& name) const { return "accelerant/launch/" + name; }
+
+void NodeGroup::join_as_main() {
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<std::uint16_t>(options_.master_port());
+  so.isServer = true;
+  so.waitWorkers = false;
+  so.timeout = options_.timeout();
+  try {
+    store_ = c10::make_intrusive<c10d::TCPStore>(options_.master_addr(), so);
+  } catch (const std::exception& e) {
+    throw LaunchError(str("accelerant::launch: machine 0 could not host the job's store on port ",
+                          options_.master_port(), ": ", e.what(),
+                          "\nLikely cause: the port is taken by another job. Fix: pick a free port "
+                          "(and tell every machine the same one), or 0 on one machine."));
+  }
+  if (!multi_node()) return;
+  links_ = NodeLinks::listen({0, options_.num_nodes(), options_.num_processes()});
+  store_->set(key("links_port"), bytes(std::to_string(links_.port())));
+  const auto missing = links_.accept_nodes(Clock::now() + options_.join_timeout());
+  if (missing.empty()) return;
+  const std::string why = str(
+      "machine(s) ", join(missing, ", "), " of ", options_.num_nodes(), " did not join within the join "
+      "timeout of ", seconds(options_.join_timeout()), " (machine 0 waits at ", options_.master_addr(), ":",
+      store_port(), "). Likely cause: their launchers were not started, use another main_process_ip "
+      "or main_process_port, or a firewall blocks the port. Fix: start `accelerant launch` on every "
+      "machine with its --machine_rank and the same --main_process_ip and --main_process_port, or "
+      "raise --join_timeout.");
+  leave(why);
+  throw LaunchError("accelerant launch: " + why);
+}
+
+void NodeGroup::join_as_other() {
+  const auto deadline = Clock::now() + options_.join_timeout();
+  const std::string where = str(options_.master_addr(), ":", options_.master_port());
+  auto not_there = [&](const std::string& detail) {
+    return LaunchError(str(
+        "accelerant launch: machine 0 (the main machine, at ", where, ") did not answer within the join "
+        "timeout of ", seconds(options_.join_timeout()), ": ", detail, "\nLikely cause: its launcher was "
+        "not started, has stopped, or main_process_ip/main_process_port differ from machine 0's. Fix: "
+        "start `accelerant launch --machine_rank 0` on the main machine with the same --main_process_ip "
+        "and --main_process_port, or raise --join_timeout."));
+  };
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<std::uint16_t>(options_.master_port());
+  so.isServer = false;
+  so.waitWorkers = false;
+  so.timeout = options_.join_timeout();
+  try {
+    store_ = c10::make_intrusive<c10d::TCPStore>(options_.master_addr(), so);
+    store_->wait({key("links_port")}, std::max(std::chrono::milliseconds(1),
+                                               std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                   deadline - Clock::now())));
+  } catch (const std::exception& e) {
+    throw not_there(e.what());
+  }
+  store_->setTimeout(options_.timeout());
+  const int port = std::stoi(text(store_->get(key("links_port"))));
+  links_ = NodeLinks::connect(options_.master_addr(), port,
+                              {options_.node_rank(), options_.num_nodes(), options_.num_processes()},
+                              deadline);
+}
+
+NodeEvent NodeGroup::check_links() {
+  const auto lost = links_.lost();
+  if (lost.empty()) return {};
+  if (options_.node_rank() != 0) {
+    return {NodeEvent::kAbort,
+            str("the connection to machine 0's launcher (", options_.master_addr(), ") broke: it was "
+                "stopped or killed, or its machine went down or became unreachable. Likely cause: see "
+                "machine 0's output. Fix: restart the job on every machine (from the last checkpoint).")};
+  }
+  std::vector<std::string> reasons;
+  for (int node : lost) {
+    const std::string said = key(str("left/node_", node));
+    if (store_->check({said})) {
+      const std::string why = text(store_->get(said));
+      if (why.empty()) continue;  // it left after the job was done
+      reasons.push_back(str("machine ", node, " stopped: ", why));
+    } else {
+      reasons.push_back(str(
+          "machine ", node, "'s launcher disconnected without a word: it was killed (SIGKILL, out of "
+          "memory) or its machine went down or became unreachable. Its workers are gone, so the job "
+          "cannot go on. Fix: find out on machine ", node, " what ended it, then restart the job on every "
+          "machine (from the last checkpoint)."));
+    }
+  }
+  if (reasons.empty()) return {};
+  return {NodeEvent::kAbort, join(reasons, "\n")};
+}
+
+NodeEvent NodeGroup::check_store(int attempt) {
+  try {
+    if (store_->check({key("abort")})) {
+      return {NodeEvent::kAbort, "machine 0 ended the job: " + text(store_->get(key("abort")))};
+    }
+    const std::string failures = key(str("attempt_", attempt, "/failures"));
+    if (store_->add(failures, 0) == 0) return {};
+    std::vector<std::string> reports;
+    for (int node = 0; node < options_.num_nodes(); ++node) {
+      const std::string report = key(str("attempt_", attempt, "/failure/node_", node));
+      if (node != options_.node_rank() && store_->check({report})) {
+        reports.push_back(str("machine ", node, " reported: ", text(store_->get(report))));
+      }
+    }
+    if (reports.empty()) return {};  // only our own failure
+    return {NodeEvent::kRestart, "a worker on another machine failed; " + join(reports, "\n")};
+  } catch (const std::exception& e) {
+    return {NodeEvent::kAbort,
+            str("lost the job's store on machine 0 (", options_.master_addr(), ":", options_.master_port(),
+                "): ", e.what(), ". Likely cause: machine 0's launcher stopped or its machine went down. "
+                "Fix: restart the job on every machine (from the last checkpoint).")};
+  }
+}
+
+NodeEvent NodeGroup::poll(int attempt) {
+  if (!multi_node()) return {};
+  if (options_.node_rank() != 0) {
+    // Without machine 0 there is no store to ask (and asking a vanished machine would block).
+    NodeEvent event = check_links();
+    return event.kind != NodeEvent::kNone ? event : check_store(attempt);
+  }
+  // A failure another machine published is more telling than the disconnect that follows it.
+  NodeEvent event = check_store(attempt);
+  return event.kind != NodeEvent::kNone ? event : check_links();
+}
+
+void NodeGroup::report_failure(int attempt, const std::string& report) {
+  if (!multi_node()) return;
+  try {
+    // The report before the count, so that whoever sees the count finds the report.
+    store_->set(key(str("attempt_", attempt, "/failure/node_", options_.node_rank())), bytes(report));
+    store_->add(key(str("attempt_", attempt, "/failures")), 1);
+  } catch (const std::exception&) {
+    // Machine 0 is gone; the others learn it from their own links.
+  }
+}
+
+NodeEvent NodeGroup::start_attempt(int attempt, const std::function<bool()>& interrupted) {
+  if (!multi_node()) return {NodeEvent::kGo, ""};
+  const std::string prefix = str("attempt_", attempt, "/");
+  std::vector<std::string> joined;
+  for (int node = 0; node < options_.num_nodes(); ++node) joined.push_back(key(str(prefix, "joined/node_", node)));
+  const std::string go = key(prefix + "go");
+  // Machine 0 gives up first, so that the others hear its verdict naming the missing machines.
+  const auto deadline = Clock::now() + options_.join_timeout() +
+                        (options_.node_rank() == 0 ? std::chrono::seconds(0) : std::chrono::seconds(10));
+  try {
+    store_->set(joined[options_.node_rank()], bytes("1"));
+  } catch (const std::exception&) {
+    return check_store(attempt);  // phrases the lost store
+  }
+  while (true) {
+    if (interrupted()) return {NodeEvent::kInterrupted, ""};
+    NodeEvent event = poll(attempt);
+    if (event.kind == NodeEvent::kAbort) return event;
+    try {
+      if (options_.node_rank() == 0 && store_->check(joined)) {
+        store_->set(go, bytes("1"));
+        return {NodeEvent::kGo, ""};
+      }
+      if (options_.node_rank() != 0 && store_->check({go})) return {NodeEvent::kGo, ""};
+    } catch (const std::exception&) {
+      return check_store(attempt);
+    }
+    if (Clock::now() >= deadline) {
+      std::vector<int> missing;
+      for (int node = 0; node < options_.num_nodes(); ++node) {
+        if (!store_->check({joined[node]})) missing.push_back(node);
+      }
+      return {NodeEvent::kAbort,
+              str("machine(s) ", join(missing, ", "), " did not get ready for attempt ", attempt + 1,
+                  " within the join timeout of ", seconds(options_.join_timeout()),
+                  ". Likely cause: their workers do not stop (stuck in uninterruptible I/O). Fix: look "
+                  "at those machines, or raise --join_timeout.")};
+    }
+    std::this_thread::sleep_for(std::min(options_.monitor_interval(), std::chrono::milliseconds(100)));
+  }
+}
+
+NodeEvent NodeGroup::finish(int attempt, const std::function<bool()>& interrupted) {
+  if (!multi_node()) return {NodeEvent::kDone, ""};
+  const std::string succeeded = key(str("attempt_", attempt, "/succeeded"));
+  const std::string done = key(str("attempt_", attempt, "/done"));
+  try {
+    store_->add(succeeded, 1);
+  } catch (const std::exception&) {
+    return check_store(attempt);
+  }
+  // No deadline: another machine's workers may rightly run much longer; the links tell if it dies.
+  while (true) {
+    if (interrupted()) return {NodeEvent::kInterrupted, ""};
+    NodeEvent event = poll(attempt);
+    if (event.kind != NodeEvent::kNone) return event;
+    try {
+      if (options_.node_rank() == 0 && store_->add(succeeded, 0) == options_.num_nodes()) {
+        store_->set(done, bytes("1"));
+        return {NodeEvent::kDone, ""};
+      }
+      if (options_.node_rank() != 0 && store_->check({done})) {
+        return {NodeEvent::kDone, ""};
+      }
+    } catch (const std::exception&) {
+      return check_store(attempt);
+    }
+    std::this_thread::sleep_for(std::min(options_.monitor_interval(), std::chrono::milliseconds(100)));
+  }
+}
+
+void NodeGroup::leave(const std::string& reason) {
+  if (left_) return;
+  left_ = true;
+  if (!multi_node()) return;
+  try {
+    if (options_.node_rank() == 0) {
+      if (!reason.empty()) store_->set(key("abort"), bytes(reason));
+      // Machine 0 hosts the store: the others must read the verdict before it goes away.
+      wait_for_others_to_disconnect(options_.stop_grace_period() + std::chrono::seconds(10));
+    } else if (!links_.connected().empty()) {
+      // set, then a round trip: the reason is in the store before machine 0 sees the link close.
+      store_->set(key(str("left/node_", options_.node_rank())), bytes(reason));
+      store_->check({key(str("left/node_", options_.node_rank()))});
+    }
+  } catch (const std::exception&) {
+    // Machine 0 is gone; nobody is left to tell.
+  }
+  links_.close_all();
+}
+
+void NodeGroup::wait_for_others_to_disconnect(std::chrono::milliseconds limit) {
+  const auto deadline = Clock::now() + limit;
+  while (!links_.connected().empty() && Clock::now() < deadline) {
+    links_.lost();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+}  // namespace accelerant::detail

@@ -1,0 +1,80 @@
+// The launchers of one job, seen from one of them. Node 0's launcher hosts the job's store (where
+// the workers meet too); every launcher keeps a NodeLinks connection to node 0 for liveness; and
+// through the store they
+//   - join: node 0 waits up to join_timeout for every machine, each side naming who is missing;
+//   - start each attempt together (a barrier, so no machine runs attempt n+1 beside attempt n);
+//   - tell each other of a worker failure, so that every machine restarts its group;
+//   - finish together: a machine whose group succeeded waits until every machine's has, since a
+//     late failure elsewhere still restarts everyone; node 0 leaves last, as it hosts the store;
+//   - leave: a launcher that stops for good says why before closing its link, so the others stop
+//     with that reason; a launcher that dies without a word is named as lost.
+// A lost machine ends the job on every machine whatever max_restarts says: its workers are gone
+// and a group cannot be formed without them. On one machine all of this reduces to the store.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <functional>
+#include <string>
+
+#include "accelerant/launch.h"
+#include "node_links.h"
+
+namespace accelerant::detail {
+
+/// What the other machines' launchers said.
+struct NodeEvent {
+  enum Kind {
+    kNone,         ///< nothing new
+    kGo,           ///< every machine is ready for the attempt
+    kRestart,      ///< a worker failed on another machine: restart this attempt's group
+    kAbort,        ///< the job ends on every machine (text says why)
+    kDone,         ///< every machine's group succeeded
+    kInterrupted,  ///< this launcher caught a signal while waiting
+  };
+  Kind kind = kNone;
+  std::string text;
+};
+
+class NodeGroup {
+ public:
+  /// Hosts (node 0) or reaches the job's store, and on several machines connects the launchers.
+  /// Throws LaunchError when a machine does not arrive within options.join_timeout, naming it.
+  explicit NodeGroup(const LaunchOptions& options);
+  /// Leaves (without a reason) if leave() was not called.
+  ~NodeGroup();
+  NodeGroup(const NodeGroup&) = delete;
+  NodeGroup& operator=(const NodeGroup&) = delete;
+
+  /// The store's port (the one chosen when master_port is 0).
+  int store_port() const;
+
+  /// Waits until every machine is ready to start `attempt`: kGo, kAbort or kInterrupted.
+  NodeEvent start_attempt(int attempt, const std::function<bool()>& interrupted);
+  /// Without blocking: kNone, kRestart (a failure elsewhere in `attempt`) or kAbort.
+  NodeEvent poll(int attempt);
+  /// Tells the other machines that a worker here failed in `attempt`.
+  void report_failure(int attempt, const std::string& report);
+  /// After this machine's group succeeded in `attempt`: waits for kDone, kRestart, kAbort or
+  /// kInterrupted.
+  NodeEvent finish(int attempt, const std::function<bool()>& interrupted);
+  /// This launcher is leaving: after kDone `reason` is empty, otherwise it says why, and the other
+  /// machines stop with it. Node 0 waits (bounded) until the others have disconnected.
+  void leave(const std::string& reason);
+
+ private:
+  bool multi_node() const { return options_.num_nodes() > 1; }
+  std::string key(const std::string& name) const;
+  void join_as_main();
+  void join_as_other();
+  NodeEvent check_store(int attempt);
+  NodeEvent check_links();
+  void wait_for_others_to_disconnect(std::chrono::milliseconds limit);
+
+  const LaunchOptions& options_;
+  c10::intrusive_ptr<c10d::TCPStore> store_;
+  NodeLinks links_;
+  bool left_ = false;
+};
+
+}  // namespace accelerant::detail
