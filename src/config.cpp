@@ -56,6 +56,7 @@ const std::vector<Field>& fields() {
       field("debug", "true or false", &Config::debug),
       field("max_restarts", "a whole number", &Config::max_restarts),
       field("monitor_interval", "a number of seconds", &Config::monitor_interval),
+      field("join_timeout", "a number of seconds", &Config::join_timeout),
       field("threads_per_process", "a whole number", &Config::threads_per_process),
       field("gradient_accumulation_steps", "a whole number", &Config::gradient_accumulation_steps),
   };
@@ -193,6 +194,9 @@ void validate_config(const Config& c, const std::string& where) {
   if (c.max_restarts < 0) problems.push_back(detail::str("max_restarts is ", c.max_restarts, "; it must be 0 or more"));
   if (!(c.monitor_interval > 0)) {
     problems.push_back(detail::str("monitor_interval is ", c.monitor_interval, "; it must be more than 0 seconds"));
+  }
+  if (!(c.join_timeout > 0)) {
+    problems.push_back(detail::str("join_timeout is ", c.join_timeout, "; it must be more than 0 seconds"));
   }
   if (c.threads_per_process < 0) {
     problems.push_back(detail::str("threads_per_process is ", c.threads_per_process, "; use 0 (automatic) or more"));

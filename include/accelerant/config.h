@@ -39,6 +39,7 @@ struct Config {
   bool debug = false;
   int max_restarts = 0;
   double monitor_interval = 0.1;  ///< seconds between checks of the workers
+  double join_timeout = 600;      ///< seconds the machines' launchers wait for each other
   int threads_per_process = 0;    ///< 0 = cores / local processes
   int gradient_accumulation_steps = 1;
 };

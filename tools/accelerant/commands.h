@@ -26,7 +26,7 @@ struct LaunchFlags {
   std::string config_file;
   std::optional<int> num_processes, num_machines, machine_rank, main_process_port, max_restarts, threads_per_process;
   std::optional<std::string> main_process_ip, mixed_precision;
-  std::optional<double> monitor_interval;
+  std::optional<double> monitor_interval, join_timeout;
   std::string log_dir;
   bool cpu = false, debug = false, prefix_output = false, tee = false;
 };

@@ -26,6 +26,7 @@ Config resolve_launch_config(const LaunchFlags& f) {
   if (f.threads_per_process) c.threads_per_process = *f.threads_per_process;
   if (f.mixed_precision) c.mixed_precision = *f.mixed_precision;
   if (f.monitor_interval) c.monitor_interval = *f.monitor_interval;
+  if (f.join_timeout) c.join_timeout = *f.join_timeout;
   if (f.cpu) c.use_cpu = true;
   if (f.debug) c.debug = true;
   validate_config(c, "accelerant launch (config file " + path + " and flags)");
@@ -74,6 +75,7 @@ int run_launch(const LaunchFlags& flags, const std::vector<std::string>& command
                      .master_port(c.main_process_port)
                      .max_restarts(c.max_restarts)
                      .monitor_interval(std::chrono::milliseconds(static_cast<int64_t>(c.monitor_interval * 1000)))
+                     .join_timeout(std::chrono::milliseconds(static_cast<int64_t>(c.join_timeout * 1000)))
                      .mixed_precision(c.mixed_precision)
                      .threads_per_process(c.threads_per_process)
                      .debug(c.debug)
@@ -111,6 +113,8 @@ void add_launch_command(CLI::App& app, Action& action) {
   launch->add_option("--main_process_port", flags->main_process_port, "Its port (0 = free port, one machine)");
   launch->add_option("--max_restarts", flags->max_restarts, "Restarts of a failed group");
   launch->add_option("--monitor_interval", flags->monitor_interval, "Seconds between checks of the workers");
+  launch->add_option("--join_timeout", flags->join_timeout,
+                     "Seconds the machines' launchers wait for each other (default 600)");
   launch->add_option("--mixed_precision", flags->mixed_precision, "no, fp16 or bf16")
       ->check(CLI::IsMember({"no", "fp16", "bf16"}));
   launch->add_option("--threads_per_process", flags->threads_per_process, "0 = cores / local processes");
