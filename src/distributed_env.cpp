@@ -165,6 +165,12 @@ void validate(const Reader& r, DistributedEnv& env) {
   }
 
   auto addr = r.text("MASTER_ADDR");
+  // mpirun tells each rank how many ranks share its machine: when that is all of them, the job is
+  // on this machine and loopback is the right meeting place, so `mpirun -np 4 ./train` just runs.
+  // torchrun and srun jobs always set MASTER_ADDR themselves (or the batch script must).
+  if (!addr && env.source == EnvSource::kOpenMpi && env.local_world_size == env.world_size) {
+    addr = "127.0.0.1";
+  }
   if (env.world_size > 1 && !addr) {
     fail("MASTER_ADDR", "",
          detail::str("is missing but the world has ", env.world_size,

@@ -1,5 +1,11 @@
 #include "accelerant/process_state.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <sstream>
 
 #include "accelerant/error.h"
@@ -26,8 +32,39 @@ bool is_loopback(const std::string& addr) {
   return addr.rfind("127.", 0) == 0 || addr == "localhost" || addr == "::1";
 }
 
+// The local address this machine would use to reach `host`: a UDP socket "connected" to it sends
+// nothing, but makes the kernel pick the route and the source address. "" when there is no route.
+std::string local_address_towards(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), "9", &hints, &found) != 0) return "";
+  std::string address;
+  for (addrinfo* a = found; a != nullptr && address.empty(); a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t length = sizeof local;
+    char text[INET6_ADDRSTRLEN] = {0};
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0) {
+      const void* raw = local.ss_family == AF_INET6
+                            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
+                            : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
+      if (::inet_ntop(local.ss_family, raw, text, sizeof text) != nullptr) address = text;
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return address;
+}
+
 // GLOO_SOCKET_IFNAME (comma-separated) wins, as in PyTorch; a loopback master means a one-machine
-// job, which must not depend on the hostname resolving; otherwise Gloo's default device.
+// job, which must not depend on the hostname resolving. Otherwise Gloo listens on the address that
+// routes to the master: Gloo's own default (the hostname's address) is wrong wherever the hostname
+// resolves to another interface than the one the job's machines share (several networks, network
+// namespaces, /etc/hosts mapping it to 127.0.1.1).
 std::vector<std::shared_ptr<gloo::transport::Device>> gloo_devices(const std::string& master_addr) {
   std::vector<std::shared_ptr<gloo::transport::Device>> devices;
   if (const char* ifnames = std::getenv("GLOO_SOCKET_IFNAME"); ifnames && *ifnames) {
@@ -37,6 +74,8 @@ std::vector<std::shared_ptr<gloo::transport::Device>> gloo_devices(const std::st
     }
   } else if (is_loopback(master_addr)) {
     devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  } else if (const std::string local = local_address_towards(master_addr); !local.empty()) {
+    devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(local));
   } else {
     devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
   }

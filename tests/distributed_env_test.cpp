@@ -86,6 +86,21 @@ TEST(DistributedEnv, DefaultsAndExtras) {
   EXPECT_EQ(env.mixed_precision, "bf16");
 }
 
+// `mpirun -np 2 ./train` on one machine needs no MASTER_ADDR; across machines it still must be set.
+TEST(DistributedEnv, MpirunOnOneMachineMeetsOnLoopbackWithoutMasterAddr) {
+  auto one_machine = parse({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+                            {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  EXPECT_EQ(one_machine.master_addr, "127.0.0.1");
+  EXPECT_EQ(one_machine.num_nodes, 1);
+  try {
+    parse({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+           {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+    FAIL() << "two machines without MASTER_ADDR were accepted";
+  } catch (const EnvironmentError& e) {
+    EXPECT_EQ(e.variable(), "MASTER_ADDR");
+  }
+}
+
 TEST(DistributedEnv, RoundTripsThroughLauncherVariables) {
   DistributedEnv in;
   in.rank = 3;
