@@ -2,6 +2,10 @@
 // that receives signals or dies.
 //   launch_helper node NODE_RANK PORT    one of two nodes with 2 workers each; prints each result
 //   launch_helper sleepy DIR             2 workers that write DIR/pid.<rank> and sleep
+// and, as a worker started by `accelerant launch`:
+//   launch_helper worker                 joins the group, all-reduces rank + 1, prints the sum
+//   launch_helper park DIR               the same, then writes DIR/pid.<rank> and sleeps
+//   launch_helper throw                  rank 1 dies of an uncaught exception
 #include <accelerant/accelerant.h>
 #include <unistd.h>
 
@@ -50,11 +54,19 @@ int main(int argc, char** argv) {
               << " local=" << state.local_process_index() << " sum=" << sum.item<int64_t>() << std::endl;
     return 0;
   }
+  if (mode == "park" && argc == 3) {  // started by `accelerant launch`: join, all-reduce, then wait
+    auto& state = ProcessState::get();
+    auto sum = state.communicator().all_reduce(torch::tensor({state.process_index() + 1}), ReduceOp::kSum);
+    std::cout << "parked rank=" << state.process_index() << " sum=" << sum.item<int64_t>() << std::endl;
+    std::ofstream(std::string(argv[2]) + "/pid." + std::to_string(state.process_index())) << ::getpid() << "\n";
+    std::this_thread::sleep_for(std::chrono::minutes(10));
+    return 0;
+  }
   if (mode == "throw") {  // started by `accelerant launch`: dies of an uncaught exception
     ProcessState::get();
     if (ProcessState::get().process_index() == 1) throw std::runtime_error("the data file shard-7 is corrupt");
     return 0;
   }
-  std::cerr << "usage: launch_helper node NODE_RANK PORT | sleepy DIR | worker | throw\n";
+  std::cerr << "usage: launch_helper node NODE_RANK PORT | sleepy DIR | worker | park DIR | throw\n";
   return 2;
 }

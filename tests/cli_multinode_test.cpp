@@ -1,0 +1,270 @@
+// `accelerant launch` across machines. Two "machines" are two network namespaces joined by a veth
+// pair (each with its own address and its own ports, so node 1 really reaches node 0 over a
+// network and not over loopback); where namespaces cannot be made (not root, no iproute2) those
+// tests are skipped with the reason. The launcher protocol itself (joining, restarts on every
+// machine, a machine that never comes, mismatched shapes) is also tested with two launchers on
+// loopback, which needs no privileges.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <thread>
+
+#include "test_support.h"
+
+using namespace accelerant::testing;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct ScratchDir {
+  std::string path = make_temp_dir();
+  ~ScratchDir() { remove_tree(path); }
+};
+
+bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+
+// No config file of the machine's own may leak in.
+void isolate_from_user_config() {
+  ::unsetenv("ACCELERANT_CONFIG_FILE");
+  ::setenv("XDG_CACHE_HOME", "/nonexistent/accelerant-test-cache", 1);
+}
+
+std::vector<std::string> launch_args(int machine_rank, const std::string& ip, int port,
+                                     const std::vector<std::string>& more) {
+  std::vector<std::string> args{cli_path(), "launch", "--num_machines", "2", "--machine_rank",
+                                std::to_string(machine_rank), "--main_process_ip", ip,
+                                "--main_process_port", std::to_string(port)};
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+int exit_code(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : -1; }
+
+// Two network namespaces, "machine 0" at 10.99.0.1 and "machine 1" at 10.99.0.2, joined by veth.
+class TwoMachines : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    isolate_from_user_config();
+    const std::string id = std::to_string(::getpid());
+    ns_ = {"acc" + id + "m0", "acc" + id + "m1"};
+    const std::string veth0 = "av" + id + "a", veth1 = "av" + id + "b";
+    if (::geteuid() != 0) GTEST_SKIP() << "network namespaces need root (CAP_SYS_ADMIN); run the suite as root";
+    ip_ = ::access("/usr/sbin/ip", X_OK) == 0 ? "/usr/sbin/ip" : "/sbin/ip";
+    if (::access(ip_.c_str(), X_OK) != 0) GTEST_SKIP() << "iproute2's ip is not installed (scripts/install-deps)";
+    const std::vector<std::vector<std::string>> setup = {
+        {"netns", "add", ns_[0]},
+        {"netns", "add", ns_[1]},
+        {"link", "add", veth0, "type", "veth", "peer", "name", veth1},
+        {"link", "set", veth0, "netns", ns_[0]},
+        {"link", "set", veth1, "netns", ns_[1]},
+        {"-n", ns_[0], "addr", "add", "10.99.0.1/24", "dev", veth0},
+        {"-n", ns_[1], "addr", "add", "10.99.0.2/24", "dev", veth1},
+        {"-n", ns_[0], "link", "set", veth0, "up"},
+        {"-n", ns_[1], "link", "set", veth1, "up"},
+        {"-n", ns_[0], "link", "set", "lo", "up"},
+        {"-n", ns_[1], "link", "set", "lo", "up"},
+    };
+    for (const auto& step : setup) {
+      std::string out;
+      std::vector<std::string> argv{ip_};
+      argv.insert(argv.end(), step.begin(), step.end());
+      auto program = start_program(argv);
+      const int status = finish_program(program, out, std::chrono::seconds(10));
+      if (exit_code(status) != 0) {
+        GTEST_SKIP() << "cannot make the test's network namespaces (`ip " << step[0] << " " << step[1]
+                     << " ...` said: " << out << "); this sandbox does not allow them";
+      }
+    }
+  }
+
+  void TearDown() override {
+    for (const auto& ns : ns_) {  // deleting a namespace also deletes its end of the veth pair
+      std::string out;
+      auto program = start_program({ip_, "netns", "del", ns});
+      finish_program(program, out, std::chrono::seconds(10));
+    }
+  }
+
+  // accelerant launch as machine `m`, inside its namespace.
+  ProgramRun start_machine(int m, const std::vector<std::string>& more) {
+    std::vector<std::string> argv{ip_, "netns", "exec", ns_[m]};
+    auto args = launch_args(m, "10.99.0.1", 29500, more);  // each namespace has its own ports
+    argv.insert(argv.end(), args.begin(), args.end());
+    return start_program(argv);
+  }
+
+  std::string ip_;
+  std::vector<std::string> ns_;
+};
+
+TEST_F(TwoMachines, FourWorkersOnTwoMachinesFormOneWorldAndAllReduce) {
+  auto m0 = start_machine(0, {"-n", "4", launch_helper_path(), "worker"});
+  auto m1 = start_machine(1, {"-n", "4", launch_helper_path(), "worker"});
+  std::string out0, out1;
+  const int status0 = finish_program(m0, out0, std::chrono::seconds(90));
+  const int status1 = finish_program(m1, out1, std::chrono::seconds(90));
+  ASSERT_EQ(exit_code(status0), 0) << out0 << "\n--- machine 1:\n" << out1;
+  ASSERT_EQ(exit_code(status1), 0) << out1 << "\n--- machine 0:\n" << out0;
+  // 1 + 2 + 3 + 4: every rank's contribution, from both machines.
+  EXPECT_TRUE(contains(out0, "worker rank=0 world=4 local=0 sum=10")) << out0;
+  EXPECT_TRUE(contains(out0, "worker rank=1 world=4 local=1 sum=10")) << out0;
+  EXPECT_TRUE(contains(out1, "worker rank=2 world=4 local=0 sum=10")) << out1;
+  EXPECT_TRUE(contains(out1, "worker rank=3 world=4 local=1 sum=10")) << out1;
+  EXPECT_TRUE(contains(out0, "node 0 of 2, 4 processes in all")) << out0;
+}
+
+// Killing one machine's launcher (SIGKILL: no chance to say goodbye) while every worker idles in
+// a joined group: the other machine notices the broken link, not a collective timeout, stops its
+// workers and names the machine; no worker is left on either machine.
+class KillOneMachine : public TwoMachines, public ::testing::WithParamInterface<int> {};
+
+TEST_P(KillOneMachine, TheOtherFailsFastNamingItAndNoWorkerIsLeft) {
+  const int victim = GetParam(), survivor = 1 - victim;
+  ScratchDir dir;
+  ProgramRun runs[2] = {start_machine(0, {"-n", "4", launch_helper_path(), "park", dir.path}),
+                        start_machine(1, {"-n", "4", launch_helper_path(), "park", dir.path})};
+  std::vector<pid_t> workers;
+  for (int i = 0; i < 600 && workers.size() < 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    workers = read_pid_files(dir.path);
+  }
+  ASSERT_EQ(workers.size(), 4u) << "the group did not form";
+  const auto killed_at = Clock::now();
+  ::kill(runs[victim].pid, SIGKILL);
+  std::string out, victim_out;
+  const int status = finish_program(runs[survivor], out, std::chrono::seconds(60));
+  const auto noticed_after = Clock::now() - killed_at;
+  finish_program(runs[victim], victim_out, std::chrono::seconds(10));
+
+  EXPECT_EQ(exit_code(status), 1) << out;
+  // Far below every timeout that would otherwise end it (join 600 s, collectives 30 min).
+  EXPECT_LT(noticed_after, std::chrono::seconds(20)) << out;
+  if (victim == 1) {
+    EXPECT_TRUE(contains(out, "machine 1's launcher disconnected without a word")) << out;
+  } else {
+    EXPECT_TRUE(contains(out, "the connection to machine 0's launcher (10.99.0.1) broke")) << out;
+  }
+  EXPECT_TRUE(wait_until_dead(workers, std::chrono::seconds(10)).empty()) << "workers left behind:\n" << out;
+}
+
+INSTANTIATE_TEST_SUITE_P(EitherMachine, KillOneMachine, ::testing::Values(1, 0),
+                         [](const auto& info) { return info.param == 0 ? "MainMachine" : "OtherMachine"; });
+
+// The rest runs two launchers on loopback: what the launchers tell each other does not depend on
+// the network between them.
+
+TEST(MultiMachineLaunch, AFailureOnOneMachineRestartsTheGroupOnEveryMachine) {
+  isolate_from_user_config();
+  const int port = free_port();
+  const std::string worker =
+      "if [ \"$ACCELERANT_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 3 ]; then exit 3; fi; exec " +
+      launch_helper_path() + " worker";
+  const std::vector<std::string> more{"-n", "4", "--max_restarts", "1", "/bin/sh", "-c", worker};
+  auto m0 = start_program(launch_args(0, "127.0.0.1", port, more));
+  auto m1 = start_program(launch_args(1, "127.0.0.1", port, more));
+  std::string out0, out1;
+  const int status0 = finish_program(m0, out0, std::chrono::seconds(90));
+  const int status1 = finish_program(m1, out1, std::chrono::seconds(90));
+  ASSERT_EQ(exit_code(status0), 0) << out0 << "\n--- machine 1:\n" << out1;
+  ASSERT_EQ(exit_code(status1), 0) << out1 << "\n--- machine 0:\n" << out0;
+  // Machine 0's workers did not fail, yet its group restarted, because of machine 1's.
+  EXPECT_TRUE(contains(out0, "machine 1 reported: worker rank 3")) << out0;
+  EXPECT_TRUE(contains(out0, "exit code 3")) << out0;
+  EXPECT_TRUE(contains(out0, "Restarting the group (restart 1 of 1)")) << out0;
+  EXPECT_TRUE(contains(out1, "Restarting the group (restart 1 of 1)")) << out1;
+  EXPECT_TRUE(contains(out0, "worker rank=0 world=4 local=0 sum=10")) << out0;
+  EXPECT_TRUE(contains(out1, "worker rank=3 world=4 local=1 sum=10")) << out1;
+}
+
+TEST(MultiMachineLaunch, WithoutRestartsAFailureElsewhereEndsEveryMachineWithItsReport) {
+  isolate_from_user_config();
+  const int port = free_port();
+  const std::vector<std::string> more{"-n", "4", "/bin/sh", "-c", "[ \"$RANK\" = 2 ] && exit 7; exec sleep 60"};
+  auto m0 = start_program(launch_args(0, "127.0.0.1", port, more));
+  auto m1 = start_program(launch_args(1, "127.0.0.1", port, more));
+  std::string out0, out1;
+  const int status0 = finish_program(m0, out0, std::chrono::seconds(60));
+  const int status1 = finish_program(m1, out1, std::chrono::seconds(60));
+  EXPECT_EQ(exit_code(status0), 1) << out0;
+  EXPECT_EQ(exit_code(status1), 1) << out1;
+  EXPECT_TRUE(contains(out0, "machine 1 reported: worker rank 2")) << out0;
+  EXPECT_TRUE(contains(out0, "exit code 7")) << out0;
+  EXPECT_TRUE(contains(out1, "worker rank 2 (local rank 0 on node 1")) << out1;
+}
+
+class MissingMachine : public ::testing::TestWithParam<int> {};
+
+TEST_P(MissingMachine, TheLauncherThatCameGivesUpAfterTheJoinTimeoutNamingIt) {
+  isolate_from_user_config();
+  const int present = GetParam();
+  const auto started = Clock::now();
+  auto run = start_program(launch_args(present, "127.0.0.1", free_port(),
+                                       {"-n", "4", "--join_timeout", "2", "/bin/true"}));
+  std::string out;
+  const int status = finish_program(run, out, std::chrono::seconds(60));
+  EXPECT_EQ(exit_code(status), 1) << out;
+  EXPECT_LT(Clock::now() - started, std::chrono::seconds(30)) << out;
+  if (present == 0) {
+    EXPECT_TRUE(contains(out, "machine(s) 1 of 2 did not join within the join timeout of 2 s")) << out;
+  } else {
+    EXPECT_TRUE(contains(out, "machine 0 (the main machine, at 127.0.0.1:")) << out;
+    EXPECT_TRUE(contains(out, "did not answer within the join timeout of 2 s")) << out;
+  }
+  EXPECT_TRUE(contains(out, "--join_timeout")) << "the fix should be offered: " << out;
+}
+
+INSTANTIATE_TEST_SUITE_P(EitherMachine, MissingMachine, ::testing::Values(0, 1),
+                         [](const auto& info) { return info.param == 0 ? "OnlyTheMain" : "OnlyTheOther"; });
+
+TEST(MultiMachineLaunch, MachinesStartedForDifferentJobShapesAreRefusedOnBoth) {
+  isolate_from_user_config();
+  const int port = free_port();
+  auto m0 = start_program(launch_args(0, "127.0.0.1", port, {"-n", "4", "--join_timeout", "20", "/bin/true"}));
+  auto m1 = start_program(launch_args(1, "127.0.0.1", port, {"-n", "6", "--join_timeout", "20", "/bin/true"}));
+  std::string out0, out1;
+  const int status0 = finish_program(m0, out0, std::chrono::seconds(60));
+  const int status1 = finish_program(m1, out1, std::chrono::seconds(60));
+  EXPECT_EQ(exit_code(status0), 1) << out0;
+  EXPECT_EQ(exit_code(status1), 1) << out1;
+  EXPECT_TRUE(contains(out0, "machine 1 was started for 2 machine(s) with 3 process(es) each, this machine "
+                             "for 2 machine(s) with 2 process(es) each")) << out0;
+  EXPECT_TRUE(contains(out1, "machine 0 was started for 2 machine(s) with 2 process(es) each")) << out1;
+}
+
+// A launcher stopped on purpose (Ctrl-C, SIGTERM from a scheduler) tells the other machines why
+// before it goes: they stop their workers too and say which machine stopped and how.
+class StopOneMachine : public ::testing::TestWithParam<int> {};
+
+TEST_P(StopOneMachine, TheOtherStopsTooSayingWhichMachineWasStoppedAndHow) {
+  isolate_from_user_config();
+  const int victim = GetParam(), survivor = 1 - victim;
+  const int port = free_port();
+  ScratchDir dir;
+  const std::vector<std::string> more{"-n", "4", launch_helper_path(), "park", dir.path};
+  ProgramRun runs[2] = {start_program(launch_args(0, "127.0.0.1", port, more)),
+                        start_program(launch_args(1, "127.0.0.1", port, more))};
+  std::vector<pid_t> workers;
+  for (int i = 0; i < 600 && workers.size() < 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    workers = read_pid_files(dir.path);
+  }
+  ASSERT_EQ(workers.size(), 4u) << "the group did not form";
+  ::kill(runs[victim].pid, SIGTERM);
+  std::string out, victim_out;
+  const int status = finish_program(runs[survivor], out, std::chrono::seconds(60));
+  finish_program(runs[victim], victim_out, std::chrono::seconds(30));
+
+  EXPECT_EQ(exit_code(status), 1) << out;
+  const std::string who = victim == 0 ? "machine 0 ended the job: " : "machine 1 stopped: ";
+  EXPECT_TRUE(contains(out, who + "its launcher was stopped by signal 15")) << out;
+  EXPECT_TRUE(contains(out, "restart the job on every machine")) << out;
+  EXPECT_TRUE(wait_until_dead(workers, std::chrono::seconds(10)).empty()) << "workers left behind:\n" << out;
+}
+
+INSTANTIATE_TEST_SUITE_P(EitherMachine, StopOneMachine, ::testing::Values(1, 0),
+                         [](const auto& info) { return info.param == 0 ? "MainMachine" : "OtherMachine"; });
+
+}  // namespace
