@@ -1,13 +1,16 @@
 // `accelerant launch`, run as a real program: workers get the torchrun variables and join one
 // group; a failing worker is named; a killed worker is restarted; SIGINT leaves no process;
-// the config file is read and flags override it.
+// the config file is read and flags override it; the same program trains identically under
+// torchrun and mpirun.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <thread>
 
 #include "test_support.h"
@@ -131,18 +134,30 @@ TEST(Launch, BadInputIsRefusedBeforeAnyWorkerStarts) {
 
 namespace {
 
-// The losses the progress display printed and the final accuracy line: what identical training
-// runs share exactly.
-std::vector<std::string> training_trace(const std::string& output) {
+// The losses the progress display printed ("<step>:<loss>") and the final accuracy: what
+// identical training runs share exactly. With `at_steps`, only those steps are kept: a launcher
+// that gives the workers a terminal (mpirun does) gets the live display, which shows every step.
+std::vector<std::string> training_trace(const std::string& output, const std::set<std::string>& at_steps = {}) {
   std::vector<std::string> trace;
   std::smatch m;
-  const std::regex loss("loss ([0-9]+\\.[0-9]{4})");
+  const std::regex loss("([0-9]+)/[0-9]+  loss ([0-9]+\\.[0-9]{4})");
   for (auto it = std::sregex_iterator(output.begin(), output.end(), loss); it != std::sregex_iterator(); ++it) {
-    trace.push_back((*it)[1]);
+    const std::string step = (*it)[1].str(), entry = step + ":" + (*it)[2].str();
+    const bool wanted = at_steps.empty() || at_steps.count(step) > 0;
+    if (wanted && (trace.empty() || trace.back() != entry)) trace.push_back(entry);
   }
   const std::regex accuracy("test accuracy ([0-9]+\\.[0-9]+)%");
   if (std::regex_search(output, m, accuracy)) trace.push_back("accuracy " + m[1].str());
   return trace;
+}
+
+// The steps of a trace's loss entries.
+std::set<std::string> steps_of(const std::vector<std::string>& trace) {
+  std::set<std::string> steps;
+  for (const auto& entry : trace) {
+    if (entry.find(':') != std::string::npos) steps.insert(entry.substr(0, entry.find(':')));
+  }
+  return steps;
 }
 
 }  // namespace
@@ -163,6 +178,25 @@ TEST(Launch, TheExampleTrainsIdenticallyUnderTorchrun) {
   const auto expected = training_trace(ours);
   ASSERT_GE(expected.size(), 5u) << ours;
   EXPECT_EQ(training_trace(theirs), expected) << "accelerant launch:\n" << ours << "\ntorchrun:\n" << theirs;
+}
+
+// Open MPI's mpirun starts the same binary with only its OMPI_COMM_WORLD_* variables; on one
+// machine the ranks meet on loopback without MASTER_ADDR (docs/process_state.md).
+TEST(Launch, TheExampleTrainsIdenticallyUnderMpirun) {
+  if (::access("/usr/bin/mpirun", X_OK) != 0) {
+    GTEST_SKIP() << "Open MPI's mpirun is not installed (Debian's openmpi-bin, in scripts/install-deps)";
+  }
+  const std::string example = cli_path().substr(0, cli_path().rfind('/')) + "/fashion_mnist";
+  std::string ours, theirs;
+  ASSERT_EQ(run({"-n", "2", "--main_process_port", "0", example, "--epochs", "1"}, ours), 0) << ours;
+  // --allow-run-as-root: CI may run as root, which mpirun refuses by default.
+  auto mpirun = start_program({"/usr/bin/mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x",
+                               "MASTER_PORT=" + std::to_string(free_port()), example, "--epochs", "1"});
+  ASSERT_EQ(finish_program(mpirun, theirs, std::chrono::seconds(120)), 0) << theirs;
+  const auto expected = training_trace(ours);
+  ASSERT_GE(expected.size(), 5u) << ours;
+  EXPECT_EQ(training_trace(theirs, steps_of(expected)), expected)
+      << "accelerant launch:\n" << ours << "\nmpirun (last 3000 bytes):\n" << theirs.substr(theirs.size() - std::min<size_t>(theirs.size(), 3000));
 }
 
 TEST(SelfTest, PassesEveryCheckOnTwoProcesses) {
