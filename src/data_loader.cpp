@@ -15,6 +15,9 @@ namespace accelerant {
 struct DataLoader::EpochRun {
   std::shared_ptr<Shared> shared;
   EpochShard shard;
+  int64_t epoch = 0;
+  int64_t first_position = 0;
+  int64_t samples_per_step = 0;
   size_t depth = 0;
 
   std::mutex mutex;
@@ -113,6 +116,55 @@ DataLoader DataLoader::sharded(int rank, int world_size, ShardingOptions shardin
   return DataLoader(std::move(copy));
 }
 
+namespace {
+// AcceleratorOptions::auto_resume: the checkpoint is loaded before the loader is first used.
+void run_pending_resume(const std::shared_ptr<TrainingState>& state) {
+  if (!state || !state->pending_resume) return;
+  auto resume = std::move(state->pending_resume);
+  state->pending_resume = nullptr;
+  resume();
+}
+}  // namespace
+
+int64_t DataLoader::epoch() const {
+  run_pending_resume(shared_->state);
+  return shared_->epoch;
+}
+
+DataPosition DataLoader::position() const {
+  run_pending_resume(shared_->state);
+  return shared_->position;
+}
+
+void DataLoader::set_epoch(int64_t epoch) {
+  shared_->epoch = epoch;
+  shared_->first_position = 0;
+  shared_->position = {epoch, 0};
+}
+
+void DataLoader::set_position(DataPosition position) {
+  if (position.epoch < 0 || position.samples_done < 0 || position.samples_done > shared_->dataset_size) {
+    throw Error(detail::str("DataLoader::set_position: epoch ", position.epoch, ", samples done ",
+                            position.samples_done, " does not fit a dataset of ", shared_->dataset_size,
+                            " samples. Likely cause: a position saved for another dataset. Fix: use the ",
+                            "dataset the position was saved with."));
+  }
+  shared_->epoch = position.epoch;
+  shared_->first_position = position.samples_done;
+  shared_->position = position;
+}
+
+int64_t DataLoader::samples_per_step() const {
+  return per_process_batch_size(shared_->sharding, shared_->world_size) * shared_->world_size;
+}
+
+void DataLoader::skip_first_batches(int64_t batches) {
+  if (batches < 0) {
+    throw Error(detail::str("skip_first_batches(", batches, "): the count must be 0 or more."));
+  }
+  set_position({shared_->epoch, std::min(shared_->dataset_size, batches * samples_per_step())});
+}
+
 int64_t DataLoader::size() const {
   ShardingOptions counting = shared_->sharding;
   counting.shuffle(false);  // the count does not depend on the order
@@ -121,11 +173,21 @@ int64_t DataLoader::size() const {
 }
 
 DataLoader::Iterator DataLoader::begin() {
+  run_pending_resume(shared_->state);
   auto run = std::make_shared<EpochRun>();
   run->shared = shared_;
-  run->shard = shard_epoch(shared_->dataset_size, shared_->epoch++, shared_->rank, shared_->world_size,
-                           shared_->sharding);
-  if (run->shard.batches.empty()) return end();
+  const int64_t epoch = shared_->epoch++;
+  run->first_position = shared_->first_position;
+  shared_->first_position = 0;
+  run->shard = shard_epoch(shared_->dataset_size, epoch, shared_->rank, shared_->world_size, shared_->sharding,
+                           run->first_position);
+  run->epoch = epoch;
+  run->samples_per_step = samples_per_step();
+  shared_->position = {epoch, run->first_position};
+  if (run->shard.batches.empty()) {
+    shared_->position = {epoch + 1, 0};
+    return end();
+  }
   const int workers = shared_->options.num_workers();
   run->depth = static_cast<size_t>(workers * shared_->options.prefetch_factor());
   run->built.resize(run->shard.batches.size());
@@ -140,6 +202,11 @@ DataLoader::Iterator::Iterator(std::shared_ptr<EpochRun> run) : run_(std::move(r
 
 void DataLoader::Iterator::fetch() {
   current_ = run_->take(index_);
+  // Counted when handed out: a checkpoint taken after this batch's step resumes at the next one.
+  const bool last_batch = index_ + 1 == run_->shard.batches.size();
+  const int64_t done = run_->first_position + static_cast<int64_t>(index_ + 1) * run_->samples_per_step;
+  run_->shared->position = last_batch ? DataPosition{run_->epoch + 1, 0}
+                                      : DataPosition{run_->epoch, std::min(done, run_->shared->dataset_size)};
   if (auto& state = run_->shared->state) {
     const bool last = index_ + 1 == run_->shard.batches.size();
     state->end_of_dataloader = last;

@@ -43,7 +43,7 @@ int64_t per_process_batch_size(const ShardingOptions& o, int world_size) {
 }
 
 EpochShard shard_epoch(int64_t dataset_size, int64_t epoch, int rank, int world_size,
-                       const ShardingOptions& o) {
+                       const ShardingOptions& o, int64_t first_position) {
   const int64_t b = per_process_batch_size(o, world_size);
   if (rank < 0 || rank >= world_size) {
     throw Error(detail::str("rank ", rank, " is outside 0..", world_size - 1,
@@ -53,17 +53,23 @@ EpochShard shard_epoch(int64_t dataset_size, int64_t epoch, int rank, int world_
     throw Error(detail::str("dataset size ", dataset_size,
                             " is negative. Fix: pass the dataset's number of samples (size() of 0 or more)."));
   }
+  if (first_position < 0 || first_position > dataset_size) {
+    throw Error(detail::str("the epoch cannot continue after position ", first_position, " of ", dataset_size,
+                            " samples. Likely cause: a data position saved for another dataset. Fix: resume ",
+                            "with the dataset the checkpoint was saved with."));
+  }
   const auto order = epoch_order(dataset_size, epoch, o);
   const int64_t per_step = b * world_size;
-  const int64_t steps = o.drop_last() ? dataset_size / per_step : (dataset_size + per_step - 1) / per_step;
+  const int64_t left = dataset_size - first_position;
+  const int64_t steps = o.drop_last() ? left / per_step : (left + per_step - 1) / per_step;
   EpochShard shard;
-  const int64_t covered = o.drop_last() ? steps * per_step : dataset_size;
-  shard.real_samples = covered;
-  if (o.even_batches() && !o.drop_last()) shard.padding = steps * per_step - dataset_size;
+  const int64_t covered = o.drop_last() ? first_position + steps * per_step : dataset_size;
+  shard.real_samples = covered - first_position;
+  if (o.even_batches() && !o.drop_last()) shard.padding = steps * per_step - left;
   for (int64_t s = 0; s < steps; ++s) {
     std::vector<int64_t> batch;
     for (int64_t j = 0; j < b; ++j) {
-      const int64_t position = (s * world_size + rank) * b + j;
+      const int64_t position = first_position + (s * world_size + rank) * b + j;
       if (position < covered) {
         batch.push_back(order[position]);
       } else if (shard.padding > 0 && dataset_size > 0) {

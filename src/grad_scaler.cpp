@@ -85,4 +85,19 @@ void GradScaler::update() {
 
 double GradScaler::current_scale() const { return scale_.item<double>(); }
 
+void GradScaler::save(torch::serialize::OutputArchive& archive) const {
+  archive.write("scale", scale_.cpu());
+  archive.write("growth_tracker", growth_tracker_.cpu());
+}
+
+void GradScaler::load(torch::serialize::InputArchive& archive) {
+  torch::Tensor scale, tracker;
+  archive.read("scale", scale);
+  archive.read("growth_tracker", tracker);
+  scale_.copy_(scale);
+  growth_tracker_.copy_(tracker);
+  found_inf_.zero_();
+  unscaled_ = false;
+}
+
 }  // namespace accelerant

@@ -30,12 +30,12 @@ void PreparedOptimizer::zero_grad() {
 PreparedScheduler::PreparedScheduler(torch::optim::LRScheduler& scheduler, std::shared_ptr<TrainingState> state)
     : scheduler_(&scheduler), state_(std::move(state)) {
   if (!state_) throw Error("PreparedScheduler needs a TrainingState; got null. Fix: pass std::make_shared<TrainingState>().");
-  seen_optimizer_steps_ = state_->optimizer_steps;
+  seen_optimizer_steps_ = std::make_shared<int64_t>(state_->optimizer_steps);
 }
 
 void PreparedScheduler::step() {
-  if (state_->optimizer_steps == seen_optimizer_steps_) return;
-  seen_optimizer_steps_ = state_->optimizer_steps;
+  if (state_->optimizer_steps == *seen_optimizer_steps_) return;
+  *seen_optimizer_steps_ = state_->optimizer_steps;
   scheduler_->step();
 }
 

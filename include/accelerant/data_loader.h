@@ -33,6 +33,14 @@ namespace accelerant {
 
 using Batch = torch::data::Example<>;
 
+/// Where a loader is in its data: the epoch in progress and how many positions of that epoch's
+/// order (across all processes) its batches have covered so far. It does not depend on the world
+/// size, so a run resumed on another number of processes continues at the same sample.
+struct DataPosition {
+  int64_t epoch = 0;
+  int64_t samples_done = 0;
+};
+
 struct DataLoaderOptions {
   /// Samples per batch on each process (with AcceleratorOptions::split_batches: across all).
   /// Default: 1.
@@ -66,8 +74,22 @@ class DataLoader {
   /// Batches this process gets in the current epoch.
   int64_t size() const;
   int64_t dataset_size() const { return shared_->dataset_size; }
-  int64_t epoch() const { return shared_->epoch; }
-  void set_epoch(int64_t epoch) { shared_->epoch = epoch; }
+  /// The epoch the next `for` runs.
+  int64_t epoch() const;
+  void set_epoch(int64_t epoch);
+  /// The batches handed out so far count as done: after the k-th batch of an epoch the position
+  /// is (epoch, k × the global batch); after the last it is (epoch + 1, 0).
+  DataPosition position() const;
+  /// The next `for` over the loader runs `position.epoch`, starting after `samples_done` samples
+  /// of its order (save_state / load_state use this).
+  void set_position(DataPosition position);
+  /// The next `for` over the loader skips its first `batches` global steps (Accelerate's
+  /// skip_first_batches), e.g. to continue an epoch that was interrupted.
+  void skip_first_batches(int64_t batches);
+  /// The shuffle seed of the epochs to come (save_state keeps it with the position).
+  void set_seed(uint64_t seed) { shared_->sharding.seed(seed); }
+  /// Samples every global step takes from the epoch's order (per-process batch × processes).
+  int64_t samples_per_step() const;
   const DataLoaderOptions& options() const { return shared_->options; }
   /// This loader's sharding: rank, world size and the options prepare chose.
   const ShardingOptions& sharding() const { return shared_->sharding; }
@@ -89,6 +111,8 @@ class DataLoader {
     int rank = 0;
     int world_size = 1;
     int64_t epoch = 0;
+    int64_t first_position = 0;  ///< where the next epoch starts (a resumed one: > 0)
+    DataPosition position;
     std::shared_ptr<TrainingState> state;
     std::function<Batch(Batch)> transform;
   };

@@ -43,10 +43,12 @@ struct EpochShard {
 };
 
 /// The batches rank `rank` of `world_size` processes sees in `epoch` over `dataset_size` samples.
-/// Throws accelerant::Error for a bad batch size, world size, rank, or a split_batches batch that
-/// the world size does not divide.
+/// With `first_position` > 0 the epoch continues after that many positions of its order (a
+/// resumed epoch): the rest is sharded as above, whatever world size consumed the first part, so
+/// that no sample is skipped or repeated. Throws accelerant::Error for a bad batch size, world
+/// size, rank, first position, or a split_batches batch that the world size does not divide.
 EpochShard shard_epoch(int64_t dataset_size, int64_t epoch, int rank, int world_size,
-                       const ShardingOptions& options);
+                       const ShardingOptions& options, int64_t first_position = 0);
 
 /// The per-process batch size `options` implies for `world_size` processes.
 int64_t per_process_batch_size(const ShardingOptions& options, int world_size);

@@ -14,6 +14,8 @@
 
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
 #include <torch/types.h>
 
 #include <vector>
@@ -55,6 +57,10 @@ class GradScaler {
   /// The current scale (reads it from the device).
   double current_scale() const;
   bool enabled() const { return options_.enabled(); }
+
+  /// The scale and the count of clean steps since it last changed (what a checkpoint keeps).
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
 
  private:
   GradScalerOptions options_;

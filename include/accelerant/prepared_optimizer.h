@@ -47,11 +47,14 @@ class PreparedScheduler {
   /// Advances the schedule if the optimizer updated the parameters since the last call.
   void step();
   torch::optim::LRScheduler& scheduler() const { return *scheduler_; }
+  /// After load_state changed the step counters: count from the restored optimizer steps.
+  /// Copies of a handle share this, so the user's copy follows too.
+  void resync() { *seen_optimizer_steps_ = state_->optimizer_steps; }
 
  private:
   torch::optim::LRScheduler* scheduler_;
   std::shared_ptr<TrainingState> state_;
-  int64_t seen_optimizer_steps_;
+  std::shared_ptr<int64_t> seen_optimizer_steps_;
 };
 
 }  // namespace accelerant

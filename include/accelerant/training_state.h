@@ -3,6 +3,7 @@
 // read it instead of holding a pointer to the Accelerator, so each can also be built alone.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "accelerant/grad_scaler.h"
@@ -28,6 +29,9 @@ struct TrainingState {
   int64_t optimizer_steps = 0;
   /// The last optimizer step was skipped because fp16 gradients overflowed.
   bool last_step_skipped = false;
+  /// Set by AcceleratorOptions::auto_resume until it ran: the prepared loaders call it (once)
+  /// before their first epoch, position or batch.
+  std::function<void()> pending_resume;
 };
 
 }  // namespace accelerant
