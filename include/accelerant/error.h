@@ -73,4 +73,17 @@ class LaunchError : public Error {
   int restarts_used_;
 };
 
+/// A checkpoint could not be written, or one that was asked for is missing, damaged, from an
+/// unknown format version or does not fit the objects it should be loaded into. Nothing was
+/// changed: a failed save keeps the previous checkpoint, a failed load leaves every object as it was.
+class CheckpointError : public Error {
+ public:
+  CheckpointError(const std::string& message, std::string path = {}) : Error(message), path_(std::move(path)) {}
+  /// The file or directory at fault, when one is.
+  const std::string& path() const noexcept { return path_; }
+
+ private:
+  std::string path_;
+};
+
 }  // namespace accelerant

@@ -1,0 +1,65 @@
+// The checkpoint directory that Accelerator::save_state writes and load_state reads:
+//
+//   checkpoint_12/
+//     manifest.json        format version, versions, world size, step, each file's size and CRC-32
+//     state.json           step counters, data positions, scheduler steps (main process)
+//     model_0.pt …         weights (main process; tensors on the CPU)
+//     optimizer_0.pt …     optimizer state (main process)
+//     scaler.pt            the fp16 loss scaler, when there is one
+//     custom_0.pt …        objects registered with register_for_checkpointing (main process)
+//     rank_0/rng.pt …      each rank's random generators (written by that rank)
+//
+// A directory with a manifest.json is complete: the manifest is written last, inside a temporary
+// directory that is then renamed into place. These functions read and check one without an
+// Accelerator (they are what `accelerant checkpoint inspect|verify` runs).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace accelerant {
+
+/// The manifest format this build writes; it reads every version up to this one.
+inline constexpr int kCheckpointFormatVersion = 1;
+
+struct CheckpointFileEntry {
+  std::string path;  ///< relative to the checkpoint directory
+  uint64_t size = 0;
+  uint32_t crc32 = 0;
+};
+
+struct CheckpointManifest {
+  int format_version = kCheckpointFormatVersion;
+  std::string accelerant_version;
+  std::string libtorch_version;
+  std::string created;  ///< UTC, ISO 8601
+  int world_size = 1;
+  int64_t step = 0;   ///< optimizer steps taken
+  int64_t epoch = 0;  ///< the first prepared loader's epoch in progress
+  int models = 0, optimizers = 0, schedulers = 0, data_loaders = 0, custom_objects = 0;
+  bool scaler = false;
+  std::vector<CheckpointFileEntry> files;
+};
+
+/// Parses manifest.json text; `where` names it in errors. Throws CheckpointError for malformed
+/// JSON, a missing or mistyped field, or a format version newer than this build reads.
+CheckpointManifest parse_checkpoint_manifest(const std::string& json_text, const std::string& where);
+std::string format_checkpoint_manifest(const CheckpointManifest& manifest);
+
+/// DIR/manifest.json, parsed. Throws CheckpointError when DIR is not a (complete) checkpoint.
+CheckpointManifest read_checkpoint_manifest(const std::string& dir);
+
+/// Reads the manifest and checks every file's size and CRC-32. Throws CheckpointError naming
+/// every missing, truncated or corrupted file.
+CheckpointManifest verify_checkpoint(const std::string& dir);
+
+/// The complete checkpoints (checkpoint_<n> directories with a manifest) in `checkpoints_dir`,
+/// oldest first by n. Interrupted saves (hidden .partial directories) are not listed.
+std::vector<std::string> list_checkpoints(const std::string& checkpoints_dir);
+/// The newest of them, if any.
+std::optional<std::string> latest_checkpoint(const std::string& checkpoints_dir);
+/// n of a checkpoint_<n> path, or -1.
+int64_t checkpoint_iteration(const std::string& path);
+
+}  // namespace accelerant

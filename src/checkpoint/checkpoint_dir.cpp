@@ -1,0 +1,97 @@
+// Reading and checking a checkpoint directory without an Accelerator.
+#include <sys/stat.h>
+
+#include <algorithm>
+
+#include "accelerant/checkpoint.h"
+#include "accelerant/error.h"
+#include "checkpoint/durable_files.h"
+#include "file_io.h"
+#include "text.h"
+
+namespace accelerant {
+
+CheckpointManifest read_checkpoint_manifest(const std::string& dir) {
+  if (!detail::is_directory(dir)) {
+    throw CheckpointError(detail::str("no checkpoint at ", dir, ": it is not a directory. Fix: pass a directory ",
+                                      "written by save_state (e.g. <project_dir>/checkpoints/checkpoint_3)."),
+                          dir);
+  }
+  const std::string path = dir + "/manifest.json";
+  if (!detail::path_exists(path)) {
+    throw CheckpointError(detail::str(dir, " is not a complete checkpoint: it has no manifest.json. Likely cause: ",
+                                      "it is not a checkpoint directory, or a save into it was interrupted before ",
+                                      "it finished. Fix: use a complete checkpoint (latest_checkpoint() finds one)."),
+                          dir);
+  }
+  return parse_checkpoint_manifest(detail::read_file(path), path);
+}
+
+CheckpointManifest verify_checkpoint(const std::string& dir) {
+  CheckpointManifest manifest = read_checkpoint_manifest(dir);
+  std::vector<std::string> problems;
+  std::string first_bad;
+  for (const auto& f : manifest.files) {
+    const std::string path = dir + "/" + f.path;
+    struct stat st {};
+    std::string problem;
+    if (::stat(path.c_str(), &st) != 0) {
+      problem = detail::str(f.path, " is missing");
+    } else if (static_cast<uint64_t>(st.st_size) != f.size) {
+      problem = detail::str(f.path, " has ", st.st_size, " bytes, the manifest says ", f.size,
+                            static_cast<uint64_t>(st.st_size) < f.size ? " (truncated)" : "");
+    } else {
+      const uint32_t crc = detail::crc32_of(detail::read_file(path));
+      if (crc != f.crc32) {
+        char text[64];
+        std::snprintf(text, sizeof text, "CRC-32 %08x, the manifest says %08x", crc, f.crc32);
+        problem = detail::str(f.path, " is corrupted: ", text);
+      }
+    }
+    if (!problem.empty()) {
+      if (first_bad.empty()) first_bad = path;
+      problems.push_back(problem);
+    }
+  }
+  if (!problems.empty()) {
+    throw CheckpointError(detail::str("checkpoint ", dir, " is damaged: ", detail::join(problems, "; "),
+                                      ". Nothing was loaded. Likely cause: a disk or copy error, or the files were ",
+                                      "changed after saving. Fix: load an older checkpoint (or restore this one ",
+                                      "from a backup)."),
+                          first_bad);
+  }
+  return manifest;
+}
+
+int64_t checkpoint_iteration(const std::string& path) {
+  const std::string name = detail::base_name(path);
+  const std::string prefix = "checkpoint_";
+  if (name.compare(0, prefix.size(), prefix) != 0 || name.size() == prefix.size()) return -1;
+  int64_t n = 0;
+  for (size_t i = prefix.size(); i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9' || n > (INT64_MAX - 9) / 10) return -1;
+    n = n * 10 + (name[i] - '0');
+  }
+  return n;
+}
+
+std::vector<std::string> list_checkpoints(const std::string& checkpoints_dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  for (const auto& name : detail::list_directory(checkpoints_dir)) {
+    const int64_t n = checkpoint_iteration(name);
+    const std::string path = checkpoints_dir + "/" + name;
+    if (n >= 0 && detail::path_exists(path + "/manifest.json")) found.emplace_back(n, path);
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> paths;
+  for (auto& [n, path] : found) paths.push_back(std::move(path));
+  return paths;
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& checkpoints_dir) {
+  auto all = list_checkpoints(checkpoints_dir);
+  if (all.empty()) return std::nullopt;
+  return all.back();
+}
+
+}  // namespace accelerant

@@ -1,0 +1,41 @@
+// File-system steps of a crash-safe checkpoint: files and directories written, fsynced and
+// renamed so that a crash at any moment leaves either the old or the new state, never a mix.
+// Every failure throws CheckpointError with the path, the system's reason and a fix.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace accelerant::detail {
+
+/// Writes `bytes` to `path` (created or truncated) and fsyncs it. A full disk, a read-only
+/// directory or a missing directory throws CheckpointError naming `path` and `what`.
+void write_file_durably(const std::string& path, const std::string& bytes, const std::string& what);
+
+/// fsyncs a directory, making the names created or renamed in it durable.
+void sync_directory(const std::string& dir);
+
+/// mkdir -p.
+void make_directories(const std::string& dir);
+
+/// rm -rf; no error when `path` does not exist.
+void remove_tree_quietly(const std::string& path);
+
+/// Moves the directory `from` to `to` atomically. If `to` exists it is swapped out
+/// (renameat2 RENAME_EXCHANGE) and then removed, so that at every moment `to` names a complete
+/// directory: the old one or the new one. Both parents are fsynced.
+void publish_directory(const std::string& from, const std::string& to);
+
+bool path_exists(const std::string& path);
+bool is_directory(const std::string& path);
+/// Names of the entries of `dir` (not . and ..); empty when it cannot be read.
+std::vector<std::string> list_directory(const std::string& dir);
+/// The parent directory of `path` ("." when it has none).
+std::string parent_of(const std::string& path);
+/// The last component of `path`.
+std::string base_name(const std::string& path);
+
+/// zlib's CRC-32 of `bytes`.
+uint32_t crc32_of(const std::string& bytes);
+
+}  // namespace accelerant::detail

@@ -1,0 +1,192 @@
+#include "checkpoint/state_pieces.h"
+
+#include <ATen/Context.h>
+#include <torch/cuda.h>
+#include <torch/serialize.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "accelerant/error.h"
+#include "text.h"
+
+namespace accelerant::detail {
+
+std::string archive_to_bytes(const std::function<void(torch::serialize::OutputArchive&)>& fill) {
+  torch::serialize::OutputArchive archive;
+  fill(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+torch::serialize::InputArchive archive_from_bytes(const std::string& bytes, const std::string& what,
+                                                  torch::Device device) {
+  torch::serialize::InputArchive archive;
+  try {
+    archive.load_from(bytes.data(), bytes.size(), device);
+  } catch (const std::exception& e) {
+    throw CheckpointError(str(what, " cannot be read as a LibTorch archive (", e.what(), "). Likely cause: it ",
+                              "was damaged after its checksum was taken, or written by another program. Fix: ",
+                              "use another checkpoint."));
+  }
+  return archive;
+}
+
+namespace {
+
+std::map<std::string, torch::Tensor> named_state(const torch::nn::Module& module) {
+  std::map<std::string, torch::Tensor> state;
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) state[p.key()] = p.value();
+  for (const auto& b : module.named_buffers(/*recurse=*/true)) state[b.key()] = b.value();
+  return state;
+}
+
+std::string shape_text(const torch::Tensor& t) { return c10::str(t.sizes()); }
+
+}  // namespace
+
+std::string module_state_bytes(const torch::nn::Module& module) {
+  return archive_to_bytes([&](torch::serialize::OutputArchive& archive) {
+    for (const auto& [name, tensor] : named_state(module)) archive.write(name, tensor.detach().cpu());
+  });
+}
+
+std::vector<std::string> module_state_mismatches(const torch::nn::Module& module, const std::string& bytes,
+                                                 const std::string& what) {
+  auto archive = archive_from_bytes(bytes, what);
+  const auto expected = named_state(module);
+  std::set<std::string> saved_names;
+  std::vector<std::string> missing, unexpected, reshaped;
+  for (const auto& name : archive.keys()) {
+    saved_names.insert(name);
+    auto it = expected.find(name);
+    if (it == expected.end()) {
+      unexpected.push_back(name);
+      continue;
+    }
+    torch::Tensor saved;
+    archive.read(name, saved);
+    if (saved.sizes() != it->second.sizes()) {
+      reshaped.push_back(str(name, " saved ", shape_text(saved), ", model ", shape_text(it->second)));
+    }
+  }
+  for (const auto& [name, tensor] : expected) {
+    if (!saved_names.count(name)) missing.push_back(name);
+  }
+  for (auto* list : {&missing, &unexpected, &reshaped}) std::sort(list->begin(), list->end());
+  std::vector<std::string> problems;
+  if (!missing.empty()) problems.push_back("not in the checkpoint: " + join(missing, ", "));
+  if (!unexpected.empty()) problems.push_back("in the checkpoint but not in the model: " + join(unexpected, ", "));
+  if (!reshaped.empty()) problems.push_back("shapes differ: " + join(reshaped, "; "));
+  return problems;
+}
+
+void load_module_state(torch::nn::Module& module, const std::string& bytes, const std::string& what) {
+  auto archive = archive_from_bytes(bytes, what);
+  torch::NoGradGuard no_grad;
+  for (auto& [name, tensor] : named_state(module)) {
+    torch::Tensor saved;
+    archive.read(name, saved);
+    tensor.copy_(saved);
+  }
+}
+
+// LibTorch 1.13's Optimizer::load restores the per-parameter state but not the parameter groups'
+// options (learning rate, momentum, ...), which schedulers change: they are kept beside it.
+const char* kGroupOptions = "accelerant_param_group_options";
+
+std::string optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
+  return archive_to_bytes([&](torch::serialize::OutputArchive& archive) {
+    optimizer.save(archive);
+    torch::serialize::OutputArchive groups;
+    for (size_t i = 0; i < optimizer.param_groups().size(); ++i) {
+      torch::serialize::OutputArchive options;
+      optimizer.param_groups()[i].options().serialize(options);
+      groups.write(std::to_string(i), options);
+    }
+    archive.write(kGroupOptions, groups);
+  });
+}
+
+void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::string& bytes, const std::string& what) {
+  // The state tensors belong next to their parameters (archives load onto one device).
+  torch::Device device(torch::kCPU);
+  for (const auto& group : optimizer.param_groups()) {
+    if (!group.params().empty()) {
+      device = group.params().front().device();
+      break;
+    }
+  }
+  auto archive = archive_from_bytes(bytes, what, device);
+  try {
+    // Parameters without saved state (no step yet when it was saved) must not keep today's.
+    optimizer.state().clear();
+    optimizer.load(archive);
+    torch::serialize::InputArchive groups;
+    if (archive.try_read(kGroupOptions, groups)) {
+      for (size_t i = 0; i < optimizer.param_groups().size(); ++i) {
+        torch::serialize::InputArchive options;
+        groups.read(std::to_string(i), options);
+        optimizer.param_groups()[i].options().serialize(options);
+      }
+    }
+  } catch (const std::exception& e) {
+    throw CheckpointError(str(what, " does not fit this optimizer (", e.what(), "). Likely cause: a different ",
+                              "optimizer type or different parameter groups than when it was saved. Fix: build ",
+                              "the optimizer as the saved run did."));
+  }
+}
+
+namespace {
+// LRScheduler::step_count_ is protected; a member pointer taken in a derived class reaches it
+// without changing LibTorch.
+struct StepCountAccess : torch::optim::LRScheduler {
+  static unsigned torch::optim::LRScheduler::*member() { return &StepCountAccess::step_count_; }
+};
+}  // namespace
+
+unsigned scheduler_step_count(const torch::optim::LRScheduler& scheduler) {
+  return scheduler.*StepCountAccess::member();
+}
+
+void set_scheduler_step_count(torch::optim::LRScheduler& scheduler, unsigned steps) {
+  scheduler.*StepCountAccess::member() = steps;
+}
+
+std::string rng_state_bytes() {
+  return archive_to_bytes([](torch::serialize::OutputArchive& archive) {
+    archive.write("cpu", at::detail::getDefaultCPUGenerator().get_state());
+    if (torch::cuda::is_available()) {
+      for (int64_t i = 0; i < static_cast<int64_t>(torch::cuda::device_count()); ++i) {
+        const auto& gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
+        archive.write(str("cuda_", i), gen.get_state());
+      }
+    }
+  });
+}
+
+void load_rng_state(const std::string& bytes, const std::string& what) {
+  auto archive = archive_from_bytes(bytes, what);
+  torch::Tensor cpu;
+  if (!archive.try_read("cpu", cpu)) {
+    throw CheckpointError(str(what, " has no CPU generator state. Fix: use another checkpoint."));
+  }
+  std::vector<std::pair<int64_t, torch::Tensor>> cuda;
+  if (torch::cuda::is_available()) {
+    for (int64_t i = 0; i < static_cast<int64_t>(torch::cuda::device_count()); ++i) {
+      torch::Tensor state;
+      if (archive.try_read(str("cuda_", i), state)) cuda.emplace_back(i, state);
+    }
+  }
+  at::Generator cpu_generator = at::detail::getDefaultCPUGenerator();  // a handle to the global one
+  cpu_generator.set_state(cpu);
+  for (auto& [i, state] : cuda) {
+    auto gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
+    gen.set_state(state);
+  }
+}
+
+}  // namespace accelerant::detail

@@ -1,0 +1,43 @@
+// The pieces of training state a checkpoint holds, each to and from bytes. Kept apart from the
+// Accelerator's save/load protocol so that each format is small and testable.
+#pragma once
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/schedulers/lr_scheduler.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace accelerant::detail {
+
+/// An archive built by `fill`, as bytes.
+std::string archive_to_bytes(const std::function<void(torch::serialize::OutputArchive&)>& fill);
+/// An archive over `bytes`, its tensors on `device`. `what` names it in errors.
+torch::serialize::InputArchive archive_from_bytes(const std::string& bytes, const std::string& what,
+                                                  torch::Device device = torch::kCPU);
+
+/// A model's parameters and buffers by their dotted names ("conv1.weight"), on the CPU.
+std::string module_state_bytes(const torch::nn::Module& module);
+/// Why the saved state does not fit `module`: missing and unexpected names, and shapes that
+/// differ, each listed. Empty when it fits.
+std::vector<std::string> module_state_mismatches(const torch::nn::Module& module, const std::string& bytes,
+                                                 const std::string& what);
+/// Copies the saved state into `module` (device and dtype of the module kept). Call after
+/// module_state_mismatches found none.
+void load_module_state(torch::nn::Module& module, const std::string& bytes, const std::string& what);
+
+std::string optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
+void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::string& bytes, const std::string& what);
+
+/// The number of steps a scheduler took (LRScheduler keeps it protected and has no state_dict).
+unsigned scheduler_step_count(const torch::optim::LRScheduler& scheduler);
+void set_scheduler_step_count(torch::optim::LRScheduler& scheduler, unsigned steps);
+
+/// This process's random generators: the CPU one, and each CUDA device's where CUDA is present.
+std::string rng_state_bytes();
+void load_rng_state(const std::string& bytes, const std::string& what);
+
+}  // namespace accelerant::detail
