@@ -4,6 +4,7 @@
 #include <torch/serialize.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <sstream>
@@ -101,7 +102,9 @@ Accelerator::Accelerator(AcceleratorOptions options)
   }
 }
 
-Accelerator::~Accelerator() = default;
+Accelerator::~Accelerator() {
+  state_->pending_resume = nullptr;  // it points at this Accelerator; loaders may outlive it
+}
 
 Communicator& Accelerator::communicator() const {
   if (ended_) {
@@ -135,11 +138,18 @@ void Accelerator::prepare_model(const std::shared_ptr<torch::nn::Module>& model)
 }
 
 PreparedOptimizer Accelerator::prepare_optimizer(torch::optim::Optimizer& optimizer) {
+  if (std::find(optimizers_.begin(), optimizers_.end(), &optimizer) == optimizers_.end()) {
+    optimizers_.push_back(&optimizer);
+  }
   return PreparedOptimizer(optimizer, state_);
 }
 
 PreparedScheduler Accelerator::prepare_scheduler(torch::optim::LRScheduler& scheduler) {
-  return PreparedScheduler(scheduler, state_);
+  for (const auto& prepared : schedulers_) {
+    if (&prepared.scheduler() == &scheduler) return prepared;
+  }
+  schedulers_.emplace_back(scheduler, state_);
+  return schedulers_.back();
 }
 
 DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
@@ -163,11 +173,32 @@ DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
       return Batch{move(batch.data), move(batch.target)};
     };
   }
-  try {
-    return loader.sharded(process_index(), num_processes(), sharding, state_, std::move(transform));
-  } catch (const Error& e) {
-    throw Error(detail::str(rank_prefix_, "prepare(data loader): ", e.what()));
+  DataLoader prepared = [&] {
+    try {
+      return loader.sharded(process_index(), num_processes(), sharding, state_, std::move(transform));
+    } catch (const Error& e) {
+      throw Error(detail::str(rank_prefix_, "prepare(data loader): ", e.what()));
+    }
+  }();
+  const size_t index = loaders_.size();
+  loaders_.push_back(prepared);
+  // A checkpoint loaded before this loader existed (auto_resume) still knows where it was.
+  if (index < pending_loaders_.size()) {
+    const SavedLoader& saved = pending_loaders_[index];
+    if (saved.dataset_size != prepared.dataset_size()) {
+      throw CheckpointError(detail::str(
+          rank_prefix_, "prepare(data loader ", index, "): the checkpoint loaded by auto_resume saved this loader ",
+          "over ", saved.dataset_size, " samples, but it has ", prepared.dataset_size(),
+          ". Fix: prepare the same datasets, in the same order, as the run that saved it."));
+    }
+    prepared.set_seed(saved.seed);
+    prepared.set_position(saved.position);
   }
+  if (options_.auto_resume() && !state_->pending_resume && !resume_checked_) {
+    resume_checked_ = true;
+    state_->pending_resume = [this] { resume_from_latest(); };
+  }
+  return prepared;
 }
 
 void Accelerator::backward(const torch::Tensor& loss) {

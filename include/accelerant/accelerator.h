@@ -20,8 +20,11 @@
 #include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
 #include <torch/types.h>
 
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -161,6 +164,34 @@ class Accelerator {
     save_module(*detail::module_ptr(model), path);
   }
 
+  // ---- checkpoints (docs/checkpoints.md) -----------------------------------------------------
+  /// Saves the whole training state into `dir` (a directory; see accelerant/checkpoint.h): every
+  /// prepared model, optimizer and scheduler, the fp16 scaler, each loader's data position and
+  /// seed, the step counters, each rank's random generators and the objects registered with
+  /// register_for_checkpointing. Call it on every process, between steps. Crash-safe: written into
+  /// a hidden temporary directory beside `dir`, fsynced, then renamed into place, so a crash or a
+  /// full disk at any moment leaves the previous checkpoint as it was. `dir` empty = automatic
+  /// naming under AcceleratorOptions::project_dir. Returns the directory written. Throws
+  /// CheckpointError (on every process) when any process could not write its part.
+  std::string save_state(const std::string& dir = "");
+  /// Loads a checkpoint written by save_state; `dir` empty = the newest complete one under
+  /// project_dir. Everything is checked first (every file's size and checksum, the format
+  /// version, that the models' parameter names and shapes, the optimizers and schedulers, the
+  /// scaler and the datasets match) on every process; a problem anywhere throws CheckpointError
+  /// on every process and changes nothing. On another number of processes the data position is
+  /// re-sharded (no sample skipped or repeated). Returns the directory loaded.
+  std::string load_state(const std::string& dir = "");
+  /// Also saved and loaded: any object with `save(torch::serialize::OutputArchive&) const` and
+  /// `load(torch::serialize::InputArchive&)` (an nn::Module, an optimizer, your own type). It
+  /// must outlive the Accelerator's use of it. Saved by the main process; loaded on all.
+  template <class T>
+  void register_for_checkpointing(T& object) {
+    register_checkpoint_object([&object](torch::serialize::OutputArchive& a) { object.save(a); },
+                               [&object](torch::serialize::InputArchive& a) { object.load(a); });
+  }
+  /// The directory of automatic checkpoints, <project_dir>/checkpoints ("" without project_dir).
+  std::string checkpoints_dir() const;
+
   /// Waits for every process and leaves the process group; the Accelerator is done afterwards.
   void end_training();
 
@@ -187,6 +218,14 @@ class Accelerator {
   template <class T>
   auto prepare_one(T&& object);
   void save_module(const torch::nn::Module& module, const std::string& path) const;
+  void register_checkpoint_object(std::function<void(torch::serialize::OutputArchive&)> save,
+                                  std::function<void(torch::serialize::InputArchive&)> load);
+  /// Runs `step` on every process and throws CheckpointError on all of them if it threw on any.
+  void on_every_process(const std::string& what, const std::function<void()>& step);
+  /// The `text` of every process, by rank.
+  std::vector<std::string> exchange_text(const std::string& text);
+  struct LoadedCheckpoint;
+  void apply_checkpoint(const LoadedCheckpoint& loaded);
   GradientReducer& reducer_for(const torch::nn::Module& module) const;
   AccumulationGuard accumulate_modules(std::vector<std::shared_ptr<torch::nn::Module>> modules);
   Communicator& communicator() const;
@@ -208,6 +247,25 @@ class Accelerator {
   bool ended_ = false;
   std::shared_ptr<TrainingState> state_;
   std::vector<PreparedModel> models_;
+  std::vector<torch::optim::Optimizer*> optimizers_;
+  std::vector<PreparedScheduler> schedulers_;
+  std::vector<DataLoader> loaders_;  // share their position with the user's copies
+  struct CheckpointObject {
+    std::function<void(torch::serialize::OutputArchive&)> save;
+    std::function<void(torch::serialize::InputArchive&)> load;
+  };
+  std::vector<CheckpointObject> checkpoint_objects_;
+  /// What a checkpoint says about one data loader.
+  struct SavedLoader {
+    DataPosition position;
+    uint64_t seed = 0;
+    int64_t dataset_size = 0;
+  };
+  /// Loaders of a loaded checkpoint that were not prepared yet (auto_resume): they get their
+  /// position when they are.
+  std::vector<SavedLoader> pending_loaders_;
+  bool resume_checked_ = false;
+  void resume_from_latest();
 };
 
 class Accelerator::AccumulationGuard {

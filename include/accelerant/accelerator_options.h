@@ -49,6 +49,18 @@ struct AcceleratorOptions {
   /// Treat trainable parameters that get no gradient as zero gradients instead of an error.
   /// Default: false.
   TORCH_ARG(bool, allow_unused_parameters) = false;
+  /// Where automatic checkpoints go: save_state() without a directory writes
+  /// <project_dir>/checkpoints/checkpoint_<n>, and load_state() without one reads the newest.
+  /// Default: none (save_state then needs a directory).
+  TORCH_ARG(std::string, project_dir) = "";
+  /// Automatic checkpoints kept; older ones are removed once a new one is complete. 0 keeps all.
+  /// Default: 0.
+  TORCH_ARG(int, checkpoint_total_limit) = 0;
+  /// Resume from the newest complete checkpoint in project_dir, if there is one, before the first
+  /// batch: when a prepared loader is first asked for its epoch, position or batches. With
+  /// max_restarts this is elastic recovery: a restarted group continues where the last checkpoint
+  /// left it. Default: false.
+  TORCH_ARG(bool, auto_resume) = false;
   /// The config file to read; unset = the default location (see the file comment).
   TORCH_ARG(std::optional<std::string>, config_file) = std::nullopt;
 };

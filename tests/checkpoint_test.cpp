@@ -1,0 +1,409 @@
+// save_state / load_state: every piece of state round-trips; a run resumed mid-epoch on 2
+// processes ends bit-identical to the uninterrupted run (also after a restart by the launcher,
+// with auto_resume); resuming on another number of processes neither skips nor repeats a sample;
+// damaged, mismatched or unknown checkpoints are refused without changing anything; total_limit
+// removes old checkpoints only once the new one is complete.
+#include <accelerant/accelerant.h>
+#include <accelerant/checkpoint.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <fstream>
+#include <set>
+
+#include "test_support.h"
+
+using namespace accelerant;
+using accelerant::testing::make_temp_dir;
+using accelerant::testing::remove_tree;
+
+namespace {
+
+struct ScratchDir {
+  std::string path = make_temp_dir();
+  ~ScratchDir() { remove_tree(path); }
+};
+
+LaunchOptions ranks(int n) { return LaunchOptions().num_processes(n).timeout(std::chrono::seconds(60)).verbose(false); }
+
+bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+
+// A user object registered for checkpointing.
+struct Counter {
+  int64_t value = 0;
+  void save(torch::serialize::OutputArchive& a) const { a.write("value", torch::tensor(value)); }
+  void load(torch::serialize::InputArchive& a) {
+    torch::Tensor t;
+    a.read("value", t);
+    value = t.item<int64_t>();
+  }
+};
+
+torch::nn::Sequential make_net(int64_t hidden = 32) {
+  // Dropout draws from the global generator: resuming must restore it too.
+  return torch::nn::Sequential(torch::nn::Linear(8, hidden), torch::nn::ReLU(), torch::nn::Dropout(0.2),
+                               torch::nn::Linear(hidden, 3));
+}
+
+torch::Tensor flat_parameters(const torch::nn::Module& m) {
+  std::vector<torch::Tensor> parts;
+  for (const auto& p : m.parameters()) parts.push_back(p.detach().reshape({-1}).clone());
+  return torch::cat(parts);
+}
+
+std::string optimizer_bytes(const torch::optim::Optimizer& o) {
+  torch::serialize::OutputArchive a;
+  o.save(a);
+  std::ostringstream out;
+  a.save_to(out);
+  return out.str();
+}
+
+constexpr int64_t kSamples = 96;
+
+// One training run on fixed data: `epochs` epochs, SGD with momentum, a step LR schedule, a
+// shuffled loader. With `stop_after` >= 0 it saves into `dir` after that many steps and stops;
+// with `resume` it first loads `dir`. Returns the final parameters.
+torch::Tensor train(const std::string& dir, int64_t stop_after, bool resume, int64_t epochs = 3) {
+  Accelerator acc(AcceleratorOptions().seed(11));
+  auto net = make_net();
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  torch::optim::StepLR schedule(sgd, 4, 0.5);
+  torch::manual_seed(5);
+  auto x = torch::randn({kSamples, 8});
+  auto y = torch::randint(0, 3, {kSamples}, torch::kLong);
+  torch::manual_seed(11 + acc.process_index());
+  auto [model, opt, sched, loader] =
+      acc.prepare(net, sgd, schedule, make_data_loader(x, y, DataLoaderOptions().batch_size(8).shuffle(true)));
+  if (resume) acc.load_state(dir);
+  int64_t steps = 0;
+  while (loader.epoch() < epochs) {
+    for (auto& batch : loader) {
+      acc.backward(torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target));
+      opt.step();
+      opt.zero_grad();
+      sched.step();
+      if (++steps == stop_after) {
+        acc.save_state(dir);
+        return flat_parameters(*model);
+      }
+    }
+  }
+  return flat_parameters(*model);
+}
+
+}  // namespace
+
+TEST(Checkpoint, EveryPieceOfStateRoundTrips) {
+  ScratchDir scratch;
+  const std::string dir = scratch.path + "/ckpt";
+  auto results = launch(
+      [dir](int) {
+        Accelerator acc(AcceleratorOptions().seed(3));
+        auto net = make_net();
+        torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+        torch::optim::StepLR schedule(adam, 2, 0.5);
+        auto x = torch::randn({40, 8});
+        auto y = torch::randint(0, 3, {40}, torch::kLong);
+        Counter counter;
+        acc.register_for_checkpointing(counter);
+        auto [model, opt, sched, loader] =
+            acc.prepare(net, adam, schedule, make_data_loader(x, y, DataLoaderOptions().batch_size(4).shuffle(true)));
+        auto train_steps = [&](int n) {
+          int done = 0;
+          while (done < n) {
+            for (auto& b : loader) {
+              acc.backward(torch::nn::functional::cross_entropy(model->forward(b.data), b.target));
+              opt.step();
+              opt.zero_grad();
+              sched.step();
+              ++counter.value;
+              if (++done == n) break;
+            }
+          }
+        };
+        train_steps(13);  // into the second epoch
+        acc.save_state(dir);
+        const auto params = flat_parameters(*model);
+        const auto adam_state = optimizer_bytes(adam);
+        const double lr = adam.param_groups()[0].options().get_lr();
+        const auto position = loader.position();
+        const auto draw = torch::rand({4});  // the generator right after saving
+        const int64_t steps = acc.state()->optimizer_steps;
+
+        train_steps(7);
+        counter.value = -1;
+        acc.load_state(dir);
+        std::vector<std::string> wrong;
+        if (!torch::equal(flat_parameters(*model), params)) wrong.push_back("parameters");
+        if (optimizer_bytes(adam) != adam_state) wrong.push_back("optimizer state");
+        if (adam.param_groups()[0].options().get_lr() != lr) wrong.push_back("learning rate");
+        if (loader.position().epoch != position.epoch || loader.position().samples_done != position.samples_done) {
+          wrong.push_back("data position");
+        }
+        if (!torch::equal(torch::rand({4}), draw)) wrong.push_back("random generator");
+        if (acc.state()->optimizer_steps != steps) wrong.push_back("step counter");
+        if (counter.value != 13) wrong.push_back("registered object");
+        // The schedule continues from the restored step count: StepLR(2) halved the rate at its
+        // steps 2, 4, ..., 12 (0.5^6 after 13 steps) and halves it again on the 15th.
+        if (adam.param_groups()[0].options().get_lr() != 1e-2 * std::pow(0.5, 6)) wrong.push_back("restored rate");
+        train_steps(2);
+        if (adam.param_groups()[0].options().get_lr() != 1e-2 * std::pow(0.5, 7)) wrong.push_back("schedule after load");
+        for (const auto& w : wrong) std::cerr << "did not round-trip: " << w << "\n";
+        return torch::tensor(static_cast<int64_t>(wrong.size()));
+      },
+      ranks(1));
+  EXPECT_EQ(results.at(0).item<int64_t>(), 0) << "see stderr for what did not round-trip";
+  auto manifest = verify_checkpoint(dir);
+  EXPECT_EQ(manifest.format_version, kCheckpointFormatVersion);
+  EXPECT_EQ(manifest.world_size, 1);
+  EXPECT_EQ(manifest.step, 13);
+  EXPECT_EQ(manifest.epoch, 1);
+  EXPECT_EQ(manifest.models, 1);
+  EXPECT_EQ(manifest.custom_objects, 1);
+  EXPECT_EQ(manifest.files.size(), 5u);  // rng, model, optimizer, custom, state
+}
+
+TEST(Checkpoint, ResumingMidEpochOnTwoProcessesEndsBitIdenticalToTheUninterruptedRun) {
+  ScratchDir scratch;
+  const std::string dir = scratch.path + "/mid_epoch";
+  auto uninterrupted = launch([](int) { return train("", -1, false); }, ranks(2));
+  // 96 samples / (8 × 2) = 6 steps per epoch: step 8 is in the middle of the second epoch.
+  launch([dir](int) { return train(dir, 8, false); }, ranks(2));
+  auto resumed = launch([dir](int) { return train(dir, -1, true); }, ranks(2));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(torch::equal(resumed[r], uninterrupted[r])) << "rank " << r << " max difference "
+                                                            << (resumed[r] - uninterrupted[r]).abs().max().item<double>();
+  }
+  EXPECT_FALSE(torch::equal(uninterrupted[0], launch([dir](int) { return train(dir, 8, false); }, ranks(2))[0]))
+      << "the comparison cannot fail: stopping early gives the same parameters";
+}
+
+TEST(Checkpoint, AutoResumeAfterARestartEndsBitIdenticalToTheUninterruptedRun) {
+  ScratchDir scratch;
+  auto uninterrupted = launch([](int) { return train("", -1, false); }, ranks(2));
+  const std::string project = scratch.path;
+  auto elastic = launch(
+      [project](int index) {
+        Accelerator acc(AcceleratorOptions().seed(11).project_dir(project).auto_resume(true).checkpoint_total_limit(2));
+        auto net = make_net();
+        torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+        torch::optim::StepLR schedule(sgd, 4, 0.5);
+        torch::manual_seed(5);
+        auto x = torch::randn({kSamples, 8});
+        auto y = torch::randint(0, 3, {kSamples}, torch::kLong);
+        torch::manual_seed(11 + acc.process_index());
+        auto [model, opt, sched, loader] =
+            acc.prepare(net, sgd, schedule, make_data_loader(x, y, DataLoaderOptions().batch_size(8).shuffle(true)));
+        const bool first_attempt = read_distributed_env().restart_count == 0;
+        while (loader.epoch() < 3) {
+          for (auto& batch : loader) {
+            acc.backward(torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target));
+            opt.step();
+            opt.zero_grad();
+            sched.step();
+            const int64_t step = acc.state()->optimizer_steps;
+            if (step % 5 == 0) acc.save_state();
+            // Rank 1 dies mid-epoch, two steps after the checkpoint of step 10.
+            if (first_attempt && index == 1 && step == 12) ::raise(SIGKILL);
+          }
+        }
+        return flat_parameters(*model);
+      },
+      ranks(2).max_restarts(1));
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(torch::equal(elastic[r], uninterrupted[r])) << "rank " << r;
+  // Steps 5 and 10 saved checkpoints 0 and 1; the restart resumed from 1 and saved 2 at step 15;
+  // total_limit 2 removed 0.
+  auto kept = list_checkpoints(project + "/checkpoints");
+  ASSERT_EQ(kept.size(), 2u);
+  EXPECT_EQ(checkpoint_iteration(kept[0]), 1);
+  EXPECT_EQ(verify_checkpoint(kept[1]).step, 15);
+}
+
+TEST(Checkpoint, ResumingOnOneProcessContinuesAtTheSampleTwoProcessesStoppedAt) {
+  ScratchDir scratch;
+  const std::string dir = scratch.path + "/reshard";
+  auto ids_of = [](int world, const std::string& dir, bool resume) {
+    return launch(
+        [=](int) {
+          Accelerator acc;
+          auto ids = torch::arange(50, torch::kLong).to(torch::kFloat).unsqueeze(1);
+          auto model = torch::nn::Linear(1, 1);
+          auto [m, loader] = acc.prepare(model, make_data_loader(ids, torch::zeros({50}),
+                                                                  DataLoaderOptions().batch_size(4).shuffle(true)));
+          if (resume) acc.load_state(dir);
+          std::vector<int64_t> seen;
+          int64_t batches = 0;
+          for (auto& b : loader) {
+            auto all = acc.gather_for_metrics(b.data.squeeze(1));
+            for (int64_t i = 0; i < all.size(0); ++i) seen.push_back(static_cast<int64_t>(all[i].item<float>()));
+            if (!resume && ++batches == 3) {
+              acc.save_state(dir);
+              break;
+            }
+          }
+          return torch::tensor(seen);
+        },
+        ranks(world));
+  };
+  auto before = ids_of(2, dir, false)[0];  // 3 global steps × 2 ranks × 4 = 24 samples
+  auto after = ids_of(1, dir, true)[0];    // the other 26
+  std::multiset<int64_t> all;
+  for (int64_t i = 0; i < before.size(0); ++i) all.insert(before[i].item<int64_t>());
+  for (int64_t i = 0; i < after.size(0); ++i) all.insert(after[i].item<int64_t>());
+  EXPECT_EQ(before.size(0), 24);
+  EXPECT_EQ(after.size(0), 26);
+  std::multiset<int64_t> expected;
+  for (int64_t i = 0; i < 50; ++i) expected.insert(i);
+  EXPECT_EQ(all, expected) << "a sample was skipped or repeated across the resume";
+}
+
+// ---- refusals ----------------------------------------------------------------------------------
+
+namespace {
+
+// Saves one checkpoint of a small model on one process, then runs `check` in a second process.
+std::string error_loading(const std::string& dir, const std::function<void(const std::string&)>& damage,
+                          int64_t hidden_when_loading = 32) {
+  launch(
+      [dir](int) {
+        Accelerator acc;
+        auto net = make_net();
+        torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+        acc.prepare(net, sgd);
+        acc.save_state(dir);
+        return 0;
+      },
+      ranks(1));
+  damage(dir);
+  auto outcome = launch(
+      [dir, hidden_when_loading](int) -> std::string {
+        Accelerator acc;
+        torch::manual_seed(1);
+        auto net = make_net(hidden_when_loading);
+        torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+        acc.prepare(net, sgd);
+        const auto before = flat_parameters(*net);
+        try {
+          acc.load_state(dir);
+          return "loaded";
+        } catch (const CheckpointError& e) {
+          const bool untouched = torch::equal(flat_parameters(*net), before);
+          return std::string(untouched ? "" : "PARAMETERS CHANGED ") + e.what();
+        }
+      },
+      ranks(1));
+  return outcome.at(0);
+}
+
+void flip_byte(const std::string& path, size_t offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(offset));
+  char c;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x5a);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(&c, 1);
+}
+
+void rewrite(const std::string& path, const std::string& from, const std::string& to) {
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto at = text.find(from);
+  ASSERT_NE(at, std::string::npos) << from << " not in " << path;
+  text.replace(at, from.size(), to);
+  std::ofstream(path, std::ios::trunc) << text;
+}
+
+}  // namespace
+
+TEST(CheckpointRefusals, OneCorruptedByteIsACheckumErrorNamingTheFile) {
+  ScratchDir scratch;
+  auto error = error_loading(scratch.path + "/c", [](const std::string& d) { flip_byte(d + "/model_0.pt", 100); });
+  EXPECT_TRUE(contains(error, "model_0.pt is corrupted: CRC-32")) << error;
+  EXPECT_TRUE(contains(error, "Nothing was loaded")) << error;
+  EXPECT_FALSE(contains(error, "PARAMETERS CHANGED")) << error;
+}
+
+TEST(CheckpointRefusals, ATruncatedOrMissingFileIsNamed) {
+  ScratchDir scratch;
+  auto error = error_loading(scratch.path + "/t", [](const std::string& d) { ::truncate((d + "/optimizer_0.pt").c_str(), 10); });
+  EXPECT_TRUE(contains(error, "optimizer_0.pt has 10 bytes")) << error;
+  EXPECT_TRUE(contains(error, "(truncated)")) << error;
+  error = error_loading(scratch.path + "/m", [](const std::string& d) { ::unlink((d + "/rank_0/rng.pt").c_str()); });
+  EXPECT_TRUE(contains(error, "rank_0/rng.pt is missing")) << error;
+}
+
+TEST(CheckpointRefusals, AnUnknownFormatVersionSaysWhichVersionsAreRead) {
+  ScratchDir scratch;
+  auto error = error_loading(scratch.path + "/v", [](const std::string& d) {
+    rewrite(d + "/manifest.json", "\"format_version\": 1", "\"format_version\": 7");
+  });
+  EXPECT_TRUE(contains(error, "has format version 7; this Accelerant reads versions 1 to 1")) << error;
+  EXPECT_TRUE(contains(error, "newer Accelerant")) << error;
+}
+
+TEST(CheckpointRefusals, AModelOfAnotherShapeListsTheParametersThatDiffer) {
+  ScratchDir scratch;
+  auto error = error_loading(scratch.path + "/s", [](const std::string&) {}, /*hidden_when_loading=*/16);
+  EXPECT_TRUE(contains(error, "shapes differ: 0.bias saved [32], model [16]; 0.weight saved [32, 8], model [16, 8]"))
+      << error;
+  EXPECT_TRUE(contains(error, "3.weight saved [3, 32], model [3, 16]")) << error;
+  EXPECT_FALSE(contains(error, "PARAMETERS CHANGED")) << error;
+}
+
+TEST(CheckpointRefusals, AMalformedManifestIsNamedAndNotAChecksumError) {
+  ScratchDir scratch;
+  auto error = error_loading(scratch.path + "/j", [](const std::string& d) {
+    std::ofstream(d + "/manifest.json", std::ios::trunc) << "{\"format\": \"accelerant-checkpoint\", \"format_ver";
+  });
+  EXPECT_TRUE(contains(error, "manifest.json is not valid JSON")) << error;
+}
+
+TEST(CheckpointRefusals, ADirectoryThatIsNoCheckpointSaysSo) {
+  ScratchDir scratch;
+  EXPECT_THROW(read_checkpoint_manifest(scratch.path), CheckpointError);
+  try {
+    read_checkpoint_manifest(scratch.path);
+  } catch (const CheckpointError& e) {
+    EXPECT_TRUE(contains(e.what(), "has no manifest.json")) << e.what();
+  }
+}
+
+// ---- automatic naming ---------------------------------------------------------------------------
+
+TEST(CheckpointNaming, TotalLimitKeepsTheNewestAndLoadStateTakesTheLatest) {
+  ScratchDir scratch;
+  const std::string project = scratch.path;
+  auto results = launch(
+      [project](int) {
+        Accelerator acc(AcceleratorOptions().project_dir(project).checkpoint_total_limit(2));
+        auto net = torch::nn::Linear(4, 2);
+        acc.prepare(net);
+        std::vector<std::string> written;
+        for (int i = 0; i < 4; ++i) {
+          torch::NoGradGuard no_grad;
+          net->weight.fill_(i);
+          written.push_back(acc.save_state());
+        }
+        {
+          torch::NoGradGuard no_grad;
+          net->weight.fill_(-1);
+        }
+        const std::string loaded = acc.load_state();
+        return torch::tensor({net->weight.mean().item<float>(),
+                              static_cast<float>(checkpoint_iteration(loaded)),
+                              static_cast<float>(checkpoint_iteration(written.back()))});
+      },
+      ranks(2));
+  EXPECT_EQ(results[0][0].item<float>(), 3.0f);
+  EXPECT_EQ(results[0][1].item<float>(), 3.0f);
+  EXPECT_EQ(results[1][2].item<float>(), 3.0f);
+  auto kept = list_checkpoints(project + "/checkpoints");
+  ASSERT_EQ(kept.size(), 2u);
+  EXPECT_EQ(checkpoint_iteration(kept[0]), 2);
+  EXPECT_EQ(checkpoint_iteration(kept[1]), 3);
+  for (const auto& k : kept) EXPECT_EQ(verify_checkpoint(k).world_size, 2);
+}
