@@ -20,6 +20,7 @@
 
 #include "accelerant/accelerator.h"
 #include "accelerant/checkpoint.h"
+#include "accelerant/safetensors.h"
 #include "accelerant/error.h"
 #include "accelerant/version.h"
 #include "checkpoint/durable_files.h"
@@ -115,6 +116,20 @@ std::string Accelerator::checkpoints_dir() const {
 void Accelerator::register_checkpoint_object(std::function<void(torch::serialize::OutputArchive&)> save,
                                              std::function<void(torch::serialize::InputArchive&)> load) {
   checkpoint_objects_.push_back({std::move(save), std::move(load)});
+}
+
+// ---- model weights as safetensors --------------------------------------------------------------
+
+void Accelerator::save_model_module(const torch::nn::Module& module, const std::string& dir,
+                                    const std::string& max_shard_size) {
+  const int64_t max_bytes = parse_byte_size(max_shard_size);  // same text on every rank: throws on all
+  on_every_process("save_model into " + dir, [&] {
+    if (is_main_process()) save_model_safetensors(module, dir, max_bytes);
+  });
+}
+
+void Accelerator::load_model_module(torch::nn::Module& module, const std::string& dir) {
+  on_every_process("load_model from " + dir, [&] { load_model_safetensors(module, dir); });
 }
 
 // ---- save ------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ std::filesystem::path test_binary_dir() {
 }  // namespace
 
 std::string launch_helper_path() { return (test_binary_dir() / "launch_helper").string(); }
+std::string test_file_path(const std::string& name) { return (test_binary_dir() / name).string(); }
 std::string cli_path() { return (test_binary_dir().parent_path() / "bin" / "accelerant").string(); }
 
 bool process_alive(pid_t pid) {

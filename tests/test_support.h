@@ -13,6 +13,8 @@ namespace accelerant::testing {
 /// rather than compiled in, so that ccache can reuse test objects across checkouts.
 std::string launch_helper_path();
 std::string cli_path();
+/// A file the build copied next to the test binaries (e.g. a Python script).
+std::string test_file_path(const std::string& name);
 
 /// True while `pid` exists and is not a zombie.
 bool process_alive(pid_t pid);

@@ -189,6 +189,19 @@ class Accelerator {
     register_checkpoint_object([&object](torch::serialize::OutputArchive& a) { object.save(a); },
                                [&object](torch::serialize::InputArchive& a) { object.load(a); });
   }
+  /// Writes a model's weights as safetensors (accelerant/safetensors.h) into `dir`, from the main
+  /// process: model.safetensors, or shards of at most `max_shard_size` ("10GB", "500MB", bytes)
+  /// plus model.safetensors.index.json. Call it on every process; a failure throws on all.
+  template <class M, class = std::enable_if_t<detail::is_shared_module<M>::value || detail::is_module_holder_v<M>>>
+  void save_model(const M& model, const std::string& dir, const std::string& max_shard_size = "10GB") {
+    save_model_module(*detail::module_ptr(model), dir, max_shard_size);
+  }
+  /// Loads weights written by save_model into `model`; every process reads `dir`. Names and shapes
+  /// are checked before anything changes, and a failure on any process throws on all.
+  template <class M, class = std::enable_if_t<detail::is_shared_module<M>::value || detail::is_module_holder_v<M>>>
+  void load_model(M& model, const std::string& dir) {
+    load_model_module(*detail::module_ptr(model), dir);
+  }
   /// The directory of automatic checkpoints, <project_dir>/checkpoints ("" without project_dir).
   std::string checkpoints_dir() const;
 
@@ -218,6 +231,8 @@ class Accelerator {
   template <class T>
   auto prepare_one(T&& object);
   void save_module(const torch::nn::Module& module, const std::string& path) const;
+  void save_model_module(const torch::nn::Module& module, const std::string& dir, const std::string& max_shard_size);
+  void load_model_module(torch::nn::Module& module, const std::string& dir);
   void register_checkpoint_object(std::function<void(torch::serialize::OutputArchive&)> save,
                                   std::function<void(torch::serialize::InputArchive&)> load);
   /// Runs `step` on every process and throws CheckpointError on all of them if it threw on any.

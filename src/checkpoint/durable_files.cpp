@@ -57,6 +57,23 @@ void write_file_durably(const std::string& path, const std::string& bytes, const
   if (::close(fd) != 0) fail("close " + what + " at", path, errno, kSpaceFix);
 }
 
+void replace_file_durably(const std::string& path, const std::string& bytes, const std::string& what) {
+  const std::string dir = parent_of(path);
+  const std::string tmp = dir + "/." + base_name(path) + ".partial";
+  try {
+    write_file_durably(tmp, bytes, what);
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(tmp.c_str());
+    fail("rename " + tmp + " to", path, error, kSpaceFix);
+  }
+  sync_directory(dir);
+}
+
 void sync_directory(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) fail("open the directory", dir, errno, "check that it exists and is readable");

@@ -35,8 +35,6 @@ torch::serialize::InputArchive archive_from_bytes(const std::string& bytes, cons
   return archive;
 }
 
-namespace {
-
 std::map<std::string, torch::Tensor> named_state(const torch::nn::Module& module) {
   std::map<std::string, torch::Tensor> state;
   for (const auto& p : module.named_parameters(/*recurse=*/true)) state[p.key()] = p.value();
@@ -44,9 +42,26 @@ std::map<std::string, torch::Tensor> named_state(const torch::nn::Module& module
   return state;
 }
 
-std::string shape_text(const torch::Tensor& t) { return c10::str(t.sizes()); }
-
-}  // namespace
+std::vector<std::string> state_mismatches(const std::map<std::string, torch::Tensor>& model,
+                                          const std::map<std::string, std::vector<int64_t>>& saved) {
+  std::vector<std::string> missing, unexpected, reshaped;
+  for (const auto& [name, shape] : saved) {
+    auto it = model.find(name);
+    if (it == model.end()) {
+      unexpected.push_back(name);
+    } else if (it->second.sizes() != c10::IntArrayRef(shape)) {
+      reshaped.push_back(detail::str(name, " saved ", c10::IntArrayRef(shape), ", model ", it->second.sizes()));
+    }
+  }
+  for (const auto& [name, tensor] : model) {
+    if (!saved.count(name)) missing.push_back(name);
+  }
+  std::vector<std::string> problems;
+  if (!missing.empty()) problems.push_back("not in the checkpoint: " + join(missing, ", "));
+  if (!unexpected.empty()) problems.push_back("in the checkpoint but not in the model: " + join(unexpected, ", "));
+  if (!reshaped.empty()) problems.push_back("shapes differ: " + join(reshaped, "; "));
+  return problems;
+}
 
 std::string module_state_bytes(const torch::nn::Module& module) {
   return archive_to_bytes([&](torch::serialize::OutputArchive& archive) {
@@ -57,31 +72,13 @@ std::string module_state_bytes(const torch::nn::Module& module) {
 std::vector<std::string> module_state_mismatches(const torch::nn::Module& module, const std::string& bytes,
                                                  const std::string& what) {
   auto archive = archive_from_bytes(bytes, what);
-  const auto expected = named_state(module);
-  std::set<std::string> saved_names;
-  std::vector<std::string> missing, unexpected, reshaped;
+  std::map<std::string, std::vector<int64_t>> saved;
   for (const auto& name : archive.keys()) {
-    saved_names.insert(name);
-    auto it = expected.find(name);
-    if (it == expected.end()) {
-      unexpected.push_back(name);
-      continue;
-    }
-    torch::Tensor saved;
-    archive.read(name, saved);
-    if (saved.sizes() != it->second.sizes()) {
-      reshaped.push_back(str(name, " saved ", shape_text(saved), ", model ", shape_text(it->second)));
-    }
+    torch::Tensor tensor;
+    archive.read(name, tensor);
+    saved[name] = tensor.sizes().vec();
   }
-  for (const auto& [name, tensor] : expected) {
-    if (!saved_names.count(name)) missing.push_back(name);
-  }
-  for (auto* list : {&missing, &unexpected, &reshaped}) std::sort(list->begin(), list->end());
-  std::vector<std::string> problems;
-  if (!missing.empty()) problems.push_back("not in the checkpoint: " + join(missing, ", "));
-  if (!unexpected.empty()) problems.push_back("in the checkpoint but not in the model: " + join(unexpected, ", "));
-  if (!reshaped.empty()) problems.push_back("shapes differ: " + join(reshaped, "; "));
-  return problems;
+  return state_mismatches(named_state(module), saved);
 }
 
 void load_module_state(torch::nn::Module& module, const std::string& bytes, const std::string& what) {

@@ -8,6 +8,7 @@
 #include <torch/serialize/output-archive.h>
 
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -19,7 +20,14 @@ std::string archive_to_bytes(const std::function<void(torch::serialize::OutputAr
 torch::serialize::InputArchive archive_from_bytes(const std::string& bytes, const std::string& what,
                                                   torch::Device device = torch::kCPU);
 
-/// A model's parameters and buffers by their dotted names ("conv1.weight"), on the CPU.
+/// A model's parameters and buffers by their dotted names ("conv1.weight").
+std::map<std::string, torch::Tensor> named_state(const torch::nn::Module& module);
+/// Why tensors of the `saved` names and shapes do not fit `model`: names missing and unexpected,
+/// shapes that differ, each list sorted. Empty when they fit.
+std::vector<std::string> state_mismatches(const std::map<std::string, torch::Tensor>& model,
+                                          const std::map<std::string, std::vector<int64_t>>& saved);
+
+/// named_state as an archive, on the CPU.
 std::string module_state_bytes(const torch::nn::Module& module);
 /// Why the saved state does not fit `module`: missing and unexpected names, and shapes that
 /// differ, each listed. Empty when it fits.

@@ -1,0 +1,307 @@
+// safetensors: the exact bytes written, round trips of every dtype, hostile files refused with a
+// reason, sharded model saves with an index, and files read and written by an independent
+// implementation (tests/safetensors_interop.py, json + numpy only).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include <accelerant/accelerant.h>
+#include <accelerant/safetensors.h>
+#include "test_support.h"
+
+namespace {
+
+using namespace accelerant;
+namespace t = accelerant::testing;
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void spit(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// Raw bytes of a file from a header text and data, as a hostile writer would make them.
+std::string raw_file(const std::string& header, const std::string& data) {
+  std::string out(8, '\0');
+  const uint64_t n = header.size();
+  std::memcpy(&out[0], &n, 8);
+  return out + header + data;
+}
+
+std::string decode_error(const std::string& bytes) {
+  try {
+    decode_safetensors(bytes, "test.safetensors");
+  } catch (const CheckpointError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// Every dtype safetensors and LibTorch share, as parameters and buffers.
+struct AllDtypesImpl : torch::nn::Module {
+  AllDtypesImpl() {
+    torch::manual_seed(7);
+    linear = register_module("linear", torch::nn::Linear(5, 3));
+    register_buffer("b_bool", torch::tensor({true, false, true}));
+    register_buffer("b_u8", torch::arange(0, 6, torch::kUInt8).reshape({2, 3}));
+    register_buffer("b_i8", torch::arange(-3, 3, torch::kInt8));
+    register_buffer("b_i16", torch::arange(-300, 300, 7, torch::kInt16));
+    register_buffer("b_i32", torch::arange(-70000, 70000, 999, torch::kInt32));
+    register_buffer("b_i64", torch::arange(0, 4, torch::kInt64) * (int64_t{1} << 40));
+    register_buffer("b_f16", torch::randn({4, 2}).to(torch::kHalf));
+    register_buffer("b_bf16", torch::randn({3, 3}).to(torch::kBFloat16));
+    register_buffer("b_f64", torch::randn({2, 2, 2}, torch::kDouble));
+    register_buffer("b_scalar", torch::tensor(3.5));
+    register_buffer("b_empty", torch::zeros({0, 4}));
+  }
+  torch::nn::Linear linear{nullptr};
+};
+TORCH_MODULE(AllDtypes);
+
+std::map<std::string, torch::Tensor> state_of(const torch::nn::Module& m) {
+  std::map<std::string, torch::Tensor> state;
+  for (const auto& p : m.named_parameters()) state[p.key()] = p.value();
+  for (const auto& b : m.named_buffers()) state[b.key()] = b.value();
+  return state;
+}
+
+TEST(Safetensors, WritesTheSpecifiedLayoutByteForByte) {
+  SafetensorsContents c;
+  c.tensors.emplace_back("w", torch::tensor({1.0f, 2.0f}));
+  c.tensors.emplace_back("n", torch::tensor({int16_t{-1}}, torch::kInt16));
+  const std::string bytes = encode_safetensors(c);
+  const std::string header =
+      R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"n":{"dtype":"I16","shape":[1],"data_offsets":[8,10]}})";
+  const std::string padded = header + std::string((8 - header.size() % 8) % 8, ' ');
+  std::string data(10, '\0');
+  const float w[2] = {1.0f, 2.0f};
+  std::memcpy(&data[0], w, 8);
+  data[8] = data[9] = '\xff';
+  EXPECT_EQ(bytes, raw_file(padded, data));
+  EXPECT_EQ((8 + padded.size()) % 8, 0u) << "the data must start 8-byte aligned";
+}
+
+TEST(Safetensors, RoundTripsEveryDtypeShapeAndMetadata) {
+  AllDtypes model;
+  SafetensorsContents c;
+  for (const auto& [name, tensor] : state_of(*model)) c.tensors.emplace_back(name, tensor);
+  c.tensors.emplace_back("strided", torch::arange(12, torch::kFloat).reshape({3, 4}).t());  // not contiguous
+  c.metadata = {{"format", "pt"}, {"note", "x"}};
+  const auto back = decode_safetensors(encode_safetensors(c), "memory");
+  ASSERT_EQ(back.tensors.size(), c.tensors.size());
+  for (size_t i = 0; i < c.tensors.size(); ++i) {
+    EXPECT_EQ(back.tensors[i].first, c.tensors[i].first) << "file order is write order";
+    EXPECT_EQ(back.tensors[i].second.scalar_type(), c.tensors[i].second.scalar_type()) << c.tensors[i].first;
+    EXPECT_EQ(back.tensors[i].second.sizes(), c.tensors[i].second.sizes()) << c.tensors[i].first;
+    EXPECT_TRUE(torch::equal(back.tensors[i].second, c.tensors[i].second)) << c.tensors[i].first;
+  }
+  EXPECT_EQ(back.metadata, c.metadata);
+}
+
+TEST(Safetensors, RefusesNamesAndDtypesItCannotWrite) {
+  SafetensorsContents twice;
+  twice.tensors = {{"a", torch::ones(1)}, {"a", torch::ones(1)}};
+  EXPECT_THROW(encode_safetensors(twice), Error);
+  SafetensorsContents complex;
+  complex.tensors = {{"c", torch::ones(2, torch::kComplexFloat)}};
+  try {
+    encode_safetensors(complex);
+    FAIL() << "a complex tensor was written";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Supported: BOOL"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Safetensors, HostileFilesAreRefusedWithTheReason) {
+  const std::string f32x2(8, '\0');
+  const std::string ok = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  ASSERT_EQ(decode_error(raw_file(ok, f32x2)), "(no error)");
+
+  EXPECT_NE(decode_error("abc").find("fewer than the 8"), std::string::npos);
+  std::string huge(8, '\0');
+  huge[7] = 0x01;  // 2^56 bytes of header
+  EXPECT_NE(decode_error(huge + "{}").find("header length is 72057594037927936"), std::string::npos);
+  EXPECT_NE(decode_error(raw_file(ok, f32x2).substr(0, 40)).find("only 32 follow"), std::string::npos);
+  EXPECT_NE(decode_error(raw_file(R"({"a": )", "")).find("not valid JSON"), std::string::npos);
+  EXPECT_NE(decode_error(raw_file("[1]", "")).find("does not start with '{'"), std::string::npos);
+  EXPECT_NE(decode_error(raw_file(ok, f32x2.substr(0, 4))).find("truncated"), std::string::npos);
+  EXPECT_NE(decode_error(raw_file(ok, f32x2 + "xx")).find("bytes left over"), std::string::npos);
+  EXPECT_NE(decode_error(raw_file(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", f32x2))
+                .find("needs 12 bytes, its data_offsets [0, 8] hold 8"),
+            std::string::npos);
+  EXPECT_NE(decode_error(raw_file(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", f32x2))
+                .find("not a non-negative integer: -2"),
+            std::string::npos);
+  EXPECT_NE(decode_error(raw_file(R"({"a":{"dtype":"F8_E4M3","shape":[8],"data_offsets":[0,8]}})", f32x2))
+                .find("dtype F8_E4M3, which this build cannot hold"),
+            std::string::npos);
+  EXPECT_NE(decode_error(raw_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                                  R"("b":{"dtype":"F32","shape":[1],"data_offsets":[2,6]}})",
+                                  std::string(6, '\0')))
+                .find("overlaps"),
+            std::string::npos);
+  EXPECT_NE(decode_error(raw_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", f32x2))
+                .find("a gap before it"),
+            std::string::npos);
+  EXPECT_NE(decode_error(raw_file(R"({"a":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})", "\x01\x02"))
+                .find("holds the byte 2"),
+            std::string::npos);
+  EXPECT_NE(decode_error(raw_file(R"({"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,8]}})",
+                                  f32x2))
+                .find("too large to address"),
+            std::string::npos);
+  EXPECT_NE(decode_error(raw_file(R"({"__metadata__":{"k":1}})", "")).find("\"k\" is not a string"), std::string::npos);
+}
+
+TEST(Safetensors, ParsesShardSizesAsAccelerateDoes) {
+  EXPECT_EQ(parse_byte_size("10GB"), 10'000'000'000);
+  EXPECT_EQ(parse_byte_size("2GiB"), int64_t{2} << 30);
+  EXPECT_EQ(parse_byte_size("500kb"), 500'000);
+  EXPECT_EQ(parse_byte_size("4096"), 4096);
+  for (const char* bad : {"", "GB", "-1MB", "1.5GB", "10 parsecs", "0", "99999999999999TB"}) {
+    EXPECT_THROW(parse_byte_size(bad), Error) << bad;
+  }
+}
+
+TEST(SafetensorsModel, ShardsWithAnIndexAndLoadsBack) {
+  const std::string dir = t::make_temp_dir();
+  AllDtypes model;
+  // linear.weight is 60 bytes: a 64-byte limit forces several shards.
+  const auto saved = save_model_safetensors(*model, dir, 64);
+  ASSERT_GT(saved.weight_files.size(), 2u);
+  EXPECT_EQ(saved.weight_files[0], "model-00001-of-" + std::string(5 - std::to_string(saved.weight_files.size()).size(), '0') +
+                                       std::to_string(saved.weight_files.size()) + ".safetensors");
+  EXPECT_EQ(saved.index_file, "model.safetensors.index.json");
+  const auto index = nlohmann::json::parse(slurp(dir + "/" + saved.index_file));
+  int64_t bytes = 0;
+  for (const auto& [name, tensor] : state_of(*model)) {
+    bytes += tensor.numel() * tensor.element_size();
+    EXPECT_TRUE(index["weight_map"].contains(name)) << name;
+  }
+  EXPECT_EQ(index["metadata"]["total_size"].get<int64_t>(), bytes);
+  EXPECT_EQ(saved.total_bytes, bytes);
+  for (const auto& file : saved.weight_files) {
+    const auto shard = read_safetensors(dir + "/" + file);
+    int64_t shard_bytes = 0;
+    for (const auto& [n, tensor] : shard.tensors) shard_bytes += tensor.numel() * tensor.element_size();
+    EXPECT_TRUE(shard_bytes <= 64 || shard.tensors.size() == 1) << file << " holds " << shard_bytes << " bytes";
+    EXPECT_EQ(shard.metadata.at("format"), "pt");
+  }
+
+  AllDtypes other;
+  torch::NoGradGuard no_grad;
+  for (auto& [name, tensor] : state_of(*other)) {
+    if (tensor.scalar_type() == torch::kBool) tensor.logical_not_(); else tensor.zero_();
+  }
+  load_model_safetensors(*other, dir);
+  for (const auto& [name, tensor] : state_of(*other)) EXPECT_TRUE(torch::equal(tensor, state_of(*model).at(name))) << name;
+
+  // Saving again in one file removes the shards and the index, keeps the user's files.
+  spit(dir + "/config.json", "{}");
+  const auto single = save_model_safetensors(*model, dir, parse_byte_size("10GB"));
+  EXPECT_EQ(single.weight_files, std::vector<std::string>{"model.safetensors"});
+  EXPECT_TRUE(single.index_file.empty());
+  for (const auto& file : saved.weight_files) EXPECT_FALSE(std::ifstream(dir + "/" + file).good()) << file << " left behind";
+  EXPECT_FALSE(std::ifstream(dir + "/model.safetensors.index.json").good());
+  EXPECT_TRUE(std::ifstream(dir + "/config.json").good());
+  EXPECT_EQ(read_model_safetensors(dir).size(), state_of(*model).size());
+  t::remove_tree(dir);
+}
+
+TEST(SafetensorsModel, AMismatchedModelIsListedAndLeftUnchanged) {
+  const std::string dir = t::make_temp_dir();
+  torch::nn::Sequential saved_model(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 2));
+  save_model_safetensors(*saved_model, dir, 1 << 20);
+  torch::nn::Sequential other(torch::nn::Linear(4, 16), torch::nn::ReLU(), torch::nn::Linear(16, 2), torch::nn::Linear(2, 2));
+  const auto before = other->parameters()[0].clone();
+  try {
+    load_model_safetensors(*other, dir);
+    FAIL() << "a mismatched model loaded";
+  } catch (const CheckpointError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("not in the checkpoint: 3.bias, 3.weight"), std::string::npos) << m;
+    EXPECT_NE(m.find("0.weight saved [8, 4], model [16, 4]"), std::string::npos) << m;
+    EXPECT_NE(m.find("nothing was loaded"), std::string::npos) << m;
+  }
+  EXPECT_TRUE(torch::equal(other->parameters()[0], before));
+
+  // A shard of another save mixed in: caught by the index check.
+  save_model_safetensors(*saved_model, dir, 40);
+  const std::string second = dir + "/model-00002-of-00004.safetensors";
+  ASSERT_TRUE(std::ifstream(second).good());
+  spit(second, slurp(dir + "/model-00001-of-00004.safetensors"));
+  try {
+    read_model_safetensors(dir);
+    FAIL() << "mixed shards were read";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("shards of two saves mixed"), std::string::npos) << e.what();
+  }
+  t::remove_tree(dir);
+}
+
+// Our files read by an independent implementation, and its (differently laid out) file read by us.
+TEST(SafetensorsInterop, AnIndependentJsonAndNumpyReaderAgrees) {
+  auto probe = t::start_program({"/usr/bin/python3", "-c", "import numpy"});
+  std::string probe_out;
+  if (t::finish_program(probe, probe_out, std::chrono::seconds(30)) != 0) {
+    GTEST_SKIP() << "/usr/bin/python3 with numpy (python3-numpy) is not installed: " << probe_out;
+  }
+  for (int64_t shard : {int64_t{1} << 20, int64_t{48}}) {
+    const std::string dir = t::make_temp_dir();
+    AllDtypes model;
+    const auto saved = save_model_safetensors(*model, dir, shard);
+    auto run = t::start_program({"/usr/bin/python3", t::test_file_path("safetensors_interop.py"), dir, dir + "/py.safetensors"});
+    std::string out;
+    ASSERT_EQ(t::finish_program(run, out, std::chrono::seconds(60)), 0) << out;
+    const auto summary = nlohmann::json::parse(out);
+    EXPECT_EQ(summary["files"].get<size_t>(), saved.weight_files.size());
+    EXPECT_EQ(summary["tensors"].get<size_t>(), state_of(*model).size());
+    EXPECT_EQ(summary["format"], "pt");
+
+    const auto back = read_safetensors(dir + "/py.safetensors");
+    EXPECT_EQ(back.metadata.at("written_by"), "safetensors_interop.py");
+    ASSERT_EQ(back.tensors.size(), state_of(*model).size());
+    EXPECT_GT(back.tensors.front().first, back.tensors.back().first) << "python wrote reverse name order";
+    for (const auto& [name, tensor] : back.tensors) {
+      const torch::Tensor original = state_of(*model).at(name);
+      ASSERT_EQ(tensor.scalar_type(), original.scalar_type()) << name;
+      const torch::Tensor expected = original.scalar_type() == torch::kBool ? original.logical_not() : original * 2;
+      EXPECT_TRUE(torch::equal(tensor, expected.to(original.scalar_type()))) << name;
+    }
+    t::remove_tree(dir);
+  }
+}
+
+// Accelerator::save_model writes once from the main process and every rank can load it.
+TEST(SafetensorsAccelerator, SaveModelOnTwoProcesses) {
+  const std::string dir = t::make_temp_dir();
+  launch(
+      [dir](int) {
+        Accelerator accelerator;
+        torch::manual_seed(1);
+        auto model = accelerator.prepare(torch::nn::Linear(6, 4));
+        accelerator.save_model(model, dir, "64B");
+        torch::manual_seed(99);
+        auto other = torch::nn::Linear(6, 4);
+        accelerator.load_model(other, dir);
+        if (!torch::equal(other->weight, model->weight)) throw std::runtime_error("weights differ after load_model");
+        try {
+          accelerator.save_model(model, dir, "a lot");
+          throw std::runtime_error("a bad size was accepted");
+        } catch (const Error&) {
+        }
+        return 0;
+      },
+      LaunchOptions().num_processes(2).timeout(std::chrono::seconds(60)).verbose(false));
+  EXPECT_TRUE(std::ifstream(dir + "/model.safetensors.index.json").good());
+  t::remove_tree(dir);
+}
+
+}  // namespace
