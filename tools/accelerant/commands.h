@@ -18,6 +18,8 @@ using Action = std::function<int()>;
 void add_config_command(CLI::App& app, Action& action);
 /// `accelerant launch [options] program [args...]`.
 void add_launch_command(CLI::App& app, Action& action);
+/// `accelerant checkpoint inspect|verify DIR`.
+void add_checkpoint_command(CLI::App& app, Action& action);
 /// `accelerant test`.
 void add_test_command(CLI::App& app, Action& action);
 

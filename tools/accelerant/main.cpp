@@ -26,6 +26,8 @@ int main(int argc, char** argv) {
       "                               run ./train as 2 workers (torchrun's variables set)\n"
       "  accelerant env               versions, hardware and config, for bug reports\n"
       "  accelerant test              self-test: collectives and training across processes\n"
+      "  accelerant checkpoint verify runs/exp1/checkpoints/checkpoint_3\n"
+      "                               check a checkpoint's files against its manifest\n"
       "  accelerant --version         print Accelerant's and LibTorch's versions",
       "accelerant"};
   bool show_version = false;
@@ -35,6 +37,7 @@ int main(int argc, char** argv) {
   accelerant::cli::add_launch_command(app, action);
   accelerant::cli::add_env_command(app, action);
   accelerant::cli::add_test_command(app, action);
+  accelerant::cli::add_checkpoint_command(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
