@@ -3,6 +3,8 @@
 //
 //   fashion_mnist                                  2 processes (forked), 2 epochs
 //   fashion_mnist -n 1 --mixed_precision bf16      one process, bf16 autocast
+//   fashion_mnist --project_dir runs/a --checkpoint_every 200
+//                                                  checkpoints; a restarted run resumes by itself
 //
 // The data are read once, before the workers are forked, so that they share the tensors
 // copy-on-write. Under a launcher (accelerant launch, torchrun, srun, mpirun: the environment
@@ -10,6 +12,7 @@
 #include <accelerant/accelerant.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -45,6 +48,11 @@ struct Settings {
   int num_workers = 1;
   std::string mixed_precision = "no";
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  int64_t train_samples = 0;       // 0: all 60000
+  std::string project_dir;         // checkpoints and auto-resume when set
+  int64_t checkpoint_every = 0;    // optimizer steps; 0: at the end of each epoch
+  int checkpoint_total_limit = 3;  // checkpoints kept
+  std::string save_weights;        // safetensors of the final model
 };
 
 // Percentage of test images classified correctly, counted over exactly the test set:
@@ -68,11 +76,19 @@ double evaluate(accelerant::Accelerator& acc, Net& model, accelerant::DataLoader
 }
 
 double train(const fashion_mnist::Split& train_split, const fashion_mnist::Split& test_split, const Settings& s) {
-  accelerant::Accelerator acc(accelerant::AcceleratorOptions().mixed_precision(s.mixed_precision).seed(s.seed));
+  // With a project_dir, a run started again (by hand, or by a launcher's max_restarts) resumes
+  // from the newest complete checkpoint mid-epoch and ends as the uninterrupted run would have.
+  accelerant::Accelerator acc(accelerant::AcceleratorOptions()
+                                  .mixed_precision(s.mixed_precision)
+                                  .seed(s.seed)
+                                  .project_dir(s.project_dir)
+                                  .checkpoint_total_limit(s.checkpoint_total_limit)
+                                  .auto_resume(!s.project_dir.empty()));
   Net model;  // seeded by the Accelerator; prepare broadcasts rank 0's weights anyway
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(s.lr));
+  const int64_t n = s.train_samples > 0 ? std::min(s.train_samples, train_split.images.size(0)) : train_split.images.size(0);
   auto train_loader = accelerant::make_data_loader(
-      train_split.images, train_split.labels,
+      train_split.images.narrow(0, 0, n), train_split.labels.narrow(0, 0, n),
       accelerant::DataLoaderOptions().batch_size(s.batch_size).shuffle(true).num_workers(s.num_workers));
   auto test_loader = accelerant::make_data_loader(test_split.images, test_split.labels,
                                                   accelerant::DataLoaderOptions().batch_size(500));
@@ -81,7 +97,9 @@ double train(const fashion_mnist::Split& train_split, const fashion_mnist::Split
             acc.threads(), " thread", acc.threads() == 1 ? "" : "s", ", mixed precision ",
             accelerant::to_string(acc.mixed_precision()), ", ", train_batches.size(), " steps per epoch");
   double accuracy = 0;
-  for (int epoch = 1; epoch <= s.epochs; ++epoch) {
+  // The loader knows the epoch: after a resume the loop continues where the checkpoint was.
+  while (train_batches.epoch() < s.epochs) {
+    const int64_t epoch = train_batches.epoch() + 1;
     Progress progress("epoch " + std::to_string(epoch) + "/" + std::to_string(s.epochs), train_batches.size(),
                       acc.is_main_process());
     int64_t step = 0;
@@ -95,10 +113,16 @@ double train(const fashion_mnist::Split& train_split, const fashion_mnist::Split
       opt.step();
       opt.zero_grad();
       progress.update(++step, loss.item<double>());
+      const int64_t steps_done = acc.state()->optimizer_steps;
+      if (!s.project_dir.empty() && s.checkpoint_every > 0 && steps_done % s.checkpoint_every == 0) {
+        acc.save_state();
+      }
     }
+    if (!s.project_dir.empty() && s.checkpoint_every == 0) acc.save_state();
     accuracy = evaluate(acc, net, test_batches);
     acc.print("epoch ", epoch, "/", s.epochs, ": test accuracy ", accuracy, "%");
   }
+  if (!s.save_weights.empty()) acc.save_model(net, s.save_weights);
   acc.end_training();
   return accuracy;
 }
@@ -119,7 +143,10 @@ int main(int argc, char** argv) {
                "  fashion_mnist                               2 processes, 2 epochs\n"
                "  fashion_mnist -n 4 --epochs 3               4 processes, 3 epochs\n"
                "  fashion_mnist -n 1 --mixed_precision bf16   one process, bf16 autocast\n"
-               "  accelerant launch -n 2 fashion_mnist        under the launcher (also torchrun, srun)"};
+               "  accelerant launch -n 2 fashion_mnist        under the launcher (also torchrun, srun)\n"
+               "  accelerant launch -n 2 --max_restarts 2 fashion_mnist --project_dir runs/a --checkpoint_every 200\n"
+               "                                              a killed worker restarts the group, which resumes\n"
+               "                                              from the newest checkpoint"};
   app.add_option("-n,--num_processes", s.num_processes, "Worker processes to fork (ignored under a launcher)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -134,6 +161,18 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"no", "fp16", "bf16"}));
   app.add_option("--data_dir", s.data_dir, "Directory of the *-idx*-ubyte.gz files")->capture_default_str();
+  app.add_option("--train_samples", s.train_samples, "Train on the first N images only (0: all 60000)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--project_dir", s.project_dir,
+                 "Save checkpoints under DIR/checkpoints, and resume from the newest one when started again");
+  app.add_option("--checkpoint_every", s.checkpoint_every, "Checkpoint every N steps (0: at the end of each epoch)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--checkpoint_total_limit", s.checkpoint_total_limit, "Checkpoints kept (the oldest are removed)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--save_weights", s.save_weights, "Write the final model as safetensors into DIR");
   CLI11_PARSE(app, argc, argv);
 
   try {
