@@ -7,9 +7,11 @@
 
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <nlohmann/json.hpp>
 
 #include <accelerant/accelerant.h>
+#include <accelerant/checkpoint.h>
 #include <accelerant/safetensors.h>
 #include "test_support.h"
 
@@ -158,6 +160,54 @@ TEST(Safetensors, HostileFilesAreRefusedWithTheReason) {
                 .find("too large to address"),
             std::string::npos);
   EXPECT_NE(decode_error(raw_file(R"({"__metadata__":{"k":1}})", "")).find("\"k\" is not a string"), std::string::npos);
+}
+
+// A cheap in-test fuzzer: random bit flips, byte writes, truncations and header-length edits of
+// valid files. Every outcome must be a decoded file or a CheckpointError, never a crash, a hang
+// or another exception; a decoded file must hold what its header says.
+TEST(Safetensors, RandomlyDamagedFilesDecodeOrFailCleanly) {
+  AllDtypes model;
+  SafetensorsContents c;
+  for (const auto& [name, tensor] : state_of(*model)) c.tensors.emplace_back(name, tensor);
+  const std::string valid = encode_safetensors(c);
+  CheckpointManifest m;
+  m.accelerant_version = "0.1.0";
+  m.files = {{"model_0.pt", 10, 0xdeadbeef}, {"rank_0/rng.pt", 3, 7}};
+  const std::string manifest = format_checkpoint_manifest(m);
+  std::mt19937_64 rng(20261203);
+  int decoded = 0, refused = 0;
+  for (int trial = 0; trial < 4000; ++trial) {
+    const bool of_manifest = trial % 4 == 3;
+    std::string bytes = of_manifest ? manifest : valid;
+    const int edits = 1 + static_cast<int>(rng() % 4);
+    for (int e = 0; e < edits && !bytes.empty(); ++e) {
+      const size_t at = rng() % bytes.size();
+      switch (rng() % 5) {
+        case 0: bytes[at] = static_cast<char>(bytes[at] ^ (1 << (rng() % 8))); break;
+        case 1: bytes[at] = "{}[]\":,0-9e \\"[rng() % 15]; break;
+        case 2: bytes.resize(at); break;
+        case 3: bytes.insert(at, std::string(1 + rng() % 8, static_cast<char>(rng()))); break;
+        case 4:  // the header length, as a hostile writer would set it
+          if (!of_manifest && bytes.size() >= 8) bytes[rng() % 8] = static_cast<char>(rng());
+          break;
+      }
+    }
+    try {
+      if (of_manifest) {
+        parse_checkpoint_manifest(bytes, "manifest.json");
+      } else {
+        const auto back = decode_safetensors(bytes, "fuzzed.safetensors");
+        for (const auto& [name, tensor] : back.tensors) ASSERT_TRUE(tensor.defined()) << name;
+      }
+      ++decoded;
+    } catch (const CheckpointError&) {
+      ++refused;
+    } catch (const std::exception& e) {
+      FAIL() << "trial " << trial << ": not a CheckpointError: " << e.what();
+    }
+  }
+  EXPECT_GT(refused, 1000) << "the damage should mostly be caught";
+  EXPECT_GT(decoded, 0) << "some damage (inside tensor data, whitespace) leaves a valid file";
 }
 
 TEST(Safetensors, ParsesShardSizesAsAccelerateDoes) {
