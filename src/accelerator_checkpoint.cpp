@@ -91,7 +91,7 @@ std::vector<std::string> Accelerator::exchange_text(const std::string& text) {
   return all;
 }
 
-void Accelerator::on_every_process(const std::string& what, const std::function<void()>& step) {
+std::vector<std::string> Accelerator::failures_everywhere(const std::function<void()>& step) {
   std::string outcome = "ok";
   try {
     step();
@@ -103,8 +103,13 @@ void Accelerator::on_every_process(const std::string& what, const std::function<
   for (size_t rank = 0; rank < outcomes.size(); ++rank) {
     if (outcomes[rank] != "ok") failures.push_back(detail::str("[rank ", rank, "] ", outcomes[rank].substr(6)));
   }
+  return failures;
+}
+
+void Accelerator::on_every_process(const std::string& what, const std::function<void()>& step) {
+  const auto failures = failures_everywhere(step);
   if (!failures.empty()) {
-    throw CheckpointError(detail::str(rank_prefix_, what, " failed on ", failures.size(), " of ", outcomes.size(),
+    throw CheckpointError(detail::str(rank_prefix_, what, " failed on ", failures.size(), " of ", num_processes_,
                                       " process(es):\n  ", detail::join(failures, "\n  ")));
   }
 }
@@ -427,17 +432,7 @@ std::string Accelerator::load_state(const std::string& requested_dir) {
   }
   before.rng = detail::rng_state_bytes();
 
-  std::string outcome = "ok";
-  try {
-    apply_checkpoint(loaded);
-  } catch (const std::exception& e) {
-    outcome = std::string("error:") + e.what();
-  }
-  const auto outcomes = exchange_text(outcome);
-  std::vector<std::string> failures;
-  for (size_t rank = 0; rank < outcomes.size(); ++rank) {
-    if (outcomes[rank] != "ok") failures.push_back(detail::str("[rank ", rank, "] ", outcomes[rank].substr(6)));
-  }
+  const auto failures = failures_everywhere([&] { apply_checkpoint(loaded); });
   if (!failures.empty()) {
     LoadedCheckpoint undo;
     undo.optimizer_steps = before.optimizer_steps;
@@ -453,7 +448,7 @@ std::string Accelerator::load_state(const std::string& requested_dir) {
     undo.rng = before.rng;
     apply_checkpoint(undo);
     throw CheckpointError(detail::str(rank_prefix_, what, " failed while applying it on ", failures.size(), " of ",
-                                      outcomes.size(), " process(es); every object was put back as it was:\n  ",
+                                      num_processes_, " process(es); every object was put back as it was:\n  ",
                                       detail::join(failures, "\n  ")),
                           dir);
   }

@@ -23,13 +23,9 @@
 using namespace accelerant;
 using accelerant::testing::make_temp_dir;
 using accelerant::testing::remove_tree;
+using accelerant::testing::ScratchDir;
 
 namespace {
-
-struct ScratchDir {
-  std::string path = make_temp_dir();
-  ~ScratchDir() { remove_tree(path); }
-};
 
 bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
 

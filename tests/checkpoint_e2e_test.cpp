@@ -20,11 +20,6 @@ using namespace accelerant::testing;
 
 namespace {
 
-struct ScratchDir {
-  std::string path = make_temp_dir();
-  ~ScratchDir() { remove_tree(path); }
-};
-
 std::string example_path() { return cli_path().substr(0, cli_path().rfind('/')) + "/fashion_mnist"; }
 
 bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }

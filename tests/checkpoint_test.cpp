@@ -18,13 +18,9 @@
 using namespace accelerant;
 using accelerant::testing::make_temp_dir;
 using accelerant::testing::remove_tree;
+using accelerant::testing::ScratchDir;
 
 namespace {
-
-struct ScratchDir {
-  std::string path = make_temp_dir();
-  ~ScratchDir() { remove_tree(path); }
-};
 
 LaunchOptions ranks(int n) { return LaunchOptions().num_processes(n).timeout(std::chrono::seconds(60)).verbose(false); }
 
@@ -64,10 +60,12 @@ std::string optimizer_bytes(const torch::optim::Optimizer& o) {
 constexpr int64_t kSamples = 96;
 
 // One training run on fixed data: `epochs` epochs, SGD with momentum, a step LR schedule, a
-// shuffled loader. With `stop_after` >= 0 it saves into `dir` after that many steps and stops;
-// with `resume` it first loads `dir`. Returns the final parameters.
-torch::Tensor train(const std::string& dir, int64_t stop_after, bool resume, int64_t epochs = 3) {
-  Accelerator acc(AcceleratorOptions().seed(11));
+// shuffled loader. `before` runs after prepare; `after_step` after each optimizer step, and
+// ends the run early by returning true. Returns the final parameters.
+torch::Tensor run_training(const AcceleratorOptions& options, int64_t epochs,
+                           const std::function<void(Accelerator&)>& before,
+                           const std::function<bool(Accelerator&)>& after_step) {
+  Accelerator acc(options);
   auto net = make_net();
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   torch::optim::StepLR schedule(sgd, 4, 0.5);
@@ -77,21 +75,32 @@ torch::Tensor train(const std::string& dir, int64_t stop_after, bool resume, int
   torch::manual_seed(11 + acc.process_index());
   auto [model, opt, sched, loader] =
       acc.prepare(net, sgd, schedule, make_data_loader(x, y, DataLoaderOptions().batch_size(8).shuffle(true)));
-  if (resume) acc.load_state(dir);
-  int64_t steps = 0;
+  before(acc);
   while (loader.epoch() < epochs) {
     for (auto& batch : loader) {
       acc.backward(torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target));
       opt.step();
       opt.zero_grad();
       sched.step();
-      if (++steps == stop_after) {
-        acc.save_state(dir);
-        return flat_parameters(*model);
-      }
+      if (after_step(acc)) return flat_parameters(*model);
     }
   }
   return flat_parameters(*model);
+}
+
+// With `stop_after` >= 0 it saves into `dir` after that many steps and stops; with `resume` it
+// first loads `dir`.
+torch::Tensor train(const std::string& dir, int64_t stop_after, bool resume, int64_t epochs = 3) {
+  return run_training(
+      AcceleratorOptions().seed(11), epochs,
+      [&](Accelerator& acc) {
+        if (resume) acc.load_state(dir);
+      },
+      [&](Accelerator& acc) {
+        if (acc.state()->optimizer_steps != stop_after) return false;
+        acc.save_state(dir);
+        return true;
+      });
 }
 
 }  // namespace
@@ -187,30 +196,17 @@ TEST(Checkpoint, AutoResumeAfterARestartEndsBitIdenticalToTheUninterruptedRun) {
   const std::string project = scratch.path;
   auto elastic = launch(
       [project](int index) {
-        Accelerator acc(AcceleratorOptions().seed(11).project_dir(project).auto_resume(true).checkpoint_total_limit(2));
-        auto net = make_net();
-        torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-        torch::optim::StepLR schedule(sgd, 4, 0.5);
-        torch::manual_seed(5);
-        auto x = torch::randn({kSamples, 8});
-        auto y = torch::randint(0, 3, {kSamples}, torch::kLong);
-        torch::manual_seed(11 + acc.process_index());
-        auto [model, opt, sched, loader] =
-            acc.prepare(net, sgd, schedule, make_data_loader(x, y, DataLoaderOptions().batch_size(8).shuffle(true)));
         const bool first_attempt = read_distributed_env().restart_count == 0;
-        while (loader.epoch() < 3) {
-          for (auto& batch : loader) {
-            acc.backward(torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target));
-            opt.step();
-            opt.zero_grad();
-            sched.step();
-            const int64_t step = acc.state()->optimizer_steps;
-            if (step % 5 == 0) acc.save_state();
-            // Rank 1 dies mid-epoch, two steps after the checkpoint of step 10.
-            if (first_attempt && index == 1 && step == 12) ::raise(SIGKILL);
-          }
-        }
-        return flat_parameters(*model);
+        return run_training(
+            AcceleratorOptions().seed(11).project_dir(project).auto_resume(true).checkpoint_total_limit(2), 3,
+            [](Accelerator&) {},
+            [&](Accelerator& acc) {
+              const int64_t step = acc.state()->optimizer_steps;
+              if (step % 5 == 0) acc.save_state();
+              // Rank 1 dies mid-epoch, two steps after the checkpoint of step 10.
+              if (first_attempt && index == 1 && step == 12) ::raise(SIGKILL);
+              return false;
+            });
       },
       ranks(2).max_restarts(1));
   for (int r = 0; r < 2; ++r) EXPECT_TRUE(torch::equal(elastic[r], uninterrupted[r])) << "rank " << r;

@@ -19,11 +19,6 @@ using namespace accelerant::testing;
 
 namespace {
 
-struct ScratchDir {
-  std::string path = make_temp_dir();
-  ~ScratchDir() { remove_tree(path); }
-};
-
 int run(const std::vector<std::string>& args, std::string& output) {
   // No config file of the machine's own may leak in: the tests that want one pass --config_file.
   ::unsetenv("ACCELERANT_CONFIG_FILE");

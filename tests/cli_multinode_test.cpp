@@ -19,11 +19,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-struct ScratchDir {
-  std::string path = make_temp_dir();
-  ~ScratchDir() { remove_tree(path); }
-};
-
 bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
 
 // No config file of the machine's own may leak in.

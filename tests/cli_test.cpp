@@ -48,11 +48,6 @@ TEST(Cli, UnknownOptionIsAnErrorWithNonZeroExit) {
 
 namespace {
 
-struct ScratchDir {
-  std::string path = make_temp_dir();
-  ~ScratchDir() { remove_tree(path); }
-};
-
 std::string file_text(const std::string& path) {
   std::ifstream in(path);
   std::stringstream text;

@@ -25,6 +25,14 @@ std::vector<pid_t> wait_until_dead(const std::vector<pid_t>& pids, std::chrono::
 /// A fresh empty directory under /tmp, removed by the caller with remove_tree.
 std::string make_temp_dir();
 void remove_tree(const std::string& dir);
+/// A fresh temporary directory for one test, removed when it goes out of scope.
+struct ScratchDir {
+  std::string path = make_temp_dir();
+  ScratchDir() = default;
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  ~ScratchDir() { remove_tree(path); }
+};
 
 /// Reads the integers written one per file (named "pid.*") in `dir`.
 std::vector<pid_t> read_pid_files(const std::string& dir);

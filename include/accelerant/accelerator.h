@@ -235,6 +235,8 @@ class Accelerator {
   void load_model_module(torch::nn::Module& module, const std::string& dir);
   void register_checkpoint_object(std::function<void(torch::serialize::OutputArchive&)> save,
                                   std::function<void(torch::serialize::InputArchive&)> load);
+  /// Runs `step` on every process; the errors it threw anywhere, "[rank r] what", on every process.
+  std::vector<std::string> failures_everywhere(const std::function<void()>& step);
   /// Runs `step` on every process and throws CheckpointError on all of them if it threw on any.
   void on_every_process(const std::string& what, const std::function<void()>& step);
   /// The `text` of every process, by rank.
