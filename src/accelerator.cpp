@@ -184,7 +184,7 @@ DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
   loaders_.push_back(prepared);
   // A checkpoint loaded before this loader existed (auto_resume) still knows where it was.
   if (index < pending_loaders_.size()) {
-    const SavedLoader& saved = pending_loaders_[index];
+    const CheckpointLoaderState& saved = pending_loaders_[index];
     if (saved.dataset_size != prepared.dataset_size()) {
       throw CheckpointError(detail::str(
           rank_prefix_, "prepare(data loader ", index, "): the checkpoint loaded by auto_resume saved this loader ",
@@ -192,9 +192,9 @@ DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
           ". Fix: prepare the same datasets, in the same order, as the run that saved it."));
     }
     prepared.set_seed(saved.seed);
-    prepared.set_position(saved.position);
+    prepared.set_position({saved.epoch, saved.samples_done});
   }
-  if (options_.auto_resume() && !state_->pending_resume && !resume_checked_) {
+  if (options_.auto_resume() && !resume_checked_) {  // armed once, by the first loader
     resume_checked_ = true;
     state_->pending_resume = [this] { resume_from_latest(); };
   }

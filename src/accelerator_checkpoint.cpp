@@ -70,44 +70,34 @@ json entries_json(const std::vector<CheckpointFileEntry>& entries) {
 struct Accelerator::LoadedCheckpoint {
   std::string dir;
   CheckpointManifest manifest;
-  int64_t optimizer_steps = 0, micro_steps = 0;
-  std::vector<std::string> models, optimizers, custom_objects;
-  std::vector<unsigned> scheduler_steps;
-  std::vector<SavedLoader> loaders;
+  CheckpointTrainingState state;
+  std::vector<std::string> models, optimizers, custom_objects;  // archives, as bytes
   std::string scaler;
   std::string rng;  // empty: this rank did not exist when it was saved
 };
 
-std::vector<std::string> Accelerator::exchange_text(const std::string& text) {
-  Communicator& comm = communicator();
-  if (comm.size() == 1) return {text};
-  auto bytes = torch::empty({static_cast<int64_t>(text.size())}, torch::kUInt8);
-  std::memcpy(bytes.data_ptr(), text.data(), text.size());
-  std::vector<std::string> all;
-  for (const auto& t : comm.gather_list(bytes)) {
-    auto cpu = t.cpu().contiguous();
-    all.emplace_back(static_cast<const char*>(cpu.data_ptr()), static_cast<size_t>(cpu.numel()));
+Accelerator::ProcessOutcomes Accelerator::outcomes_everywhere(const std::function<std::string()>& step) {
+  std::string outcome;
+  try {
+    outcome = "ok:" + step();
+  } catch (const std::exception& e) {
+    outcome = std::string("error:") + e.what();
+  }
+  ProcessOutcomes all;
+  const auto reports = communicator().gather_bytes(outcome);
+  for (size_t rank = 0; rank < reports.size(); ++rank) {
+    const bool ok = reports[rank].rfind("ok:", 0) == 0;
+    all.results.push_back(ok ? reports[rank].substr(3) : "");
+    if (!ok) all.failures.push_back(detail::str("[rank ", rank, "] ", reports[rank].substr(6)));
   }
   return all;
 }
 
-std::vector<std::string> Accelerator::failures_everywhere(const std::function<void()>& step) {
-  std::string outcome = "ok";
-  try {
-    step();
-  } catch (const std::exception& e) {
-    outcome = std::string("error:") + e.what();
-  }
-  const auto outcomes = exchange_text(outcome);
-  std::vector<std::string> failures;
-  for (size_t rank = 0; rank < outcomes.size(); ++rank) {
-    if (outcomes[rank] != "ok") failures.push_back(detail::str("[rank ", rank, "] ", outcomes[rank].substr(6)));
-  }
-  return failures;
-}
-
 void Accelerator::on_every_process(const std::string& what, const std::function<void()>& step) {
-  const auto failures = failures_everywhere(step);
+  const auto failures = outcomes_everywhere([&] {
+                          step();
+                          return std::string();
+                        }).failures;
   if (!failures.empty()) {
     throw CheckpointError(detail::str(rank_prefix_, what, " failed on ", failures.size(), " of ", num_processes_,
                                       " process(es):\n  ", detail::join(failures, "\n  ")));
@@ -141,11 +131,7 @@ void Accelerator::load_model_module(torch::nn::Module& module, const std::string
 
 std::string Accelerator::save_state(const std::string& requested_dir) {
   // A save before the first batch under auto_resume saves the resumed state, not the fresh one.
-  if (state_->pending_resume) {
-    auto resume = std::move(state_->pending_resume);
-    state_->pending_resume = nullptr;
-    resume();
-  }
+  state_->run_pending_resume();
   std::string dir = strip_trailing_slashes(requested_dir);
   const bool automatic = dir.empty();
   if (automatic) {
@@ -185,8 +171,7 @@ std::string Accelerator::save_state(const std::string& requested_dir) {
     detail::write_file_durably(partial + "/" + name, bytes, description);
     written.push_back({name, bytes.size(), detail::crc32_of(bytes)});
   };
-  std::string outcome;
-  try {
+  const auto reports = outcomes_everywhere([&] {
     const std::string rank_dir = detail::str(partial, "/rank_", process_index_);
     detail::make_directories(rank_dir);
     write(rng_file(process_index_), detail::rng_state_bytes(), "the random generator state");
@@ -207,43 +192,22 @@ std::string Accelerator::save_state(const std::string& requested_dir) {
         write(custom_file(i), detail::archive_to_bytes(checkpoint_objects_[i].save),
               detail::str("registered object ", i));
       }
-      json state = {{"optimizer_steps", state_->optimizer_steps},
-                    {"micro_steps", state_->micro_steps},
-                    {"schedulers", json::array()},
-                    {"data_loaders", json::array()}};
-      for (const auto& s : schedulers_) {
-        state["schedulers"].push_back({{"step_count", detail::scheduler_step_count(s.scheduler())}});
-      }
-      for (const auto& loader : loaders_) {
-        const DataPosition p = loader.position();
-        state["data_loaders"].push_back({{"epoch", p.epoch},
-                                         {"samples_done", p.samples_done},
-                                         {"dataset_size", loader.dataset_size()},
-                                         {"seed", loader.sharding().seed()},
-                                         {"shuffle", loader.sharding().shuffle()}});
-      }
-      write(kStateFile, state.dump(2) + "\n", "the training state");
+      write(kStateFile, format_checkpoint_state(training_state_now()), "the training state");
     }
-    outcome = "ok" + entries_json(written).dump();
-  } catch (const std::exception& e) {
-    outcome = std::string("error:") + e.what();
-  }
-  const auto reports = exchange_text(outcome);
-  std::vector<std::string> failures;
+    return entries_json(written).dump();
+  });
+  const auto& failures = reports.failures;
   std::vector<CheckpointFileEntry> all_files;
-  for (size_t rank = 0; rank < reports.size(); ++rank) {
-    if (reports[rank].rfind("ok", 0) != 0) {
-      failures.push_back(detail::str("[rank ", rank, "] ", reports[rank].substr(6)));
-      continue;
-    }
-    for (const auto& e : json::parse(reports[rank].substr(2))) {
+  for (const auto& report : reports.results) {
+    if (report.empty()) continue;  // that rank failed
+    for (const auto& e : json::parse(report)) {
       all_files.push_back({e.at("path").get<std::string>(), e.at("size").get<uint64_t>(),
                            e.at("crc32").get<uint32_t>()});
     }
   }
   if (!failures.empty()) {
     remove_partial();
-    throw CheckpointError(detail::str(rank_prefix_, what, " failed on ", failures.size(), " of ", reports.size(),
+    throw CheckpointError(detail::str(rank_prefix_, what, " failed on ", failures.size(), " of ", num_processes_,
                                       " process(es); ", detail::path_exists(dir) ? "the checkpoint there " : "the earlier checkpoints ",
                                       "were not touched:\n  ", detail::join(failures, "\n  ")),
                           dir);
@@ -376,30 +340,16 @@ std::string Accelerator::load_state(const std::string& requested_dir) {
     for (size_t i = 0; i < checkpoint_objects_.size(); ++i) loaded.custom_objects.push_back(read(custom_file(i)));
     if (m.scaler) loaded.scaler = read(kScalerFile);
     if (process_index_ < m.world_size) loaded.rng = read(rng_file(process_index_));
-    json state;
-    try {
-      state = json::parse(read(kStateFile));
-      loaded.optimizer_steps = state.at("optimizer_steps").get<int64_t>();
-      loaded.micro_steps = state.at("micro_steps").get<int64_t>();
-      for (const auto& s : state.at("schedulers")) loaded.scheduler_steps.push_back(s.at("step_count").get<unsigned>());
-      for (const auto& l : state.at("data_loaders")) {
-        loaded.loaders.push_back({{l.at("epoch").get<int64_t>(), l.at("samples_done").get<int64_t>()},
-                                  l.at("seed").get<uint64_t>(), l.at("dataset_size").get<int64_t>()});
-      }
-    } catch (const json::exception& e) {
-      throw CheckpointError(detail::str(dir, "/", kStateFile, " is malformed (", e.what(), "). Fix: use another ",
-                                        "checkpoint."),
-                            dir + "/" + kStateFile);
-    }
-    if (loaded.scheduler_steps.size() != schedulers_.size() ||
-        loaded.loaders.size() != static_cast<size_t>(m.data_loaders)) {
+    loaded.state = read_checkpoint_state(dir);
+    if (loaded.state.scheduler_steps.size() != schedulers_.size() ||
+        loaded.state.data_loaders.size() != static_cast<size_t>(m.data_loaders)) {
       throw CheckpointError(detail::str(dir, "/", kStateFile, " disagrees with the manifest about the schedulers ",
                                         "or data loaders. Fix: use another checkpoint."),
                             dir + "/" + kStateFile);
     }
     for (size_t i = 0; i < loaders_.size(); ++i) {
-      if (loaded.loaders[i].dataset_size != loaders_[i].dataset_size()) {
-        throw CheckpointError(detail::str("data loader ", i, " was saved over ", loaded.loaders[i].dataset_size,
+      if (loaded.state.data_loaders[i].dataset_size != loaders_[i].dataset_size()) {
+        throw CheckpointError(detail::str("data loader ", i, " was saved over ", loaded.state.data_loaders[i].dataset_size,
                                           " samples, this run's has ", loaders_[i].dataset_size(),
                                           ". Fix: prepare the same datasets, in the same order, as the run that ",
                                           "saved it."),
@@ -409,44 +359,13 @@ std::string Accelerator::load_state(const std::string& requested_dir) {
   });
 
   // 2. Apply, everywhere or nowhere.
-  struct Snapshot {
-    std::vector<std::string> models, optimizers, custom_objects;
-    std::vector<unsigned> scheduler_steps;
-    std::vector<DataPosition> positions;
-    std::vector<uint64_t> seeds;
-    std::string scaler, rng;
-    int64_t optimizer_steps, micro_steps;
-  } before;
-  before.optimizer_steps = state_->optimizer_steps;
-  before.micro_steps = state_->micro_steps;
-  for (auto& m : models_) before.models.push_back(detail::module_state_bytes(*m.module));
-  for (auto* o : optimizers_) before.optimizers.push_back(detail::optimizer_state_bytes(*o));
-  for (auto& o : checkpoint_objects_) before.custom_objects.push_back(detail::archive_to_bytes(o.save));
-  for (auto& s : schedulers_) before.scheduler_steps.push_back(detail::scheduler_step_count(s.scheduler()));
-  for (auto& l : loaders_) {
-    before.positions.push_back(l.position());
-    before.seeds.push_back(l.sharding().seed());
-  }
-  if (state_->scaler) {
-    before.scaler = detail::archive_to_bytes([&](torch::serialize::OutputArchive& a) { state_->scaler->save(a); });
-  }
-  before.rng = detail::rng_state_bytes();
-
-  const auto failures = failures_everywhere([&] { apply_checkpoint(loaded); });
+  const LoadedCheckpoint before = snapshot_for_rollback();
+  const auto failures = outcomes_everywhere([&] {
+                          apply_checkpoint(loaded);
+                          return std::string();
+                        }).failures;
   if (!failures.empty()) {
-    LoadedCheckpoint undo;
-    undo.optimizer_steps = before.optimizer_steps;
-    undo.micro_steps = before.micro_steps;
-    undo.models = before.models;
-    undo.optimizers = before.optimizers;
-    undo.custom_objects = before.custom_objects;
-    undo.scheduler_steps = before.scheduler_steps;
-    for (size_t i = 0; i < before.positions.size(); ++i) {
-      undo.loaders.push_back({before.positions[i], before.seeds[i], loaders_[i].dataset_size()});
-    }
-    undo.scaler = before.scaler;
-    undo.rng = before.rng;
-    apply_checkpoint(undo);
+    apply_checkpoint(before);
     throw CheckpointError(detail::str(rank_prefix_, what, " failed while applying it on ", failures.size(), " of ",
                                       num_processes_, " process(es); every object was put back as it was:\n  ",
                                       detail::join(failures, "\n  ")),
@@ -459,6 +378,32 @@ std::string Accelerator::load_state(const std::string& requested_dir) {
     std::fflush(stdout);
   }
   return dir;
+}
+
+CheckpointTrainingState Accelerator::training_state_now() const {
+  CheckpointTrainingState state;
+  state.optimizer_steps = state_->optimizer_steps;
+  state.micro_steps = state_->micro_steps;
+  for (const auto& s : schedulers_) state.scheduler_steps.push_back(detail::scheduler_step_count(s.scheduler()));
+  for (const auto& l : loaders_) {
+    const DataPosition p = l.position();
+    state.data_loaders.push_back({p.epoch, p.samples_done, l.dataset_size(), l.sharding().seed(), l.sharding().shuffle()});
+  }
+  return state;
+}
+
+Accelerator::LoadedCheckpoint Accelerator::snapshot_for_rollback() const {
+  LoadedCheckpoint now;
+  now.dir = "(the state before load_state)";
+  now.state = training_state_now();
+  for (const auto& m : models_) now.models.push_back(detail::module_state_bytes(*m.module));
+  for (auto* o : optimizers_) now.optimizers.push_back(detail::optimizer_state_bytes(*o));
+  for (const auto& o : checkpoint_objects_) now.custom_objects.push_back(detail::archive_to_bytes(o.save));
+  if (state_->scaler) {
+    now.scaler = detail::archive_to_bytes([&](torch::serialize::OutputArchive& a) { state_->scaler->save(a); });
+  }
+  now.rng = detail::rng_state_bytes();
+  return now;
 }
 
 void Accelerator::apply_checkpoint(const LoadedCheckpoint& loaded) {
@@ -476,15 +421,18 @@ void Accelerator::apply_checkpoint(const LoadedCheckpoint& loaded) {
     auto archive = detail::archive_from_bytes(loaded.scaler, loaded.dir + "/" + kScalerFile, device_);
     state_->scaler->load(archive);
   }
-  for (size_t i = 0; i < schedulers_.size(); ++i) detail::set_scheduler_step_count(schedulers_[i].scheduler(), loaded.scheduler_steps[i]);
-  state_->optimizer_steps = loaded.optimizer_steps;
-  state_->micro_steps = loaded.micro_steps;
+  const CheckpointTrainingState& state = loaded.state;
+  for (size_t i = 0; i < schedulers_.size(); ++i) {
+    detail::set_scheduler_step_count(schedulers_[i].scheduler(), state.scheduler_steps[i]);
+  }
+  state_->optimizer_steps = state.optimizer_steps;
+  state_->micro_steps = state.micro_steps;
   for (auto& s : schedulers_) s.resync();
   for (size_t i = 0; i < loaders_.size(); ++i) {
-    loaders_[i].set_seed(loaded.loaders[i].seed);
-    loaders_[i].set_position(loaded.loaders[i].position);
+    loaders_[i].set_seed(state.data_loaders[i].seed);
+    loaders_[i].set_position({state.data_loaders[i].epoch, state.data_loaders[i].samples_done});
   }
-  pending_loaders_.assign(loaded.loaders.begin(), loaded.loaders.end());
+  pending_loaders_ = state.data_loaders;
   if (!loaded.rng.empty()) detail::load_rng_state(loaded.rng, loaded.dir + "/" + rng_file(process_index_));
 }
 

@@ -312,6 +312,18 @@ void Communicator::broadcast_(const torch::Tensor& tensor, int src) {
   });
 }
 
+std::vector<std::string> Communicator::gather_bytes(const std::string& bytes) {
+  if (impl_->size == 1) return {bytes};
+  auto tensor = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
+  std::memcpy(tensor.data_ptr(), bytes.data(), bytes.size());
+  std::vector<std::string> all;
+  for (const auto& t : gather_list(tensor)) {
+    auto cpu = t.cpu().contiguous();
+    all.emplace_back(static_cast<const char*>(cpu.data_ptr()), static_cast<size_t>(cpu.numel()));
+  }
+  return all;
+}
+
 std::string Communicator::broadcast_bytes(const std::string& bytes, int src) {
   check_source_rank(*impl_, "broadcast_bytes", src);
   if (impl_->size == 1) return bytes;

@@ -119,10 +119,7 @@ DataLoader DataLoader::sharded(int rank, int world_size, ShardingOptions shardin
 namespace {
 // AcceleratorOptions::auto_resume: the checkpoint is loaded before the loader is first used.
 void run_pending_resume(const std::shared_ptr<TrainingState>& state) {
-  if (!state || !state->pending_resume) return;
-  auto resume = std::move(state->pending_resume);
-  state->pending_resume = nullptr;
-  resume();
+  if (state) state->run_pending_resume();
 }
 }  // namespace
 
@@ -138,7 +135,6 @@ DataPosition DataLoader::position() const {
 
 void DataLoader::set_epoch(int64_t epoch) {
   shared_->epoch = epoch;
-  shared_->first_position = 0;
   shared_->position = {epoch, 0};
 }
 
@@ -150,7 +146,6 @@ void DataLoader::set_position(DataPosition position) {
                             "dataset the position was saved with."));
   }
   shared_->epoch = position.epoch;
-  shared_->first_position = position.samples_done;
   shared_->position = position;
 }
 
@@ -177,8 +172,9 @@ DataLoader::Iterator DataLoader::begin() {
   auto run = std::make_shared<EpochRun>();
   run->shared = shared_;
   const int64_t epoch = shared_->epoch++;
-  run->first_position = shared_->first_position;
-  shared_->first_position = 0;
+  // The position is inside the epoch about to run only after set_position (a resume); after an
+  // epoch, or one left early, the next starts at its beginning.
+  run->first_position = shared_->position.epoch == epoch ? shared_->position.samples_done : 0;
   run->shard = shard_epoch(shared_->dataset_size, epoch, shared_->rank, shared_->world_size, shared_->sharding,
                            run->first_position);
   run->epoch = epoch;
@@ -203,12 +199,11 @@ DataLoader::Iterator::Iterator(std::shared_ptr<EpochRun> run) : run_(std::move(r
 void DataLoader::Iterator::fetch() {
   current_ = run_->take(index_);
   // Counted when handed out: a checkpoint taken after this batch's step resumes at the next one.
-  const bool last_batch = index_ + 1 == run_->shard.batches.size();
+  const bool last = index_ + 1 == run_->shard.batches.size();
   const int64_t done = run_->first_position + static_cast<int64_t>(index_ + 1) * run_->samples_per_step;
-  run_->shared->position = last_batch ? DataPosition{run_->epoch + 1, 0}
-                                      : DataPosition{run_->epoch, std::min(done, run_->shared->dataset_size)};
+  run_->shared->position = last ? DataPosition{run_->epoch + 1, 0}
+                                : DataPosition{run_->epoch, std::min(done, run_->shared->dataset_size)};
   if (auto& state = run_->shared->state) {
-    const bool last = index_ + 1 == run_->shard.batches.size();
     state->end_of_dataloader = last;
     state->padding_in_last_step = last ? run_->shard.padding : 0;
   }

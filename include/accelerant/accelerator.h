@@ -35,6 +35,7 @@
 
 #include "accelerant/accelerator_options.h"
 #include "accelerant/autocast.h"
+#include "accelerant/checkpoint.h"
 #include "accelerant/communicator.h"
 #include "accelerant/data_loader.h"
 #include "accelerant/gradient_reducer.h"
@@ -235,14 +236,21 @@ class Accelerator {
   void load_model_module(torch::nn::Module& module, const std::string& dir);
   void register_checkpoint_object(std::function<void(torch::serialize::OutputArchive&)> save,
                                   std::function<void(torch::serialize::InputArchive&)> load);
-  /// Runs `step` on every process; the errors it threw anywhere, "[rank r] what", on every process.
-  std::vector<std::string> failures_everywhere(const std::function<void()>& step);
+  /// What `step` returned on each process, by rank (empty where it threw), and the errors it
+  /// threw anywhere as "[rank r] what": the same on every process.
+  struct ProcessOutcomes {
+    std::vector<std::string> results;
+    std::vector<std::string> failures;
+  };
+  ProcessOutcomes outcomes_everywhere(const std::function<std::string()>& step);
   /// Runs `step` on every process and throws CheckpointError on all of them if it threw on any.
   void on_every_process(const std::string& what, const std::function<void()>& step);
-  /// The `text` of every process, by rank.
-  std::vector<std::string> exchange_text(const std::string& text);
   struct LoadedCheckpoint;
   void apply_checkpoint(const LoadedCheckpoint& loaded);
+  /// The counters and data positions now, as state.json holds them.
+  CheckpointTrainingState training_state_now() const;
+  /// This process's state now, as load_state would apply it: what a failed load rolls back to.
+  LoadedCheckpoint snapshot_for_rollback() const;
   GradientReducer& reducer_for(const torch::nn::Module& module) const;
   AccumulationGuard accumulate_modules(std::vector<std::shared_ptr<torch::nn::Module>> modules);
   Communicator& communicator() const;
@@ -272,15 +280,9 @@ class Accelerator {
     std::function<void(torch::serialize::InputArchive&)> load;
   };
   std::vector<CheckpointObject> checkpoint_objects_;
-  /// What a checkpoint says about one data loader.
-  struct SavedLoader {
-    DataPosition position;
-    uint64_t seed = 0;
-    int64_t dataset_size = 0;
-  };
   /// Loaders of a loaded checkpoint that were not prepared yet (auto_resume): they get their
   /// position when they are.
-  std::vector<SavedLoader> pending_loaders_;
+  std::vector<CheckpointLoaderState> pending_loaders_;
   bool resume_checked_ = false;
   void resume_from_latest();
 };

@@ -42,6 +42,26 @@ struct CheckpointManifest {
   std::vector<CheckpointFileEntry> files;
 };
 
+/// One prepared data loader in state.json: where it stood, and over what.
+struct CheckpointLoaderState {
+  int64_t epoch = 0;         ///< the epoch in progress
+  int64_t samples_done = 0;  ///< positions of that epoch's order done, across all processes
+  int64_t dataset_size = 0;
+  uint64_t seed = 0;
+  bool shuffle = false;
+};
+
+/// state.json: the counters and data positions (written by the main process).
+struct CheckpointTrainingState {
+  int64_t optimizer_steps = 0, micro_steps = 0;
+  std::vector<unsigned> scheduler_steps;  ///< each prepared scheduler's step count
+  std::vector<CheckpointLoaderState> data_loaders;
+};
+
+/// Parses state.json text; `where` names it in errors. Throws CheckpointError naming the field.
+CheckpointTrainingState parse_checkpoint_state(const std::string& json_text, const std::string& where);
+std::string format_checkpoint_state(const CheckpointTrainingState& state);
+
 /// Parses manifest.json text; `where` names it in errors. Throws CheckpointError for malformed
 /// JSON, a missing or mistyped field, or a format version newer than this build reads.
 CheckpointManifest parse_checkpoint_manifest(const std::string& json_text, const std::string& where);
@@ -49,6 +69,9 @@ std::string format_checkpoint_manifest(const CheckpointManifest& manifest);
 
 /// DIR/manifest.json, parsed. Throws CheckpointError when DIR is not a (complete) checkpoint.
 CheckpointManifest read_checkpoint_manifest(const std::string& dir);
+
+/// DIR/state.json, parsed. Throws CheckpointError when it is missing or malformed.
+CheckpointTrainingState read_checkpoint_state(const std::string& dir);
 
 /// Reads the manifest and checks every file's size and CRC-32. Throws CheckpointError naming
 /// every missing, truncated or corrupted file.

@@ -81,6 +81,8 @@ class Communicator {
 
   /// Overwrites `tensor` on every rank with rank `src`'s. Shapes and dtypes must match.
   void broadcast_(const torch::Tensor& tensor, int src = 0);
+  /// Every rank's bytes (any length, each its own), indexed by rank, on every rank.
+  std::vector<std::string> gather_bytes(const std::string& bytes);
   /// Rank `src`'s bytes on every rank (any length; the others' argument is ignored).
   std::string broadcast_bytes(const std::string& bytes, int src = 0);
   /// Rank `src`'s value on every rank: a std::string or any trivially copyable value.

@@ -111,7 +111,7 @@ class DataLoader {
     int rank = 0;
     int world_size = 1;
     int64_t epoch = 0;
-    int64_t first_position = 0;  ///< where the next epoch starts (a resumed one: > 0)
+    /// position(); its samples_done is where the next epoch starts when its epoch is the next.
     DataPosition position;
     std::shared_ptr<TrainingState> state;
     std::function<Batch(Batch)> transform;

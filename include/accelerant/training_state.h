@@ -32,6 +32,13 @@ struct TrainingState {
   /// Set by AcceleratorOptions::auto_resume until it ran: the prepared loaders call it (once)
   /// before their first epoch, position or batch.
   std::function<void()> pending_resume;
+  /// Runs pending_resume, if set, exactly once (it is cleared before it runs).
+  void run_pending_resume() {
+    if (!pending_resume) return;
+    auto resume = std::move(pending_resume);
+    pending_resume = nullptr;
+    resume();
+  }
 };
 
 }  // namespace accelerant

@@ -27,6 +27,17 @@ CheckpointManifest read_checkpoint_manifest(const std::string& dir) {
   return parse_checkpoint_manifest(detail::read_file(path), path);
 }
 
+CheckpointTrainingState read_checkpoint_state(const std::string& dir) {
+  const std::string path = dir + "/state.json";
+  if (!detail::path_exists(path)) {
+    throw CheckpointError(detail::str(dir, " has no state.json. Likely cause: it was damaged or is not a checkpoint ",
+                                      "directory. Fix: run `accelerant checkpoint verify ", dir, "`, or use another ",
+                                      "checkpoint."),
+                          path);
+  }
+  return parse_checkpoint_state(detail::read_file(path), path);
+}
+
 CheckpointManifest verify_checkpoint(const std::string& dir) {
   CheckpointManifest manifest = read_checkpoint_manifest(dir);
   std::vector<std::string> problems;

@@ -1,4 +1,5 @@
-// manifest.json: the table of contents that makes a checkpoint directory checkable.
+// The JSON files of a checkpoint: manifest.json, the table of contents that makes a checkpoint
+// directory checkable, and state.json, its counters and data positions.
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -37,17 +38,20 @@ T field(const json& object, const std::string& name, const std::string& where) {
   }
 }
 
+json parse_json(const std::string& text, const std::string& where) {
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw CheckpointError(detail::str(where, " is not valid JSON (", e.what(), "). Likely cause: the file was ",
+                                      "damaged, or is not a file Accelerant wrote. Fix: use another checkpoint."),
+                          where);
+  }
+}
+
 }  // namespace
 
 CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std::string& where) {
-  json doc;
-  try {
-    doc = json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw CheckpointError(detail::str(where, " is not valid JSON (", e.what(), "). Likely cause: the file was ",
-                                      "damaged or is not an Accelerant manifest. Fix: use another checkpoint."),
-                          where);
-  }
+  const json doc = parse_json(text, where);
   if (!doc.is_object() || !doc.contains("format") || !doc["format"].is_string() || doc["format"] != kFormatName) {
     throw CheckpointError(detail::str(where, " is not an Accelerant checkpoint manifest (no \"format\": \"",
                                       kFormatName, "\"). Fix: point at a directory written by save_state."),
@@ -127,6 +131,44 @@ std::string format_checkpoint_manifest(const CheckpointManifest& m) {
                 {"custom_objects", m.custom_objects},
                 {"scaler", m.scaler}}},
               {"files", files}};
+  return doc.dump(2) + "\n";
+}
+
+CheckpointTrainingState parse_checkpoint_state(const std::string& text, const std::string& where) {
+  const json doc = parse_json(text, where);
+  CheckpointTrainingState state;
+  state.optimizer_steps = field<int64_t>(doc, "optimizer_steps", where);
+  state.micro_steps = field<int64_t>(doc, "micro_steps", where);
+  const json schedulers = field<json>(doc, "schedulers", where);
+  const json loaders = field<json>(doc, "data_loaders", where);
+  if (!schedulers.is_array() || !loaders.is_array()) {
+    throw CheckpointError(detail::str(where, ": \"schedulers\" and \"data_loaders\" must be lists. Likely cause: the ",
+                                      "file was edited or damaged. Fix: use another checkpoint."),
+                          where);
+  }
+  for (const auto& s : schedulers) state.scheduler_steps.push_back(field<unsigned>(s, "step_count", where + " (a scheduler)"));
+  for (const auto& l : loaders) {
+    const std::string in_loader = where + " (a data loader)";
+    state.data_loaders.push_back({field<int64_t>(l, "epoch", in_loader), field<int64_t>(l, "samples_done", in_loader),
+                                  field<int64_t>(l, "dataset_size", in_loader), field<uint64_t>(l, "seed", in_loader),
+                                  field<bool>(l, "shuffle", in_loader)});
+  }
+  return state;
+}
+
+std::string format_checkpoint_state(const CheckpointTrainingState& state) {
+  json doc = {{"optimizer_steps", state.optimizer_steps},
+              {"micro_steps", state.micro_steps},
+              {"schedulers", json::array()},
+              {"data_loaders", json::array()}};
+  for (unsigned steps : state.scheduler_steps) doc["schedulers"].push_back({{"step_count", steps}});
+  for (const auto& l : state.data_loaders) {
+    doc["data_loaders"].push_back({{"epoch", l.epoch},
+                                   {"samples_done", l.samples_done},
+                                   {"dataset_size", l.dataset_size},
+                                   {"seed", l.seed},
+                                   {"shuffle", l.shuffle}});
+  }
   return doc.dump(2) + "\n";
 }
 

@@ -3,27 +3,24 @@
 #include <accelerant/accelerant.h>
 #include <accelerant/checkpoint.h>
 #include <accelerant/safetensors.h>
-#include <sys/stat.h>
 
 #include <cstdio>
-#include <fstream>
+#include <filesystem>
 #include <iostream>
-#include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "commands.h"
 
 namespace accelerant::cli {
 namespace {
 
+// Without throwing: an unreadable path counts as absent and is reported as such.
 bool exists(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0;
+  std::error_code ignored;
+  return std::filesystem::exists(path, ignored);
 }
-
-bool is_dir(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+bool is_directory(const std::string& path) {
+  std::error_code ignored;
+  return std::filesystem::is_directory(path, ignored);
 }
 
 std::string human_bytes(uint64_t bytes) {
@@ -39,13 +36,6 @@ std::string human_bytes(uint64_t bytes) {
   return text;
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
-
 enum class Kind { Checkpoint, CheckpointsFolder, SafetensorsFile, SafetensorsDir };
 
 // What DIR is: one checkpoint, a folder of them (<project_dir>/checkpoints or the project dir
@@ -56,14 +46,16 @@ Kind kind_of(const std::string& path, std::string* checkpoints_folder) {
                                  "<project_dir>/checkpoints/checkpoint_3), a folder of them, or weights written by save_model.",
                           path);
   }
-  if (!is_dir(path)) {
+  if (!is_directory(path)) {
     if (path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0) return Kind::SafetensorsFile;
     throw CheckpointError(path + " is a file, not a checkpoint directory. Fix: pass the directory that holds its "
                                  "manifest.json, or a .safetensors file.",
                           path);
   }
   if (exists(path + "/manifest.json")) return Kind::Checkpoint;
-  if (exists(path + "/model.safetensors") || exists(path + "/model.safetensors.index.json")) return Kind::SafetensorsDir;
+  if (exists(path + "/model.safetensors") || exists(path + "/model.safetensors.index.json")) {
+    return Kind::SafetensorsDir;
+  }
   for (const std::string& folder : {path, path + "/checkpoints"}) {
     if (!list_checkpoints(folder).empty()) {
       *checkpoints_folder = folder;
@@ -87,17 +79,16 @@ void print_checkpoint(const std::string& dir, const CheckpointManifest& m) {
             << "contents       " << m.models << " model(s), " << m.optimizers << " optimizer(s), " << m.schedulers
             << " scheduler(s), " << m.data_loaders << " data loader(s), " << m.custom_objects
             << " registered object(s), " << (m.scaler ? "an fp16 loss scaler" : "no loss scaler") << "\n";
-  // state.json is listed in the manifest; its loader positions are what a resume continues from.
+  // The loader positions are what a resume continues from.
   try {
-    const auto state = nlohmann::json::parse(read_text(dir + "/state.json"));
     size_t i = 0;
-    for (const auto& loader : state.at("data_loaders")) {
-      std::cout << "data loader " << i++ << "  epoch " << loader.at("epoch") << ", " << loader.at("samples_done")
-                << " of " << loader.at("dataset_size") << " samples done, seed " << loader.at("seed")
-                << (loader.at("shuffle").get<bool>() ? ", shuffled" : ", in order") << "\n";
+    for (const auto& loader : read_checkpoint_state(dir).data_loaders) {
+      std::cout << "data loader " << i++ << "  epoch " << loader.epoch << ", " << loader.samples_done << " of "
+                << loader.dataset_size << " samples done, seed " << loader.seed
+                << (loader.shuffle ? ", shuffled" : ", in order") << "\n";
     }
-  } catch (const std::exception&) {
-    std::cout << "data loaders   (state.json unreadable: run `accelerant checkpoint verify " << dir << "`)\n";
+  } catch (const CheckpointError& e) {
+    std::cout << "data loaders   unreadable: " << e.what() << "\n";
   }
   std::cout << "files          " << m.files.size() << ", " << human_bytes(total) << "\n";
   for (const auto& f : m.files) {
