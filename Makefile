@@ -1,11 +1,12 @@
 # Two commands from a fresh Debian 12 machine:
 #   make demo   install what is missing, build, train Fashion-MNIST on 2 processes
 #   make test   install what is missing, build, run every test
-# Also: make build, make bench (rewrites docs/benchmarks.md), make clean.
+# Also: make build, make bench (rewrites docs/benchmarks.md), make fuzz (libFuzzer on the file
+# parsers, FUZZ_SECONDS each), make clean.
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: deps configure build demo test bench clean
+.PHONY: deps configure build demo test bench fuzz clean
 
 deps:
 	@scripts/install-deps
@@ -24,6 +25,9 @@ test: build
 
 bench: build
 	bench/run $(BUILD_DIR)
+
+fuzz: deps
+	bench/fuzz $(BUILD_DIR)
 
 clean:
 	rm -rf $(BUILD_DIR)

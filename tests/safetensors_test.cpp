@@ -210,6 +210,52 @@ TEST(Safetensors, RandomlyDamagedFilesDecodeOrFailCleanly) {
   EXPECT_GT(decoded, 0) << "some damage (inside tensor data, whitespace) leaves a valid file";
 }
 
+// Inputs fuzz/fuzz_checkpoint_json found: numbers JSON can write but the fields cannot hold.
+// nlohmann would convert them silently (or, past double's range, throw its own out_of_range).
+TEST(CheckpointJson, NumbersOutOfRangeOfTheirFieldAreRefusedNotConverted) {
+  CheckpointTrainingState state;
+  state.optimizer_steps = 3;
+  state.scheduler_steps = {3};
+  state.data_loaders = {{1, 64, 600, 42, true}};
+  const std::string valid_state = format_checkpoint_state(state);
+  EXPECT_NO_THROW(parse_checkpoint_state(valid_state, "state.json"));
+  CheckpointManifest m;
+  m.files = {{"model_0.pt", 10, 0xdeadbeef}};
+  const std::string valid_manifest = format_checkpoint_manifest(m);
+
+  auto with = [](std::string text, const std::string& from, const std::string& to) {
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return text.replace(at, from.size(), to);
+  };
+  const std::vector<std::pair<std::string, std::string>> bad_states = {
+      {"\"micro_steps\": 0", "\"micro_steps\": 3e52"},          // a float beyond int64
+      {"\"micro_steps\": 0", "\"micro_steps\": 2.5"},           // not an integer
+      {"\"seed\": 42", "\"seed\": -1"},                          // negative into unsigned
+      {"\"step_count\": 3", "\"step_count\": 5000000000"},       // beyond unsigned (32-bit)
+      {"\"epoch\": 1", "\"epoch\": 99999999999999999999999"},    // beyond uint64
+      {"\"epoch\": 1", "\"epoch\": 6666661e30866666"},           // beyond double: json's overflow
+  };
+  for (const auto& [from, to] : bad_states) {
+    try {
+      parse_checkpoint_state(with(valid_state, from, to), "state.json");
+      ADD_FAILURE() << to << " was accepted";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("state.json"), std::string::npos) << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << to << ": not a CheckpointError: " << e.what();
+    }
+  }
+  const std::vector<std::pair<std::string, std::string>> bad_manifests = {
+      {"\"world_size\": 1", "\"world_size\": 1099511627776"},  // beyond int
+      {"\"size\": 10", "\"size\": -3"},                         // negative into uint64
+      {"\"step\": 0", "\"step\": 1e400"},                       // beyond double
+  };
+  for (const auto& [from, to] : bad_manifests) {
+    EXPECT_THROW(parse_checkpoint_manifest(with(valid_manifest, from, to), "manifest.json"), CheckpointError) << to;
+  }
+}
+
 TEST(Safetensors, ParsesShardSizesAsAccelerateDoes) {
   EXPECT_EQ(parse_byte_size("10GB"), 10'000'000'000);
   EXPECT_EQ(parse_byte_size("2GiB"), int64_t{2} << 30);

@@ -3,7 +3,9 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <limits>
 #include <sstream>
+#include <type_traits>
 
 #include "accelerant/checkpoint.h"
 #include "accelerant/error.h"
@@ -29,8 +31,28 @@ T field(const json& object, const std::string& name, const std::string& where) {
     throw CheckpointError(detail::str(where, ": the field \"", name, "\" is missing. Likely cause: the file was ",
                                       "edited or damaged. Fix: use another checkpoint."), where);
   }
+  const json& value = object.at(name);
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    // nlohmann converts 3e52 or -1 to any integer type without a word (out of range is undefined
+    // behaviour, found by fuzz/fuzz_checkpoint_json): accept only integers that fit T.
+    constexpr uint64_t kMax = static_cast<uint64_t>(std::numeric_limits<T>::max());
+    bool fits = false;
+    if (value.is_number_unsigned()) {
+      fits = value.get<uint64_t>() <= kMax;
+    } else if (value.is_number_integer()) {
+      const int64_t v = value.get<int64_t>();
+      fits = v >= 0 ? static_cast<uint64_t>(v) <= kMax
+                    : std::is_signed_v<T> && v >= static_cast<int64_t>(std::numeric_limits<T>::min());
+    }
+    if (!fits) {
+      throw CheckpointError(detail::str(where, ": the field \"", name, "\" is ", value.dump(),
+                                        ", not an integer in the range of its type. Likely cause: the file was ",
+                                        "edited or damaged. Fix: use another checkpoint."), where);
+    }
+    return value.is_number_unsigned() ? static_cast<T>(value.get<uint64_t>()) : static_cast<T>(value.get<int64_t>());
+  }
   try {
-    return object.at(name).get<T>();
+    return value.get<T>();
   } catch (const json::exception&) {
     throw CheckpointError(detail::str(where, ": the field \"", name, "\" is ", object.at(name).dump(),
                                       ", of the wrong type. Likely cause: the file was edited or damaged. ",
@@ -41,7 +63,7 @@ T field(const json& object, const std::string& name, const std::string& where) {
 json parse_json(const std::string& text, const std::string& where) {
   try {
     return json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     throw CheckpointError(detail::str(where, " is not valid JSON (", e.what(), "). Likely cause: the file was ",
                                       "damaged, or is not a file Accelerant wrote. Fix: use another checkpoint."),
                           where);
