@@ -178,6 +178,7 @@ Communicator& Communicator::operator=(Communicator&&) noexcept = default;
 int Communicator::rank() const { return impl_->rank; }
 int Communicator::size() const { return impl_->size; }
 const std::string& Communicator::broken_reason() const { return impl_->broken_reason; }
+bool Communicator::shared_memory_all_reduce() const { return impl_->shm != nullptr; }
 
 void Communicator::all_reduce_(const torch::Tensor& tensor, ReduceOp op) {
   all_reduce_async_(tensor, op).wait();
@@ -189,7 +190,8 @@ void Communicator::all_reduce_(const torch::Tensor& tensor, ReduceOp op) {
 struct PendingCollective::State {
   Communicator::Impl* comm = nullptr;
   detail::CollectiveCall call;
-  c10::intrusive_ptr<c10d::Work> work;
+  c10::intrusive_ptr<c10d::Work> work;  // Gloo or NCCL, or
+  std::future<void> shm_done;            // the shared-memory path
   torch::Tensor wire;
   torch::Tensor target;
   ReduceOp op = ReduceOp::kSum;
@@ -204,7 +206,11 @@ void PendingCollective::wait() {
   auto state = std::move(state_);  // a second wait() returns at once, even after a failure
   Communicator::Impl& c = *state->comm;
   run_or_fail(c, state->call, [&] { return state->describe(); }, [&] {
-    state->work->wait();
+    if (state->shm_done.valid()) {
+      state->shm_done.get();
+    } else {
+      state->work->wait();
+    }
     if (state->op == ReduceOp::kMean) state->wire.div_(c.size);
     if (!state->wire.is_same(state->target)) state->target.copy_(state->wire);
   });
@@ -227,6 +233,10 @@ PendingCollective Communicator::all_reduce_async_(const torch::Tensor& tensor, R
     // Gloo cannot reduce bf16 (nor a strided view): reduce an fp32 / contiguous copy.
     const bool upcast = tensor.scalar_type() == torch::kBFloat16 && !tensor.is_cuda();
     state->wire = upcast ? tensor.to(torch::kFloat) : tensor.contiguous();
+    if (impl_->shm && detail::ShmAllReduce::supports(state->wire)) {
+      state->shm_done = impl_->shm->submit(state->wire, op);
+      return;
+    }
     c10d::AllreduceOptions opts;
     opts.reduceOp = to_c10d(op);
     std::vector<torch::Tensor> tensors{state->wire};

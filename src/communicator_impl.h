@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "accelerant/communicator.h"
+#include "comm/shm_all_reduce.h"
 #include "torch_compat.h"
 
 namespace accelerant {
@@ -15,6 +16,8 @@ struct Communicator::Impl {
   c10::intrusive_ptr<c10d::Store> store;     // this attempt's store, for debug checks and diagnosis
   c10::intrusive_ptr<detail::CommBackend> gloo;  // CPU tensors
   c10::intrusive_ptr<detail::CommBackend> nccl;  // CUDA tensors (CUDA builds only), may be null
+  // CPU all-reduces when every rank is on this machine (null otherwise, or when turned off)
+  std::unique_ptr<detail::ShmAllReduce> shm;
   int rank = 0;
   int size = 1;
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};

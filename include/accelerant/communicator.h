@@ -92,6 +92,11 @@ class Communicator {
   /// Returns when every rank has called barrier().
   void barrier();
 
+  /// True when CPU all-reduces of float, double, int32 and int64 go through a shared-memory
+  /// segment (every rank on this machine; ACCELERANT_SHM_ALLREDUCE not 0) instead of Gloo.
+  /// See docs/collectives.md "Shared memory".
+  bool shared_memory_all_reduce() const;
+
   /// Set after a failed collective: the message of that failure. A broken communicator throws
   /// at once on every later call, since the peers' state is unknown.
   const std::string& broken_reason() const;

@@ -1,0 +1,123 @@
+// All-reduce bandwidth: the shared-memory path against Gloo over loopback and against memcpy (the
+// machine's own limit), from 1 KB to 100 MB, on 2 and 4 forked ranks. Both transports run in one
+// invocation, alternating rounds, so that they see the same machine. Bandwidth = tensor bytes /
+// median time of one all-reduce (what a training step waits for).
+//   bench_all_reduce_bandwidth [--ranks 2,4] [--rounds 2] [--markdown]
+#include <accelerant/accelerant.h>
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const std::vector<int64_t> kSizes = {1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20, 25 << 20, 100 << 20};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median seconds of `op` after 2 warm-up runs, over enough runs for about 0.3 s (5 to 200). Every
+// rank must run the collective the same number of times, so the count comes from the first run's
+// time as `agree` (the slowest rank's) makes it, the same on every rank.
+template <class Op, class Agree>
+double time_median(Op&& op, Agree&& agree) {
+  op();
+  op();
+  auto timed = [&] {
+    const auto t0 = Clock::now();
+    op();
+    return agree(std::chrono::duration<double>(Clock::now() - t0).count());
+  };
+  std::vector<double> times{timed()};
+  const int runs = static_cast<int>(std::clamp(0.3 / std::max(times[0], 1e-9), 5.0, 200.0));
+  while (static_cast<int>(times.size()) < runs) times.push_back(timed());
+  return median(times);
+}
+
+// One launch of `ranks` workers; rank 0 returns the median seconds per size.
+std::vector<double> all_reduce_seconds(int ranks, bool shared_memory) {
+  ::setenv("ACCELERANT_SHM_ALLREDUCE", shared_memory ? "1" : "0", 1);
+  auto results = accelerant::launch(
+      [shared_memory]() {
+        auto& comm = accelerant::ProcessState::get().communicator();
+        if (comm.shared_memory_all_reduce() != shared_memory) {
+          throw accelerant::Error("the shared-memory path is not in the state this run asked for");
+        }
+        std::vector<double> medians;
+        for (int64_t bytes : kSizes) {
+          auto tensor = torch::rand({bytes / 4});
+          // Each rank's time, maxed across ranks: the collective ends when the slowest rank's does.
+          auto slowest = [&](double seconds) {
+            auto t = torch::tensor({seconds}, torch::kDouble);
+            comm.all_reduce_(t, accelerant::ReduceOp::kMax);
+            return t.item<double>();
+          };
+          medians.push_back(time_median([&] { comm.all_reduce_(tensor); }, slowest));
+        }
+        return torch::tensor(medians, torch::kDouble);
+      },
+      accelerant::LaunchOptions().num_processes(ranks).verbose(false));
+  ::unsetenv("ACCELERANT_SHM_ALLREDUCE");
+  const auto& t = results[0];
+  return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+}
+
+double memcpy_seconds(int64_t bytes) {
+  std::vector<char> from(bytes, 1), to(bytes, 0);
+  return time_median([&] { std::memcpy(to.data(), from.data(), bytes); }, [](double s) { return s; });
+}
+
+std::string size_text(int64_t bytes) {
+  return bytes >= (1 << 20) ? std::to_string(bytes >> 20) + " MB" : std::to_string(bytes >> 10) + " KB";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"All-reduce bandwidth: shared memory vs Gloo vs memcpy"};
+  std::vector<int> world_sizes{2, 4};
+  int rounds = 2;
+  app.add_option("--ranks", world_sizes, "world sizes to measure")->delimiter(',');
+  app.add_option("--rounds", rounds, "alternating rounds per transport; the median is kept")->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+
+  std::vector<double> copy;
+  for (int64_t bytes : kSizes) copy.push_back(memcpy_seconds(bytes));
+  bool goal_met = true;
+  for (int ranks : world_sizes) {
+    std::map<bool, std::vector<std::vector<double>>> runs;
+    for (int round = 0; round < rounds; ++round) {
+      for (bool shm : {true, false}) runs[shm].push_back(all_reduce_seconds(ranks, shm));
+    }
+    std::printf("\n%d ranks%s:\n\n", ranks, ranks > 2 ? " (4 processes on 2 cores: oversubscribed)" : "");
+    std::printf("| size | memcpy GB/s | Gloo GB/s | shared memory GB/s | shared memory / Gloo |\n");
+    std::printf("|---:|---:|---:|---:|---:|\n");
+    for (size_t i = 0; i < kSizes.size(); ++i) {
+      auto pick = [&](bool shm) {
+        std::vector<double> v;
+        for (const auto& run : runs[shm]) v.push_back(run[i]);
+        return median(v);
+      };
+      const double gb = kSizes[i] / 1e9, shm = pick(true), gloo = pick(false);
+      std::printf("| %s | %.2f | %.2f | %.2f | %.2fx |\n", size_text(kSizes[i]).c_str(), gb / copy[i], gb / gloo,
+                  gb / shm, gloo / shm);
+      if (ranks == 2 && kSizes[i] == (25 << 20)) {
+        goal_met = gloo / shm >= 4.0;
+        std::printf("\n");
+        std::printf("GOAL %s: shared memory at 25 MB on 2 ranks is %.2fx Gloo (goal >= 4x)\n\n",
+                    goal_met ? "met" : "MISSED", gloo / shm);
+      }
+    }
+  }
+  return 0;
+}

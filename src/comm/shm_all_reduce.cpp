@@ -1,0 +1,349 @@
+#include "comm/shm_all_reduce.h"
+
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <iterator>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "comm/shared_memory_segment.h"
+#include "text.h"
+
+namespace accelerant::detail {
+namespace {
+
+constexpr uint64_t kMagic = 0x61636365'6c73686dULL;  // "accelshm"
+constexpr int kMaxRanks = 256;
+constexpr size_t kDefaultChunkBytes = 256 * 1024;
+constexpr size_t kAlign = 64;  // a cache line: the ranks' parts never share one
+
+// One rank's corner of the control block, on a cache line of its own.
+struct alignas(64) RankControl {
+  std::atomic<uint32_t> arrivals;  // barriers this rank has reached (wraps; compared as a difference)
+  std::atomic<uint32_t> sleepers;  // peers asleep on `arrivals`, so that arriving wakes only when needed
+  std::atomic<int32_t> pid;
+};
+
+struct ControlBlock {
+  uint64_t magic;
+  uint32_t ranks;
+  uint64_t chunk_bytes;
+  std::atomic<int32_t> aborted_by;  // -1, or the rank that gave up
+  RankControl rank[kMaxRanks];
+};
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be plain atomics");
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+size_t chunk_bytes_from_env() {
+  const char* text = std::getenv("ACCELERANT_SHM_CHUNK_BYTES");
+  if (text == nullptr || *text == '\0') return kDefaultChunkBytes;
+  char* end = nullptr;
+  const unsigned long long value = std::strtoull(text, &end, 10);
+  if (*end != '\0' || value < 4096 || value > (1ull << 30)) {
+    throw std::runtime_error(str("ACCELERANT_SHM_CHUNK_BYTES is \"", text, "\"; expected a number of bytes from 4096 ",
+                                 "to 1073741824. Fix: unset it (default ", kDefaultChunkBytes, ") or correct it."));
+  }
+  return round_up(static_cast<size_t>(value), kAlign);
+}
+
+long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
+  return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
+}
+
+// A process that exited but was not yet reaped (a zombie) still answers kill(pid, 0).
+bool process_gone(pid_t pid) {
+  if (::kill(pid, 0) != 0) return errno == ESRCH;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const size_t paren = text.rfind(')');
+  return paren != std::string::npos && paren + 2 < text.size() && (text[paren + 2] == 'Z' || text[paren + 2] == 'X');
+}
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// Combines part [begin, end) of a chunk over every rank's slot in rank order,
+// ((s0 + s1) + s2) + ..., into the result chunk and this rank's own tensor. Blocks of a few KB
+// keep the running result in L1 while each further rank's values are folded in.
+template <class T, class Combine>
+void reduce_part(T* __restrict result, T* __restrict own, const std::vector<const T*>& slots, size_t begin,
+                 size_t end, Combine combine) {
+  constexpr size_t kBlock = 2048;
+  for (size_t b = begin; b < end; b += kBlock) {
+    const size_t e = std::min(end, b + kBlock);
+    const T* __restrict s0 = slots[0];
+    const T* __restrict s1 = slots[1];
+    for (size_t i = b; i < e; ++i) result[i] = combine(s0[i], s1[i]);
+    for (size_t r = 2; r < slots.size(); ++r) {
+      const T* __restrict s = slots[r];
+      for (size_t i = b; i < e; ++i) result[i] = combine(result[i], s[i]);
+    }
+    std::memcpy(own + b, result + b, (e - b) * sizeof(T));
+  }
+}
+
+}  // namespace
+
+struct ShmAllReduce::Shared {
+  SharedMemorySegment segment;
+  ControlBlock* control = nullptr;
+  std::vector<char*> slots;  // one per rank
+  char* result = nullptr;
+  int rank = 0, size = 1;
+  std::chrono::milliseconds timeout{0};
+  uint32_t barriers = 0;  // barriers this rank has passed
+  std::string broken;     // set after a failure
+
+  std::mutex mutex;
+  std::condition_variable wake;
+  std::deque<std::packaged_task<void()>> queue;
+  bool stopping = false;
+  std::thread worker;
+
+  void serve() {
+    for (;;) {
+      std::packaged_task<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        wake.wait(lock, [&] { return stopping || !queue.empty(); });
+        if (queue.empty()) return;
+        task = std::move(queue.front());
+        queue.pop_front();
+      }
+      task();
+    }
+  }
+
+  [[noreturn]] void give_up(const std::string& reason) {
+    broken = reason;
+    int32_t none = -1;
+    control->aborted_by.compare_exchange_strong(none, rank);
+    for (int r = 0; r < size; ++r) futex(&control->rank[r].arrivals, FUTEX_WAKE, INT32_MAX, nullptr);
+    throw std::runtime_error(reason);
+  }
+
+  // Arrives at the next barrier and waits until every rank has.
+  void barrier(const std::chrono::steady_clock::time_point deadline) {
+    ++barriers;
+    RankControl& mine = control->rank[rank];
+    mine.arrivals.store(barriers, std::memory_order_seq_cst);
+    if (mine.sleepers.load(std::memory_order_seq_cst) > 0) futex(&mine.arrivals, FUTEX_WAKE, INT32_MAX, nullptr);
+    for (int r = 0; r < size; ++r) {
+      if (r != rank) wait_for(r, deadline);
+    }
+  }
+
+  bool reached(RankControl& peer) const {
+    return static_cast<int32_t>(peer.arrivals.load(std::memory_order_acquire) - barriers) >= 0;
+  }
+
+  void wait_for(int r, const std::chrono::steady_clock::time_point deadline) {
+    RankControl& peer = control->rank[r];
+    for (int spin = 0; spin < 4000; ++spin) {
+      if (reached(peer)) return;
+      cpu_relax();
+    }
+    for (;;) {
+      if (reached(peer)) return;
+      if (const int32_t by = control->aborted_by.load(); by >= 0) {
+        give_up(str("rank ", by, " gave up on the shared-memory all-reduce (it failed or timed out there)"));
+      }
+      const pid_t pid = peer.pid.load();
+      if (pid > 0 && process_gone(pid)) {
+        give_up(str("rank ", r, " (pid ", pid, ") exited while this rank waited for it in the shared-memory "
+                    "all-reduce"));
+      }
+      if (std::chrono::steady_clock::now() >= deadline) {
+        give_up(str("rank ", r, " did not reach the shared-memory all-reduce within the timeout of ",
+                    timeout.count(), " ms"));
+      }
+      // Sleep until the peer arrives, at most 5 ms between checks.
+      const uint32_t seen = peer.arrivals.load(std::memory_order_acquire);
+      peer.sleepers.fetch_add(1, std::memory_order_seq_cst);
+      if (!reached(peer)) {
+        const timespec nap{0, 5'000'000};
+        futex(&peer.arrivals, FUTEX_WAIT, seen, &nap);
+      }
+      peer.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    }
+  }
+
+  template <class T>
+  void all_reduce(T* data, size_t count, ReduceOp op) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const size_t chunk = control->chunk_bytes / sizeof(T);
+    const size_t per_line = kAlign / sizeof(T);
+    std::vector<const T*> sources(size);
+    for (int r = 0; r < size; ++r) sources[r] = reinterpret_cast<const T*>(slots[r]);
+    T* result = reinterpret_cast<T*>(this->result);
+    for (size_t offset = 0; offset < count; offset += chunk) {
+      const size_t n = std::min(chunk, count - offset);
+      std::memcpy(slots[rank], data + offset, n * sizeof(T));
+      barrier(deadline);  // every slot holds this chunk
+      const size_t part = round_up((n + size - 1) / size, per_line);
+      const size_t begin = std::min(n, part * rank), end = std::min(n, begin + part);
+      switch (op) {
+        case ReduceOp::kMax:
+          reduce_part(result, data + offset, sources, begin, end, [](T a, T b) { return std::max(a, b); });
+          break;
+        case ReduceOp::kMin:
+          reduce_part(result, data + offset, sources, begin, end, [](T a, T b) { return std::min(a, b); });
+          break;
+        default:
+          reduce_part(result, data + offset, sources, begin, end, [](T a, T b) { return a + b; });
+      }
+      barrier(deadline);  // every part of the result is there, and no rank reads the slots any more
+      // The other ranks' parts; this rank's own part is already in `data`. The result chunk is
+      // not overwritten before every rank has passed the next chunk's first barrier.
+      if (begin > 0) std::memcpy(data + offset, result, begin * sizeof(T));
+      if (end < n) std::memcpy(data + offset + end, result + end, (n - end) * sizeof(T));
+    }
+  }
+
+  void run(const torch::Tensor& tensor, ReduceOp op) {
+    if (!broken.empty()) throw std::runtime_error(str("the shared-memory all-reduce broke earlier: ", broken));
+    const size_t count = static_cast<size_t>(tensor.numel());
+    switch (tensor.scalar_type()) {
+      case torch::kFloat: return all_reduce(tensor.data_ptr<float>(), count, op);
+      case torch::kDouble: return all_reduce(tensor.data_ptr<double>(), count, op);
+      case torch::kInt: return all_reduce(tensor.data_ptr<int32_t>(), count, op);
+      case torch::kLong: return all_reduce(tensor.data_ptr<int64_t>(), count, op);
+      default: throw std::logic_error("ShmAllReduce::run: unsupported dtype (supports() was not asked)");
+    }
+  }
+};
+
+std::unique_ptr<ShmAllReduce> ShmAllReduce::connect(c10d::Store& store, int rank, int size,
+                                                    std::chrono::milliseconds timeout, std::string* why_not) {
+  auto self = std::unique_ptr<ShmAllReduce>(new ShmAllReduce());
+  self->shared_ = std::make_unique<Shared>();
+  Shared& s = *self->shared_;
+  s.rank = rank;
+  s.size = size;
+  s.timeout = timeout;
+  std::string failure;
+  size_t chunk = kDefaultChunkBytes;
+  try {
+    chunk = chunk_bytes_from_env();
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  if (size < 2 || size > kMaxRanks) failure = str(size, " ranks on this machine (from 2 to ", kMaxRanks, " supported)");
+  const size_t header = round_up(sizeof(ControlBlock), 4096);
+  const size_t bytes = header + chunk * static_cast<size_t>(size + 1);
+  auto to_bytes = [](const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); };
+
+  // Rank 0 creates and publishes the name (or why it could not); the others map it.
+  if (rank == 0) {
+    std::string name;
+    if (failure.empty()) {
+      try {
+        s.segment = SharedMemorySegment::create(bytes);
+        auto* control = new (s.segment.data()) ControlBlock();
+        control->magic = kMagic;
+        control->ranks = static_cast<uint32_t>(size);
+        control->chunk_bytes = chunk;
+        control->aborted_by.store(-1);
+        name = s.segment.name();
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+    }
+    store.set("shm/name", to_bytes(failure.empty() ? "ok " + name : "failed " + failure));
+  }
+  store.wait({"shm/name"}, timeout);
+  const auto published = store.get("shm/name");
+  const std::string answer(published.begin(), published.end());
+  if (answer.rfind("failed ", 0) == 0) {
+    failure = str("rank 0: ", answer.substr(7));
+  } else if (rank != 0 && failure.empty()) {
+    try {
+      s.segment = SharedMemorySegment::open(answer.substr(3), bytes);
+      auto* control = static_cast<ControlBlock*>(s.segment.data());
+      if (control->magic != kMagic || control->ranks != static_cast<uint32_t>(size) || control->chunk_bytes != chunk) {
+        failure = "the segment was made for another configuration (ACCELERANT_SHM_CHUNK_BYTES or the number of "
+                  "ranks differs between ranks)";
+      }
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+
+  // Every rank says whether it is attached; all decide alike. Then the name goes from /dev/shm.
+  store.set(str("shm/attached/", rank), to_bytes(failure.empty() ? "ok" : failure));
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(str("shm/attached/", r));
+  store.wait(keys, timeout);
+  std::string reasons;
+  for (int r = 0; r < size; ++r) {
+    const auto reply = store.get(keys[r]);
+    const std::string text(reply.begin(), reply.end());
+    if (text != "ok") reasons += str(reasons.empty() ? "" : "; ", "rank ", r, ": ", text);
+  }
+  s.segment.unlink();
+  if (!reasons.empty()) {
+    if (why_not) *why_not = reasons;
+    return nullptr;
+  }
+  s.control = static_cast<ControlBlock*>(s.segment.data());
+  s.control->rank[rank].pid.store(static_cast<int32_t>(::getpid()));
+  char* base = static_cast<char*>(s.segment.data()) + header;
+  for (int r = 0; r <= size; ++r) s.slots.push_back(base + chunk * static_cast<size_t>(r));
+  s.result = s.slots.back();
+  s.slots.pop_back();
+  // Every pid is written before the first collective can wait on it.
+  store.set(str("shm/ready/", rank), to_bytes("ok"));
+  for (int r = 0; r < size; ++r) keys[r] = str("shm/ready/", r);
+  store.wait(keys, timeout);
+  s.worker = std::thread([&s] { s.serve(); });
+  return self;
+}
+
+ShmAllReduce::~ShmAllReduce() {
+  if (!shared_) return;
+  {
+    std::lock_guard<std::mutex> lock(shared_->mutex);
+    shared_->stopping = true;
+  }
+  shared_->wake.notify_all();
+  if (shared_->worker.joinable()) shared_->worker.join();
+}
+
+bool ShmAllReduce::supports(const torch::Tensor& tensor) {
+  if (tensor.is_cuda() || !tensor.is_contiguous()) return false;
+  const auto type = tensor.scalar_type();
+  return type == torch::kFloat || type == torch::kDouble || type == torch::kInt || type == torch::kLong;
+}
+
+std::future<void> ShmAllReduce::submit(torch::Tensor tensor, ReduceOp op) {
+  Shared& s = *shared_;
+  std::packaged_task<void()> task([&s, tensor = std::move(tensor), op] { s.run(tensor, op); });
+  auto done = task.get_future();
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.queue.push_back(std::move(task));
+  }
+  s.wake.notify_one();
+  return done;
+}
+
+size_t ShmAllReduce::chunk_bytes() const { return shared_->control->chunk_bytes; }
+
+}  // namespace accelerant::detail

@@ -1,0 +1,170 @@
+// The shared-memory all-reduce between forked ranks of this machine: the same bits as Gloo on two
+// ranks, a fixed summation order on four, a dead peer named at once, nothing left in /dev/shm.
+#include <accelerant/accelerant.h>
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+
+#include "../src/comm/shared_memory_segment.h"
+#include "test_support.h"
+
+using namespace accelerant;
+using Clock = std::chrono::steady_clock;
+using accelerant::testing::ScratchDir;
+namespace segments = accelerant::detail;
+
+namespace {
+
+bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+
+// Sizes around the 256 KiB chunk (65536 floats): one element, a partial chunk, several chunks.
+const std::vector<int64_t> kSizes = {1, 17, 65536, 70001, 300000};
+
+// Each rank's results of sums, max and min in float, double and int64, flattened into one
+// double tensor; the first element says whether the shared-memory path carried them.
+torch::Tensor reduce_everything(int index) {
+  auto& comm = ProcessState::get().communicator();
+  std::vector<torch::Tensor> out{torch::tensor({comm.shared_memory_all_reduce() ? 1.0 : 0.0}, torch::kDouble)};
+  torch::manual_seed(100 + index);
+  for (int64_t n : kSizes) {
+    auto f = torch::randn({n}) * std::pow(10.0f, index);
+    auto d = torch::randn({n}, torch::kDouble);
+    auto l = torch::randint(-1000, 1000, {n}, torch::kLong);
+    out.push_back(comm.all_reduce(f, ReduceOp::kSum).to(torch::kDouble));
+    out.push_back(comm.all_reduce(f, ReduceOp::kMean).to(torch::kDouble));
+    out.push_back(comm.all_reduce(d, ReduceOp::kMax));
+    out.push_back(comm.all_reduce(l, ReduceOp::kMin).to(torch::kDouble));
+    out.push_back(comm.all_reduce(l, ReduceOp::kSum).to(torch::kDouble));
+  }
+  return torch::cat(out);
+}
+
+std::vector<torch::Tensor> run_with_shm(bool on, int ranks) {
+  ::setenv("ACCELERANT_SHM_ALLREDUCE", on ? "1" : "0", 1);
+  auto results = launch(reduce_everything, LaunchOptions().num_processes(ranks).timeout(std::chrono::seconds(60)).verbose(false));
+  ::unsetenv("ACCELERANT_SHM_ALLREDUCE");
+  return results;
+}
+
+bool shm_has_segment_of(pid_t pid) {
+  const std::string prefix = "accelerant-shm-" + std::to_string(pid) + "-";
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    if (entry.path().filename().string().rfind(prefix, 0) == 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST(ShmAllReduce, TwoRanksGetGloosBitsExactly) {
+  const auto shm = run_with_shm(true, 2);
+  const auto gloo = run_with_shm(false, 2);
+  ASSERT_EQ(shm.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(shm[r][0].item<double>(), 1.0) << "the shared-memory path should carry the all-reduces";
+    EXPECT_EQ(gloo[r][0].item<double>(), 0.0) << "ACCELERANT_SHM_ALLREDUCE=0 should turn it off";
+    EXPECT_TRUE(torch::equal(shm[r].slice(0, 1), gloo[r].slice(0, 1))) << "rank " << r;
+    EXPECT_TRUE(torch::equal(shm[r], shm[0]));
+  }
+}
+
+TEST(ShmAllReduce, FourRanksSumInRankOrderAndAgreeBitForBit) {
+  const int64_t n = 200003;
+  auto results = launch(
+      [n](int index) {
+        torch::manual_seed(7 + index);
+        auto mine = torch::randn({n}) * std::pow(1000.0f, index);  // magnitudes make the order matter
+        return ProcessState::get().communicator().all_reduce(mine);
+      },
+      LaunchOptions().num_processes(4).timeout(std::chrono::seconds(60)).verbose(false));
+  torch::Tensor expected;
+  for (int index = 0; index < 4; ++index) {
+    torch::manual_seed(7 + index);
+    auto t = torch::randn({n}) * std::pow(1000.0f, index);
+    expected = index == 0 ? t : expected + t;  // ((t0 + t1) + t2) + t3, in float
+  }
+  ASSERT_EQ(results.size(), 4u);
+  for (const auto& r : results) EXPECT_TRUE(torch::equal(r, expected));
+}
+
+TEST(ShmAllReduce, APeerThatDiesIsNamedWithinSecondsAndNothingStaysInDevShm) {
+  ScratchDir scratch;
+  const std::string report = scratch.path + "/rank0.txt";
+  const auto start = Clock::now();
+  // The peer vanishes with exit status 0, so that the launcher does not stop rank 0 first (it
+  // would on a failure) and rank 0 meets the death inside the all-reduce.
+  try {
+      launch(
+          [&](int index) {
+            auto& comm = ProcessState::get().communicator();
+            auto big = torch::ones({1 << 20});
+            comm.all_reduce_(big);
+            if (index == 1) ::_exit(0);
+            const auto t0 = Clock::now();
+            std::string text = "no error";
+            try {
+              for (int i = 0; i < 1000; ++i) comm.all_reduce_(big);
+            } catch (const CollectiveError& e) {
+              text = e.what();
+            }
+            const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+            { std::ofstream(report) << ::getpid() << "\n" << waited << "\n" << text; }
+            ::_exit(0);  // the group is broken; leave without the orderly shutdown
+          },
+          LaunchOptions().num_processes(2).timeout(std::chrono::seconds(60)).verbose(false));
+  } catch (const LaunchError&) {
+    // rank 1 returned no result; what matters is rank 0's report
+  }
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(30));
+  std::ifstream in(report);
+  pid_t pid = 0;
+  long waited = 0;
+  in >> pid >> waited;
+  const std::string message((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  SCOPED_TRACE(message);
+  EXPECT_TRUE(contains(message, "rank 1 (pid")) << "the dead rank and its pid are named";
+  EXPECT_TRUE(contains(message, "exited while this rank waited for it"));
+  EXPECT_TRUE(contains(message, "[rank 0/2]"));
+  EXPECT_LT(waited, 10000) << "a dead peer is noticed long before the 60 s timeout";
+  EXPECT_FALSE(shm_has_segment_of(pid)) << "the segment is unlinked once every rank mapped it";
+}
+
+TEST(ShmAllReduce, SegmentsOfDeadCreatorsAreRemovedLiveOnesKept) {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ::waitpid(child, nullptr, 0);
+  auto make = [](pid_t pid) {
+    const std::string name = segments::SharedMemorySegment::kNamePrefix + std::to_string(pid) + "-test";
+    const int fd = ::shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
+    EXPECT_GE(fd, 0);
+    ::close(fd);
+    return name;
+  };
+  const std::string dead = make(child), live = make(::getpid());
+  EXPECT_GE(segments::remove_stale_segments(), 1);
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm" + dead));
+  EXPECT_TRUE(std::filesystem::exists("/dev/shm" + live));
+  ::shm_unlink(live.c_str());
+}
+
+TEST(ShmAllReduce, ABadSettingIsAClearError) {
+  ::setenv("ACCELERANT_SHM_ALLREDUCE", "yes", 1);
+  auto run = [] {
+    launch([](int) { ProcessState::get(); }, LaunchOptions().num_processes(2).timeout(std::chrono::seconds(20)).verbose(false));
+  };
+  try {
+    run();
+    ADD_FAILURE() << "ACCELERANT_SHM_ALLREDUCE=yes was accepted";
+  } catch (const LaunchError& e) {
+    EXPECT_TRUE(contains(e.what(), "ACCELERANT_SHM_ALLREDUCE is \"yes\"")) << e.what();
+  }
+  ::unsetenv("ACCELERANT_SHM_ALLREDUCE");
+}
