@@ -23,9 +23,17 @@ std::string random_nonce() {
   return str(std::hex, device(), device());
 }
 
-void* map_shared(int fd, size_t bytes) {
+// Maps `bytes` of the open segment `fd` and closes `fd` (the mapping keeps the memory).
+void* map_and_close(int fd, size_t bytes) {
   void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  return data == MAP_FAILED ? nullptr : data;
+  const int map_error = errno;
+  ::close(fd);
+  if (data == MAP_FAILED) {
+    throw std::runtime_error(str("cannot map ", bytes, " bytes of the shared-memory segment: ", std::strerror(map_error),
+                                 ". Likely cause: the address space or memory lock limits. Fix: raise them, or set ",
+                                 "ACCELERANT_SHM_ALLREDUCE=0 to reduce through Gloo only."));
+  }
+  return data;
 }
 
 }  // namespace
@@ -69,12 +77,7 @@ SharedMemorySegment SharedMemorySegment::create(size_t bytes) {
                                  "(a container's default is 64 MB). Fix: enlarge it (docker --shm-size), ",
                                  "lower ACCELERANT_SHM_CHUNK_BYTES, or set ACCELERANT_SHM_ALLREDUCE=0."));
   }
-  segment.data_ = map_shared(fd, bytes);
-  const int map_error = errno;
-  ::close(fd);
-  if (segment.data_ == nullptr) {
-    throw std::runtime_error(str("cannot map the shared-memory segment: ", std::strerror(map_error), "."));
-  }
+  segment.data_ = map_and_close(fd, bytes);
   segment.size_ = bytes;
   return segment;
 }
@@ -86,20 +89,17 @@ SharedMemorySegment SharedMemorySegment::open(const std::string& name, size_t by
   if (fd < 0) {
     throw std::runtime_error(str("cannot open the shared-memory segment /dev/shm", name, " that the first rank ",
                                  "of this machine created: ", std::strerror(errno), ". Likely cause: the ",
-                                 "processes do not share /dev/shm (separate containers) or run as other users."));
+                                 "processes do not share /dev/shm (separate containers) or run as other users. Fix: run the ",
+                                 "ranks of a machine in one container as one user, or set ACCELERANT_SHM_ALLREDUCE=0."));
   }
   struct stat info {};
   if (::fstat(fd, &info) != 0 || static_cast<size_t>(info.st_size) < bytes) {
     ::close(fd);
     throw std::runtime_error(str("the shared-memory segment /dev/shm", name, " is smaller than the ", bytes,
-                                 " bytes expected. Likely cause: the ranks run different Accelerant builds."));
+                                 " bytes expected. Likely cause: the ranks run different Accelerant builds. Fix: start every rank ",
+                                 "from the same build."));
   }
-  segment.data_ = map_shared(fd, bytes);
-  const int map_error = errno;
-  ::close(fd);
-  if (segment.data_ == nullptr) {
-    throw std::runtime_error(str("cannot map the shared-memory segment: ", std::strerror(map_error), "."));
-  }
+  segment.data_ = map_and_close(fd, bytes);
   segment.size_ = bytes;
   return segment;
 }
