@@ -94,6 +94,7 @@ int main(int argc, char** argv) {
   std::vector<double> copy;
   for (int64_t bytes : kSizes) copy.push_back(memcpy_seconds(bytes));
   bool goal_met = true;
+  double goal_ratio = 0;
   for (int ranks : world_sizes) {
     std::map<bool, std::vector<std::vector<double>>> runs;
     for (int round = 0; round < rounds; ++round) {
@@ -113,10 +114,12 @@ int main(int argc, char** argv) {
                   gb / shm, gloo / shm);
       if (ranks == 2 && kSizes[i] == (25 << 20)) {
         goal_met = gloo / shm >= 4.0;
-        std::printf("\n");
-        std::printf("GOAL %s: shared memory at 25 MB on 2 ranks is %.2fx Gloo (goal >= 4x)\n\n",
-                    goal_met ? "met" : "MISSED", gloo / shm);
+        goal_ratio = gloo / shm;
       }
+    }
+    if (ranks == 2 && goal_ratio > 0) {  // after the table: a line inside it would end it
+      std::printf("\nGOAL %s: shared memory at 25 MB on 2 ranks is %.2fx Gloo (goal >= 4x)\n",
+                  goal_met ? "met" : "MISSED", goal_ratio);
     }
   }
   return 0;

@@ -138,10 +138,15 @@ void Accelerator::prepare_model(const std::shared_ptr<torch::nn::Module>& model)
 }
 
 PreparedOptimizer Accelerator::prepare_optimizer(torch::optim::Optimizer& optimizer) {
-  if (std::find(optimizers_.begin(), optimizers_.end(), &optimizer) == optimizers_.end()) {
+  auto known = std::find(optimizers_.begin(), optimizers_.end(), &optimizer);
+  if (known == optimizers_.end()) {
     optimizers_.push_back(&optimizer);
+    // A fused type already steps fused; a torch::optim one gets an updater bound to it.
+    const bool wrap = options_.fused_optimizers() && fused_updater_of(optimizer) == nullptr;
+    fused_updaters_.push_back(wrap ? std::make_shared<FusedUpdater>(optimizer) : nullptr);
+    known = optimizers_.end() - 1;
   }
-  return PreparedOptimizer(optimizer, state_);
+  return PreparedOptimizer(optimizer, state_, fused_updaters_[static_cast<size_t>(known - optimizers_.begin())]);
 }
 
 PreparedScheduler Accelerator::prepare_scheduler(torch::optim::LRScheduler& scheduler) {

@@ -181,7 +181,8 @@ std::string Accelerator::save_state(const std::string& requested_dir) {
         write(model_file(i), detail::module_state_bytes(*models_[i].module), detail::str("model ", i));
       }
       for (size_t i = 0; i < optimizers_.size(); ++i) {
-        write(optimizer_file(i), detail::optimizer_state_bytes(*optimizers_[i]), detail::str("optimizer ", i));
+        write(optimizer_file(i), detail::optimizer_state_bytes(*optimizers_[i], fused_updaters_[i].get()),
+              detail::str("optimizer ", i));
       }
       if (state_->scaler) {
         write(kScalerFile,
@@ -397,7 +398,9 @@ Accelerator::LoadedCheckpoint Accelerator::snapshot_for_rollback() const {
   now.dir = "(the state before load_state)";
   now.state = training_state_now();
   for (const auto& m : models_) now.models.push_back(detail::module_state_bytes(*m.module));
-  for (auto* o : optimizers_) now.optimizers.push_back(detail::optimizer_state_bytes(*o));
+  for (size_t i = 0; i < optimizers_.size(); ++i) {
+    now.optimizers.push_back(detail::optimizer_state_bytes(*optimizers_[i], fused_updaters_[i].get()));
+  }
   for (const auto& o : checkpoint_objects_) now.custom_objects.push_back(detail::archive_to_bytes(o.save));
   if (state_->scaler) {
     now.scaler = detail::archive_to_bytes([&](torch::serialize::OutputArchive& a) { state_->scaler->save(a); });
@@ -411,7 +414,8 @@ void Accelerator::apply_checkpoint(const LoadedCheckpoint& loaded) {
     detail::load_module_state(*models_[i].module, loaded.models[i], loaded.dir + "/" + model_file(i));
   }
   for (size_t i = 0; i < optimizers_.size(); ++i) {
-    detail::load_optimizer_state(*optimizers_[i], loaded.optimizers[i], loaded.dir + "/" + optimizer_file(i));
+    detail::load_optimizer_state(*optimizers_[i], loaded.optimizers[i], loaded.dir + "/" + optimizer_file(i),
+                                 fused_updaters_[i].get());
   }
   for (size_t i = 0; i < checkpoint_objects_.size(); ++i) {
     auto archive = detail::archive_from_bytes(loaded.custom_objects[i], loaded.dir + "/" + custom_file(i));

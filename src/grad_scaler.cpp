@@ -1,5 +1,7 @@
 #include "accelerant/grad_scaler.h"
 
+#include "accelerant/fused_optimizer.h"
+
 #include "accelerant/error.h"
 #include "text.h"
 
@@ -59,6 +61,7 @@ void GradScaler::unscale_(const std::vector<torch::Tensor>& params) {
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) { unscale_(optimizer_params(optimizer)); }
 
 bool GradScaler::step(torch::optim::Optimizer& optimizer) {
+  if (FusedUpdater* fused = fused_updater_of(optimizer)) return step(*fused);
   if (!enabled()) {
     optimizer.step();
     return true;
@@ -68,6 +71,17 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   if (found_inf_.item<float>() != 0.0f) return false;
   optimizer.step();
   return true;
+}
+
+bool GradScaler::step(FusedUpdater& updater) {
+  if (!enabled()) {
+    updater.step();
+    return true;
+  }
+  if (!unscaled_) unscale_(updater.optimizer());
+  updater.step_unless(found_inf_);  // queued on the device with the flag: no sync before it
+  // Read only after the step was queued, for the caller's step counters.
+  return found_inf_.item<float>() == 0.0f;
 }
 
 void GradScaler::update() {

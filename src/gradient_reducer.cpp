@@ -9,6 +9,7 @@
 
 #include "accelerant/error.h"
 #include "accelerant/gradient_buckets.h"
+#include "tensor_alias.h"
 #include "text.h"
 
 namespace accelerant {
@@ -32,6 +33,9 @@ struct GradientReducer::State {
   std::vector<std::vector<torch::Tensor>> views;   // per bucket, per packed parameter
   std::vector<int> bucket_of;                      // parameter index -> bucket, -1 when frozen
   std::vector<size_t> slot_of;                     // parameter index -> position in its bucket
+  // Parameter index -> whether its .grad can live in the bucket itself (same dtype and device as
+  // the bucket): then autograd accumulates straight into the bucket and nothing is copied.
+  std::vector<bool> bindable;
   // Grad accumulators keep our post-hooks firing only while these references live.
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
 
@@ -52,6 +56,7 @@ struct GradientReducer::State {
     next_bucket = 0;
     ready_count = 0;
     stats.buckets_started_during_backward = 0;
+    stats.gradient_copies = 0;
     in_backward = true;
   }
 
@@ -65,16 +70,41 @@ struct GradientReducer::State {
     }
   }
 
+  bool in_bucket(size_t i) const {
+    const int b = bucket_of[i];
+    return detail::aliases(params[i].grad(), flat[b], plan[b].offsets[slot_of[i]]);
+  }
+
+  // The gradient of parameter i becomes its bucket slot's alias (autograd then accumulates into
+  // the bucket), keeping the value it has.
+  void bind_to_bucket(size_t i) {
+    const int b = bucket_of[i];
+    torch::Tensor& param = params[i];
+    torch::Tensor alias = detail::alias_into(flat[b], plan[b].offsets[slot_of[i]], param.sizes());
+    if (param.grad().defined()) {
+      alias.copy_(param.grad());
+    } else {
+      alias.zero_();
+    }
+    param.mutable_grad() = alias;
+  }
+
   void mark_ready(size_t i) {
     const int b = bucket_of[i];
     const torch::Tensor& grad = params[i].grad();
     torch::Tensor& view = views[b][slot_of[i]];
-    if (grad.defined()) {
-      if (grad.is_sparse()) {
-        throw Error(detail::str("Parameter '", names[i], "' has a sparse gradient, which the gradient ",
-                                "reducer cannot bucket. Fix: use dense gradients (e.g. Embedding ",
-                                "without sparse=true)."));
-      }
+    if (grad.defined() && grad.is_sparse()) {
+      throw Error(detail::str("Parameter '", names[i], "' has a sparse gradient, which the gradient ",
+                              "reducer cannot bucket. Fix: use dense gradients (e.g. Embedding ",
+                              "without sparse=true)."));
+    }
+    if (in_bucket(i)) {
+      // Already there: autograd accumulated into the bucket.
+    } else if (bindable[i]) {
+      ++stats.gradient_copies;  // e.g. zero_grad set it to none, or a new .grad was assigned
+      bind_to_bucket(i);
+    } else if (grad.defined()) {
+      ++stats.gradient_copies;
       view.copy_(grad.reshape({-1}));
     } else {
       view.zero_();
@@ -130,8 +160,10 @@ struct GradientReducer::State {
     torch::NoGradGuard no_grad;
     for (size_t b = 0; b < plan.size(); ++b) {
       for (size_t k = 0; k < plan[b].params.size(); ++k) {
-        torch::Tensor& param = params[plan[b].params[k]];
+        const size_t i = plan[b].params[k];
+        torch::Tensor& param = params[i];
         const torch::Tensor& averaged = views[b][k];
+        if (in_bucket(i)) continue;  // averaged in place
         if (param.grad().defined()) {
           param.mutable_grad().copy_(averaged.view(param.grad().sizes()));
         } else {  // unused here (allowed): the other ranks' average
@@ -173,11 +205,22 @@ GradientReducer::GradientReducer(const torch::OrderedDict<std::string, torch::Te
       ++s.trainable;
     }
   }
+  s.bindable.assign(s.params.size(), false);
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    const int b = s.bucket_of[i];
+    s.bindable[i] = b >= 0 && options.gradient_as_bucket_view() && s.flat[b].scalar_type() == s.params[i].scalar_type();
+  }
   s.ready.assign(s.params.size(), false);
   s.waiting.assign(s.plan.size(), 0);
   s.in_flight.resize(s.plan.size());
   s.stats.buckets = static_cast<int64_t>(s.plan.size());
   if (communicator.size() == 1) return;  // nothing to average: no hooks, no cost
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < s.params.size(); ++i) {
+      if (s.bindable[i]) s.bind_to_bucket(i);
+    }
+  }
   for (size_t i = 0; i < s.params.size(); ++i) {
     if (s.bucket_of[i] < 0) continue;
     auto accumulator = torch::autograd::impl::grad_accumulator(s.params[i]);

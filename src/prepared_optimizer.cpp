@@ -4,17 +4,23 @@
 
 namespace accelerant {
 
-PreparedOptimizer::PreparedOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<TrainingState> state)
-    : optimizer_(&optimizer), state_(std::move(state)) {
+PreparedOptimizer::PreparedOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<TrainingState> state,
+                                     std::shared_ptr<FusedUpdater> fused)
+    : optimizer_(&optimizer), state_(std::move(state)), fused_(std::move(fused)) {
   if (!state_) throw Error("PreparedOptimizer needs a TrainingState; got null. Fix: pass std::make_shared<TrainingState>().");
+  if (fused_ && &fused_->optimizer() != optimizer_) {
+    throw Error("PreparedOptimizer: the fused update is bound to another optimizer. Fix: bind it to this one.");
+  }
 }
 
 bool PreparedOptimizer::step() {
   if (!state_->sync_gradients) return false;
   bool stepped = true;
   if (state_->scaler && state_->scaler->enabled()) {
-    stepped = state_->scaler->step(*optimizer_);
+    stepped = fused_ ? state_->scaler->step(*fused_) : state_->scaler->step(*optimizer_);
     state_->scaler->update();
+  } else if (fused_) {
+    fused_->step();
   } else {
     optimizer_->step();
   }

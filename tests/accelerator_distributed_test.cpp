@@ -228,3 +228,35 @@ TEST(AcceleratorDistributed, CpuDefaultsTakeTheLauncherThreadCountForBothPools) 
     EXPECT_EQ(r[1].item<int64_t>(), 2);
   }
 }
+
+TEST(AcceleratorDistributed, GradientsLiveInTheBucketsAndAReplacedGradientIsBoundAgain) {
+  auto results = launch(
+      [](int rank) {
+        auto& comm = ProcessState::get().communicator();
+        torch::nn::Sequential model(torch::nn::Linear(4, 8), torch::nn::Linear(8, 2));
+        GradientReducer reducer(model->named_parameters(), comm);
+        auto x = torch::full({3, 4}, static_cast<float>(rank + 1));
+        std::vector<float> out;
+        auto pass = [&] {
+          model->forward(x).sum().backward();
+          out.push_back(static_cast<float>(reducer.stats().gradient_copies));
+        };
+        pass();  // bound at construction: nothing to copy
+        for (auto& p : model->parameters()) p.mutable_grad().zero_();
+        pass();
+        out.push_back(model[1]->as<torch::nn::Linear>()->bias.grad()[0].item<float>());
+        for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();  // set to none
+        pass();  // each replaced .grad copied once, and bound again
+        for (auto& p : model->parameters()) p.mutable_grad().zero_();
+        pass();
+        return torch::tensor(out);
+      },
+      ranks(2));
+  for (const auto& r : results) {
+    EXPECT_EQ(r[0].item<float>(), 0);
+    EXPECT_EQ(r[1].item<float>(), 0);
+    EXPECT_EQ(r[2].item<float>(), 3) << "the bias gradient is the batch size on every rank, averaged";
+    EXPECT_EQ(r[3].item<float>(), 4) << "four replaced gradients";
+    EXPECT_EQ(r[4].item<float>(), 0) << "not bound again after being replaced";
+  }
+}

@@ -89,10 +89,10 @@ torch::Tensor run_training(const AcceleratorOptions& options, int64_t epochs,
 }
 
 // With `stop_after` >= 0 it saves into `dir` after that many steps and stops; with `resume` it
-// first loads `dir`.
-torch::Tensor train(const std::string& dir, int64_t stop_after, bool resume, int64_t epochs = 3) {
+// first loads `dir`. `fused`: prepare steps the SGD with the fused update.
+torch::Tensor train(const std::string& dir, int64_t stop_after, bool resume, int64_t epochs = 3, bool fused = false) {
   return run_training(
-      AcceleratorOptions().seed(11), epochs,
+      AcceleratorOptions().seed(11).fused_optimizers(fused), epochs,
       [&](Accelerator& acc) {
         if (resume) acc.load_state(dir);
       },
@@ -188,6 +188,24 @@ TEST(Checkpoint, ResumingMidEpochOnTwoProcessesEndsBitIdenticalToTheUninterrupte
   }
   EXPECT_FALSE(torch::equal(uninterrupted[0], launch([dir](int) { return train(dir, 8, false); }, ranks(2))[0]))
       << "the comparison cannot fail: stopping early gives the same parameters";
+}
+
+TEST(Checkpoint, AFusedOptimizerResumesMidEpochBitIdenticalAndAPlainCheckpointIsRefused) {
+  ScratchDir scratch;
+  const std::string dir = scratch.path + "/fused", plain = scratch.path + "/plain";
+  auto uninterrupted = launch([](int) { return train("", -1, false, 3, true); }, ranks(2));
+  launch([dir](int) { return train(dir, 8, false, 3, true); }, ranks(2));
+  auto resumed = launch([dir](int) { return train(dir, -1, true, 3, true); }, ranks(2));
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(torch::equal(resumed[r], uninterrupted[r])) << "rank " << r;
+  // A checkpoint without fused state (fused_optimizers off when saved) cannot give its momentum.
+  launch([plain](int) { return train(plain, 8, false); }, ranks(1));
+  try {
+    launch([plain](int) { return train(plain, -1, true, 3, true); }, ranks(1));
+    FAIL() << "a checkpoint without fused state was loaded into a fused optimizer";
+  } catch (const std::exception& e) {
+    EXPECT_TRUE(contains(e.what(), "optimizer_0.pt")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "saved without fused optimizer state")) << e.what();
+  }
 }
 
 TEST(Checkpoint, AutoResumeAfterARestartEndsBitIdenticalToTheUninterruptedRun) {

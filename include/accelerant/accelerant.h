@@ -12,6 +12,7 @@
 #include "accelerant/data_sharding.h"
 #include "accelerant/distributed_env.h"
 #include "accelerant/error.h"
+#include "accelerant/fused_optimizer.h"
 #include "accelerant/grad_scaler.h"
 #include "accelerant/gradient_buckets.h"
 #include "accelerant/gradient_reducer.h"

@@ -273,6 +273,7 @@ class Accelerator {
   std::shared_ptr<TrainingState> state_;
   std::vector<PreparedModel> models_;
   std::vector<torch::optim::Optimizer*> optimizers_;
+  std::vector<std::shared_ptr<FusedUpdater>> fused_updaters_;  // per optimizer; null: its own step()
   std::vector<PreparedScheduler> schedulers_;
   std::vector<DataLoader> loaders_;  // share their position with the user's copies
   struct CheckpointObject {

@@ -44,6 +44,10 @@ struct AcceleratorOptions {
   /// OMP_NUM_THREADS chose), and malloc thresholds that keep step-sized buffers out of mmap.
   /// Default: true.
   TORCH_ARG(std::optional<bool>, cpu_defaults) = std::nullopt;
+  /// prepare(optimizer) steps torch::optim::SGD, Adam and AdamW with a fused update
+  /// (fused_optimizer.h): one pass over a contiguous arena per step instead of several tensor
+  /// operations per parameter. Other optimizer types are refused while this is on. Default: false.
+  TORCH_ARG(bool, fused_optimizers) = false;
   /// Gradient bucket size in MiB for the all-reduce during backward. Default: 25.
   TORCH_ARG(int64_t, bucket_cap_mb) = 25;
   /// Treat trainable parameters that get no gradient as zero gradients instead of an error.

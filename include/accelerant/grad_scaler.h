@@ -8,8 +8,9 @@
 //   scaler.update();          // adapts the scale
 //
 // Found-inf detection and the scale update are tensor operations on the gradients' device: no
-// host synchronisation. Only step() with a torch::optim optimizer reads the flag on the host,
-// once, to decide whether to call optimizer.step().
+// host synchronisation. step() with a torch::optim optimizer reads the flag on the host, once,
+// to decide whether to call optimizer.step(); with a fused optimizer (fused_optimizer.h) the
+// decision stays on the device.
 #pragma once
 
 #include <torch/arg.h>
@@ -21,6 +22,8 @@
 #include <vector>
 
 namespace accelerant {
+
+class FusedUpdater;
 
 struct GradScalerOptions {
   /// Default: 65536 (2^16).
@@ -48,6 +51,9 @@ class GradScaler {
   /// Unscales if needed, then runs optimizer.step() unless a gradient overflowed. Returns whether
   /// it stepped.
   bool step(torch::optim::Optimizer& optimizer);
+  /// The same for a fused update: the skip decision stays on the device (step_unless); the
+  /// returned flag is read after the step was queued.
+  bool step(FusedUpdater& updater);
   /// Shrinks the scale after an overflow, grows it after growth_interval clean steps, and resets
   /// the per-step state. Call once per optimizer step, after step().
   void update();

@@ -1,12 +1,14 @@
 // Data-parallel gradients: averages a model's gradients across processes while backward is still
 // running, so that communication hides behind computation (what DDP's Reducer does in Python).
 //
-// Gradients are packed into the buckets of plan_buckets(). A hook on each parameter's gradient
-// accumulator copies the finished gradient into its bucket; when a bucket is full its all-reduce
-// starts at once, on Gloo's (or NCCL's) own threads, while autograd goes on with earlier layers.
-// Buckets start strictly in plan order, so every rank issues the same collectives in the same
-// order. A callback queued on the autograd engine runs when backward ends: it waits for the
-// buckets and writes the averages back into .grad.
+// Gradients live in the buckets of plan_buckets(): each .grad is a slice of its bucket, so
+// autograd accumulates into the bucket itself. A hook on each parameter's gradient accumulator
+// marks the gradient finished; when a bucket is full its all-reduce starts at once, on Gloo's (or
+// NCCL's, or the shared-memory transport's) own threads, while autograd goes on with earlier
+// layers. Buckets start strictly in plan order, so every rank issues the same collectives in the
+// same order. A callback queued on the autograd engine runs when backward ends: it waits for the
+// buckets, whose contents are then the averaged gradients. (Gradients that cannot live in a
+// bucket are copied in and back.)
 //
 // Accelerator::prepare builds one per model; it is usable alone:
 //   accelerant::GradientReducer reducer(model->named_parameters(), communicator);
@@ -33,6 +35,12 @@ struct GradientReducerOptions {
   /// bucket could never be reduced, and the ranks would wait for each other until the timeout).
   /// With this set, such parameters count as a zero gradient instead. Default: false.
   TORCH_ARG(bool, allow_unused_parameters) = false;
+  /// Each parameter's .grad is a slice of its bucket (as DDP's gradient_as_bucket_view), so
+  /// autograd accumulates into the bucket and the all-reduce averages the gradients in place: no
+  /// copy into the bucket and none back. Gradients of another dtype than their bucket's (bf16 on
+  /// the CPU, which travels as fp32) are still copied. A .grad replaced from outside (set to none,
+  /// assigned) is copied once and bound again. Default: true.
+  TORCH_ARG(bool, gradient_as_bucket_view) = true;
 };
 
 /// What the reducer did, for tests and benchmarks.
@@ -47,6 +55,8 @@ struct GradientReducerStats {
   /// Last reduction: seconds the end-of-backward callback spent waiting for all-reduces, the
   /// communication that computation did not hide.
   double exposed_wait_seconds = 0;
+  /// Last reduction: gradients copied into their bucket (0 when every .grad already lived there).
+  int64_t gradient_copies = 0;
 };
 
 class GradientReducer {

@@ -5,6 +5,8 @@
 //   do nothing, so the loop need not know which micro-step it is in.
 // - Under fp16, step() unscales the gradients, skips the update when one is inf or nan, and
 //   adapts the loss scale (GradScaler: init 65536, growth 2, backoff 0.5, interval 2000).
+// - With AcceleratorOptions::fused_optimizers, step() runs a FusedUpdater bound to the user's
+//   SGD / Adam / AdamW: same parameter groups and options, one pass over memory per step.
 // - The scheduler advances only when the optimizer really stepped: not on accumulating
 //   micro-steps, not on fp16 steps skipped for overflow. A schedule therefore counts optimizer
 //   updates; build it with the number of updates of the sharded loop (loader.size() after
@@ -15,14 +17,17 @@
 
 #include <memory>
 
+#include "accelerant/fused_optimizer.h"
 #include "accelerant/training_state.h"
 
 namespace accelerant {
 
 class PreparedOptimizer {
  public:
-  /// Wraps `optimizer` (which must outlive this handle) under `state`.
-  PreparedOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<TrainingState> state);
+  /// Wraps `optimizer` (which must outlive this handle) under `state`. With `fused` (bound to
+  /// `optimizer`), step() runs the fused update instead of optimizer.step().
+  PreparedOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<TrainingState> state,
+                    std::shared_ptr<FusedUpdater> fused = nullptr);
 
   /// Updates the parameters unless accumulating; under fp16 unscales first and skips on
   /// overflow. Returns whether the parameters were updated.
@@ -32,11 +37,14 @@ class PreparedOptimizer {
   /// The last step() that should have updated was skipped because of an fp16 overflow.
   bool step_was_skipped() const { return state_->last_step_skipped; }
   torch::optim::Optimizer& optimizer() const { return *optimizer_; }
+  /// The fused update step() runs, when prepare chose one (AcceleratorOptions::fused_optimizers).
+  FusedUpdater* fused_updater() const { return fused_.get(); }
   const std::shared_ptr<TrainingState>& state() const { return state_; }
 
  private:
   torch::optim::Optimizer* optimizer_;
   std::shared_ptr<TrainingState> state_;
+  std::shared_ptr<FusedUpdater> fused_;
 };
 
 class PreparedScheduler {

@@ -95,9 +95,16 @@ void load_module_state(torch::nn::Module& module, const std::string& bytes, cons
 // options (learning rate, momentum, ...), which schedulers change: they are kept beside it.
 const char* kGroupOptions = "accelerant_param_group_options";
 
-std::string optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
+const char* kFusedUpdater = "accelerant_fused_updater";
+
+std::string optimizer_state_bytes(const torch::optim::Optimizer& optimizer, const FusedUpdater* fused) {
   return archive_to_bytes([&](torch::serialize::OutputArchive& archive) {
     optimizer.save(archive);
+    if (fused) {
+      torch::serialize::OutputArchive state;
+      fused->save(state);
+      archive.write(kFusedUpdater, state);
+    }
     torch::serialize::OutputArchive groups;
     for (size_t i = 0; i < optimizer.param_groups().size(); ++i) {
       torch::serialize::OutputArchive options;
@@ -108,7 +115,8 @@ std::string optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
   });
 }
 
-void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::string& bytes, const std::string& what) {
+void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::string& bytes, const std::string& what,
+                          FusedUpdater* fused) {
   // The state tensors belong next to their parameters (archives load onto one device).
   torch::Device device(torch::kCPU);
   for (const auto& group : optimizer.param_groups()) {
@@ -122,6 +130,13 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::string&
     // Parameters without saved state (no step yet when it was saved) must not keep today's.
     optimizer.state().clear();
     optimizer.load(archive);
+    if (fused) {
+      torch::serialize::InputArchive state;
+      if (!archive.try_read(kFusedUpdater, state)) {
+        throw Error("it was saved without fused optimizer state, by a run with fused_optimizers off");
+      }
+      fused->load(state);
+    }
     torch::serialize::InputArchive groups;
     if (archive.try_read(kGroupOptions, groups)) {
       for (size_t i = 0; i < optimizer.param_groups().size(); ++i) {

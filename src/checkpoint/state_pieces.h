@@ -1,6 +1,7 @@
 // The pieces of training state a checkpoint holds, each to and from bytes. Kept apart from the
 // Accelerator's save/load protocol so that each format is small and testable.
 #pragma once
+#include "accelerant/fused_optimizer.h"
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
@@ -37,8 +38,10 @@ std::vector<std::string> module_state_mismatches(const torch::nn::Module& module
 /// module_state_mismatches found none.
 void load_module_state(torch::nn::Module& module, const std::string& bytes, const std::string& what);
 
-std::string optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
-void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::string& bytes, const std::string& what);
+/// `fused`: the FusedUpdater prepare bound to `optimizer` (its state travels in the same file).
+std::string optimizer_state_bytes(const torch::optim::Optimizer& optimizer, const FusedUpdater* fused = nullptr);
+void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::string& bytes, const std::string& what,
+                          FusedUpdater* fused = nullptr);
 
 /// The number of steps a scheduler took (LRScheduler keeps it protected and has no state_dict).
 unsigned scheduler_step_count(const torch::optim::LRScheduler& scheduler);

@@ -1,0 +1,125 @@
+// Fused optimizers: SGD (momentum, dampening, Nesterov, weight decay), Adam and AdamW that update
+// every parameter in one pass through memory, instead of torch::optim's eight to ten tensor
+// operations (each a pass, each a dispatch) per parameter tensor.
+//
+// The parameters are packed into one contiguous arena at construction (each parameter keeps its
+// identity; its storage moves), the optimizer state lives in arenas of the same layout, and
+// gradients are bound into a gradient arena at the first step that sees them, unless something
+// else (the gradient reducer's buckets) already holds them: autograd then accumulates in place. On the CPU the update is one vectorised loop over the arena split
+// across LibTorch's threads; on other devices it is a fixed handful of whole-arena tensor
+// operations, whatever the number of parameters. Results equal torch::optim's within rounding.
+//
+// Sync-free: step_unless(flag) leaves everything unchanged when the 0-dim `flag` (the
+// GradScaler's found_inf) is non-zero, without reading it on the host when it lives on a GPU.
+//
+// Two ways in:
+//   // 1. drop-in types, torch::optim::SGD / Adam / AdamW underneath (same options, schedulers):
+//   accelerant::FusedAdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
+//   // 2. keep torch::optim and let prepare switch the update (AcceleratorOptions::fused_optimizers):
+//   torch::optim::AdamW adamw(model->parameters(), 1e-3);
+//   auto optimizer = accelerator.prepare(adamw);  // step() runs a FusedUpdater bound to adamw
+//
+// Limits (each refused with an error that says so): fp32 dense parameters on one device;
+// amsgrad. Use torch::optim for those.
+#pragma once
+#include <torch/arg.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <memory>
+#include <vector>
+
+namespace accelerant {
+
+struct FusedUpdaterOptions {
+  /// Run the whole-arena tensor operations (the path other devices take) on the CPU too, instead
+  /// of the CPU loop: for tests that check both paths. Default: false.
+  TORCH_ARG(bool, tensor_ops_on_cpu) = false;
+};
+
+/// The fused update of a torch::optim::SGD, Adam or AdamW: it reads that optimizer's parameter
+/// groups and their options at every step (so schedulers and add_param_group work) and keeps the
+/// state itself.
+class FusedUpdater {
+ public:
+  /// `optimizer` must outlive the updater. Throws for other optimizer types and for parameters
+  /// the fused update cannot take (not fp32, sparse, on several devices), saying why.
+  explicit FusedUpdater(torch::optim::Optimizer& optimizer, FusedUpdaterOptions options = {});
+  ~FusedUpdater();
+  FusedUpdater(const FusedUpdater&) = delete;
+  FusedUpdater& operator=(const FusedUpdater&) = delete;
+
+  /// Updates every parameter that has a gradient (as torch::optim skips those without).
+  void step();
+  /// step(), unless `skip` (a 0-dim tensor; non-zero = skip) says the step must not happen; then
+  /// parameters, state and step counts stay as they are. On a GPU `skip` is only used on the
+  /// device: no host synchronisation.
+  void step_unless(const torch::Tensor& skip);
+
+  /// The optimizer state (step counts, moments or momentum buffers) with the parameter sizes it
+  /// belongs to; load refuses state saved for other parameters.
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
+
+  /// Elements in the arena (all parameters of all groups).
+  int64_t numel() const;
+  /// Whether every parameter's storage is the arena's (false once e.g. model->to() moved them;
+  /// the next step packs them again).
+  bool parameters_packed() const;
+  /// The optimizer it updates for.
+  torch::optim::Optimizer& optimizer() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Lets GradScaler and PreparedOptimizer find the fused update behind an optimizer.
+class FusedOptimizerBase {
+ public:
+  virtual ~FusedOptimizerBase() = default;
+  virtual FusedUpdater& updater() = 0;
+};
+
+/// A torch::optim optimizer whose step() is a FusedUpdater: the same options and constructors as
+/// `TorchOptimizer`, its save/load carry the fused state.
+template <class TorchOptimizer, class Options>
+class FusedOptimizer : public TorchOptimizer, public FusedOptimizerBase {
+ public:
+  FusedOptimizer(std::vector<torch::optim::OptimizerParamGroup> param_groups, Options defaults,
+                 FusedUpdaterOptions fused = {})
+      : TorchOptimizer(std::move(param_groups), std::move(defaults)), updater_(*this, fused) {}
+  FusedOptimizer(std::vector<torch::Tensor> params, Options defaults, FusedUpdaterOptions fused = {})
+      : TorchOptimizer(std::move(params), std::move(defaults)), updater_(*this, fused) {}
+
+  torch::Tensor step(torch::optim::Optimizer::LossClosure closure = nullptr) override {
+    torch::Tensor loss;
+    if (closure) {
+      torch::AutoGradMode grad(true);
+      loss = closure();
+    }
+    updater_.step();
+    return loss;
+  }
+  /// See FusedUpdater::step_unless.
+  void step_unless(const torch::Tensor& skip) { updater_.step_unless(skip); }
+  void save(torch::serialize::OutputArchive& archive) const override { updater_.save(archive); }
+  void load(torch::serialize::InputArchive& archive) override { updater_.load(archive); }
+  FusedUpdater& updater() override { return updater_; }
+
+ private:
+  FusedUpdater updater_;
+};
+
+using FusedSGD = FusedOptimizer<torch::optim::SGD, torch::optim::SGDOptions>;
+using FusedAdam = FusedOptimizer<torch::optim::Adam, torch::optim::AdamOptions>;
+using FusedAdamW = FusedOptimizer<torch::optim::AdamW, torch::optim::AdamWOptions>;
+
+/// The FusedUpdater behind `optimizer` when it is one of the types above, else null.
+FusedUpdater* fused_updater_of(torch::optim::Optimizer& optimizer);
+
+}  // namespace accelerant
