@@ -24,17 +24,17 @@ std::string signature(const std::string& op, const torch::Tensor& t, bool free_f
   return detail::str(op, " ", c10::toString(t.scalar_type()), " ", shape_text(t, free_first_dim));
 }
 
-c10d::ReduceOp to_c10d(ReduceOp op) {
+void wait(const c10::intrusive_ptr<c10d::Work>& work) { work->wait(); }
+
+}  // namespace
+
+c10d::ReduceOp detail::to_c10d(ReduceOp op) {
   switch (op) {
     case ReduceOp::kMax: return c10d::ReduceOp::MAX;
     case ReduceOp::kMin: return c10d::ReduceOp::MIN;
     default: return c10d::ReduceOp::SUM;  // kMean = SUM then divide: Gloo has no AVG
   }
 }
-
-void wait(const c10::intrusive_ptr<c10d::Work>& work) { work->wait(); }
-
-}  // namespace
 
 const char* to_string(ReduceOp op) {
   switch (op) {
@@ -179,6 +179,7 @@ int Communicator::rank() const { return impl_->rank; }
 int Communicator::size() const { return impl_->size; }
 const std::string& Communicator::broken_reason() const { return impl_->broken_reason; }
 bool Communicator::shared_memory_all_reduce() const { return impl_->shm != nullptr; }
+const std::string& Communicator::all_reduce_path() const { return impl_->all_reduce_path; }
 
 void Communicator::all_reduce_(const torch::Tensor& tensor, ReduceOp op) {
   all_reduce_async_(tensor, op).wait();
@@ -238,7 +239,7 @@ PendingCollective Communicator::all_reduce_async_(const torch::Tensor& tensor, R
       return;
     }
     c10d::AllreduceOptions opts;
-    opts.reduceOp = to_c10d(op);
+    opts.reduceOp = detail::to_c10d(op);
     std::vector<torch::Tensor> tensors{state->wire};
     state->work = impl_->backend_for(state->wire).allreduce(tensors, opts);
   });

@@ -18,6 +18,7 @@ struct Communicator::Impl {
   c10::intrusive_ptr<detail::CommBackend> nccl;  // CUDA tensors (CUDA builds only), may be null
   // CPU all-reduces when every rank is on this machine (null otherwise, or when turned off)
   std::unique_ptr<detail::ShmAllReduce> shm;
+  std::string all_reduce_path = "Gloo";  // in words, for logs and `accelerant env`
   int rank = 0;
   int size = 1;
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
@@ -28,5 +29,9 @@ struct Communicator::Impl {
 
   detail::CommBackend& backend_for(const torch::Tensor& t) const;
 };
+
+namespace detail {
+c10d::ReduceOp to_c10d(ReduceOp op);
+}  // namespace detail
 
 }  // namespace accelerant

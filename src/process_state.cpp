@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "accelerant/error.h"
-#include "comm/machine_identity.h"
+#include "comm/shared_memory_plan.h"
 #include "communicator_impl.h"
 #include "text.h"
 #include "torch_compat.h"
@@ -82,29 +82,6 @@ std::vector<std::shared_ptr<gloo::transport::Device>> gloo_devices(const std::st
     devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
   }
   return devices;
-}
-
-// The shared-memory all-reduce, when every rank runs on this machine and none turned it off.
-// Every rank publishes both facts first, so that all take the same decision.
-std::unique_ptr<detail::ShmAllReduce> connect_shared_memory(const c10::intrusive_ptr<c10d::Store>& attempt_store, int rank, int size,
-                                                            std::chrono::milliseconds timeout) {
-  const std::string mine = detail::str(detail::shm_all_reduce_enabled() ? "on|" : "off|", detail::machine_identity());
-  attempt_store->set(detail::str("machine/", rank), std::vector<uint8_t>(mine.begin(), mine.end()));
-  std::vector<std::string> keys;
-  for (int r = 0; r < size; ++r) keys.push_back(detail::str("machine/", r));
-  attempt_store->wait(keys, timeout);
-  for (const auto& key : keys) {
-    const auto theirs = attempt_store->get(key);
-    if (std::string(theirs.begin(), theirs.end()) != mine || mine.rfind("on|", 0) != 0) return nullptr;
-  }
-  auto store = c10::make_intrusive<c10d::PrefixStore>("shm", attempt_store);
-  std::string why_not;
-  auto shm = detail::ShmAllReduce::connect(*store, rank, size, timeout, &why_not);
-  if (!shm && rank == 0) {
-    std::fprintf(stderr, "accelerant: all-reduce through Gloo: the shared-memory path is unavailable (%s)\n",
-                 why_not.c_str());
-  }
-  return shm;
 }
 
 }  // namespace
@@ -191,7 +168,10 @@ void ProcessState::rendezvous() {
   impl->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(
       c10::make_intrusive<c10d::PrefixStore>("gloo", rendezvous_->attempt_store), env_.rank,
       env_.world_size, gloo_options);
-  impl->shm = connect_shared_memory(rendezvous_->attempt_store, env_.rank, env_.world_size, timeout_);
+  auto plan = detail::connect_shared_memory(rendezvous_->attempt_store, env_.rank, env_.world_size, timeout_,
+                                           gloo_options->devices);
+  impl->shm = std::move(plan.shm);
+  impl->all_reduce_path = plan.description;
 #ifdef USE_C10D_NCCL
   if (device_.is_cuda()) {
     auto nccl_options = c10d::ProcessGroupNCCL::Options::create();

@@ -1,5 +1,7 @@
 // The shared-memory all-reduce between forked ranks of this machine: the same bits as Gloo on two
-// ranks, a fixed summation order on four, a dead peer named at once, nothing left in /dev/shm.
+// ranks, a fixed summation order on four, a dead peer named at once, nothing left in /dev/shm; and
+// the hierarchical path on ranks labelled into two nodes (reduce in the node, all-reduce between
+// node leaders, hand out in the node).
 #include <accelerant/accelerant.h>
 #include <gtest/gtest.h>
 #include <fcntl.h>
@@ -167,4 +169,99 @@ TEST(ShmAllReduce, ABadSettingIsAClearError) {
     EXPECT_TRUE(contains(e.what(), "ACCELERANT_SHM_ALLREDUCE is \"yes\"")) << e.what();
   }
   ::unsetenv("ACCELERANT_SHM_ALLREDUCE");
+}
+
+namespace {
+
+// Ranks labelled into nodes by ACCELERANT_SHM_GROUP (what separate machines look like).
+// Ranks 0 and 1 on node "a", the rest on node "b".
+const char* node_label(int index) { return index < 2 ? "a" : "b"; }
+
+std::vector<torch::Tensor> run_on_simulated_nodes(int ranks) {
+  return launch(
+      [](int index) {
+        ::setenv("ACCELERANT_SHM_GROUP", node_label(index), 1);
+        auto& comm = ProcessState::get().communicator();
+        const bool hierarchical = contains(comm.all_reduce_path(), "hierarchical");
+        auto out = reduce_everything(index);
+        out[0] = hierarchical ? 1.0 : 0.0;
+        return out;
+      },
+      LaunchOptions().num_processes(ranks).timeout(std::chrono::seconds(60)).verbose(false));
+}
+
+}  // namespace
+
+TEST(ShmAllReduce, TwoNodesReduceInTheNodeThenBetweenLeadersAndAgreeWithGloo) {
+  for (int ranks : {4, 3}) {  // nodes of 2 + 2 and of 2 + 1 ranks
+    SCOPED_TRACE(ranks);
+    const auto nodes = run_on_simulated_nodes(ranks);
+    const auto gloo = run_with_shm(false, ranks);
+    for (int r = 0; r < ranks; ++r) {
+      EXPECT_EQ(nodes[r][0].item<double>(), 1.0) << "rank " << r << " did not take the hierarchical path";
+      EXPECT_TRUE(torch::equal(nodes[r], nodes[0])) << "rank " << r << " got other bits than rank 0";
+      // Another summation order than Gloo's ring: equal within float rounding, ints exactly.
+      EXPECT_TRUE(torch::allclose(nodes[r].slice(0, 1), gloo[r].slice(0, 1), 1e-5, 1e-3)) << "rank " << r;
+    }
+  }
+}
+
+TEST(ShmAllReduce, TwoNodesSumInTheNodeFirstThenAcrossNodes) {
+  const int64_t n = 100003;
+  auto results = launch(
+      [n](int index) {
+        ::setenv("ACCELERANT_SHM_GROUP", node_label(index), 1);
+        torch::manual_seed(7 + index);
+        auto mine = torch::randn({n}) * std::pow(1000.0f, index);
+        return ProcessState::get().communicator().all_reduce(mine);
+      },
+      LaunchOptions().num_processes(4).timeout(std::chrono::seconds(60)).verbose(false));
+  std::vector<torch::Tensor> t;
+  for (int index = 0; index < 4; ++index) {
+    torch::manual_seed(7 + index);
+    t.push_back(torch::randn({n}) * std::pow(1000.0f, index));
+  }
+  const auto expected = (t[0] + t[1]) + (t[2] + t[3]);  // each node's sum, then the two nodes'
+  for (const auto& r : results) EXPECT_TRUE(torch::equal(r, expected));
+}
+
+TEST(ShmAllReduce, ALeaderThatDiesFailsBothNodesWithinSeconds) {
+  ScratchDir scratch;
+  const auto start = Clock::now();
+  try {
+    launch(
+        [&](int index) {
+          ::setenv("ACCELERANT_SHM_GROUP", node_label(index), 1);
+          auto& comm = ProcessState::get().communicator();
+          auto big = torch::ones({1 << 20});
+          comm.all_reduce_(big);
+          if (index == 2) ::_exit(0);  // node b's leader vanishes
+          const auto t0 = Clock::now();
+          std::string text = "no error";
+          try {
+            for (int i = 0; i < 1000; ++i) comm.all_reduce_(big);
+          } catch (const CollectiveError& e) {
+            text = e.what();
+          }
+          const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+          { std::ofstream(scratch.path + "/rank" + std::to_string(index)) << waited << "\n" << text; }
+          ::_exit(0);
+        },
+        LaunchOptions().num_processes(4).timeout(std::chrono::seconds(60)).verbose(false));
+  } catch (const LaunchError&) {
+  }
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(40));
+  for (int index : {0, 1, 3}) {
+    std::ifstream in(scratch.path + "/rank" + std::to_string(index));
+    long waited = -1;
+    in >> waited;
+    const std::string message((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    SCOPED_TRACE("rank " + std::to_string(index) + ": " + message);
+    ASSERT_GE(waited, 0) << "no report";
+    EXPECT_FALSE(contains(message, "no error"));
+    EXPECT_LT(waited, 15000) << "noticed long before the 60 s timeout";
+    EXPECT_TRUE(contains(message, "Rank 2 did not reach this collective")) << "the dead leader is named";
+    if (index == 3) EXPECT_TRUE(contains(message, "rank 2 (pid")) << "named by its rank in the job";
+    if (index == 0) EXPECT_TRUE(contains(message, "all-reduce between node leaders failed"));
+  }
 }

@@ -92,10 +92,15 @@ class Communicator {
   /// Returns when every rank has called barrier().
   void barrier();
 
-  /// True when CPU all-reduces of float, double, int32 and int64 go through a shared-memory
-  /// segment (every rank on this machine; ACCELERANT_SHM_ALLREDUCE not 0) instead of Gloo.
+  /// True when CPU all-reduces of float, double, int32 and int64 go through shared-memory
+  /// segments (ACCELERANT_SHM_ALLREDUCE not 0): one segment when every rank is on this machine,
+  /// or one per machine with Gloo between the machines' first ranks (hierarchical).
   /// See docs/collectives.md "Shared memory".
   bool shared_memory_all_reduce() const;
+  /// How CPU all-reduces travel, in words: "Gloo", "shared memory (4 ranks)", or, on several
+  /// machines, "hierarchical: shared memory in each of 2 nodes (2+2 ranks), Gloo between the
+  /// node leaders".
+  const std::string& all_reduce_path() const;
 
   /// Set after a failed collective: the message of that failure. A broken communicator throws
   /// at once on every later call, since the peers' state is unknown.

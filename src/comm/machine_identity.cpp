@@ -18,7 +18,9 @@ std::string machine_identity() {
   ::gethostname(host, sizeof host - 1);
   char netns[128] = {0};
   const ssize_t length = ::readlink("/proc/self/ns/net", netns, sizeof netns - 1);
-  return str(boot_id, "|", host, "|", length > 0 ? std::string(netns, static_cast<size_t>(length)) : "");
+  const char* group = std::getenv("ACCELERANT_SHM_GROUP");
+  return str(boot_id, "|", host, "|", length > 0 ? std::string(netns, static_cast<size_t>(length)) : "",
+             group && *group ? str("|group ", group) : std::string());
 }
 
 bool shm_all_reduce_enabled() {

@@ -8,6 +8,8 @@ namespace accelerant::detail {
 /// machine. The namespace is part of it because processes in separate network namespaces are
 /// what this project's tests use to stand for separate machines, and containers on one host
 /// (separate namespaces, usually separate /dev/shm) must not be taken for one machine.
+/// ACCELERANT_SHM_GROUP, when set, is appended: ranks with different labels count as different
+/// machines (tests stand for nodes this way; it can also keep groups of ranks apart).
 std::string machine_identity();
 
 /// ACCELERANT_SHM_ALLREDUCE: "0" turns the shared-memory all-reduce off (Gloo carries every

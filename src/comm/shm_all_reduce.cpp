@@ -110,6 +110,9 @@ struct ShmAllReduce::Shared {
   std::chrono::milliseconds timeout{0};
   uint32_t barriers = 0;  // barriers this rank has passed
   std::string broken;     // set after a failure
+  std::vector<int> job_ranks;  // this group's ranks in the job, for messages (hierarchical groups)
+
+  int job_rank(int r) const { return job_ranks.empty() ? r : job_ranks[static_cast<size_t>(r)]; }
 
   std::mutex mutex;
   std::condition_variable wake;
@@ -163,15 +166,15 @@ struct ShmAllReduce::Shared {
     for (;;) {
       if (reached(peer)) return;
       if (const int32_t by = control->aborted_by.load(); by >= 0) {
-        give_up(str("rank ", by, " gave up on the shared-memory all-reduce (it failed or timed out there)"));
+        give_up(str("rank ", job_rank(by), " gave up on the shared-memory all-reduce (it failed or timed out there)"));
       }
       const pid_t pid = peer.pid.load();
       if (pid > 0 && process_gone(pid)) {
-        give_up(str("rank ", r, " (pid ", pid, ") exited while this rank waited for it in the shared-memory "
+        give_up(str("rank ", job_rank(r), " (pid ", pid, ") exited while this rank waited for it in the shared-memory "
                     "all-reduce"));
       }
       if (std::chrono::steady_clock::now() >= deadline) {
-        give_up(str("rank ", r, " did not reach the shared-memory all-reduce within the timeout of ",
+        give_up(str("rank ", job_rank(r), " did not reach the shared-memory all-reduce within the timeout of ",
                     timeout.count(), " ms"));
       }
       // Sleep until the peer arrives, at most 5 ms between checks.
@@ -217,27 +220,59 @@ struct ShmAllReduce::Shared {
     }
   }
 
-  void run(const torch::Tensor& tensor, ReduceOp op) {
+  // Rank 0's data to every rank, through rank 0's slot, chunk by chunk. Slots are written only
+  // before a barrier and read only between it and the next, so the previous collective's readers
+  // are done with them.
+  void broadcast_from_first(char* data, size_t bytes) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const size_t chunk = control->chunk_bytes;
+    for (size_t offset = 0; offset < bytes; offset += chunk) {
+      const size_t n = std::min(chunk, bytes - offset);
+      if (rank == 0) std::memcpy(slots[0], data + offset, n);
+      barrier(deadline);
+      if (rank != 0) std::memcpy(data + offset, slots[0], n);
+      barrier(deadline);
+    }
+  }
+
+  CrossNodeAllReduce cross_node;  // set on node leaders of a hierarchical group
+
+  void run(const torch::Tensor& tensor, ReduceOp op, bool hierarchical) {
     if (!broken.empty()) throw std::runtime_error(str("the shared-memory all-reduce broke earlier: ", broken));
     const size_t count = static_cast<size_t>(tensor.numel());
-    switch (tensor.scalar_type()) {
-      case torch::kFloat: return all_reduce(tensor.data_ptr<float>(), count, op);
-      case torch::kDouble: return all_reduce(tensor.data_ptr<double>(), count, op);
-      case torch::kInt: return all_reduce(tensor.data_ptr<int32_t>(), count, op);
-      case torch::kLong: return all_reduce(tensor.data_ptr<int64_t>(), count, op);
-      default: throw std::logic_error("ShmAllReduce::run: unsupported dtype (supports() was not asked)");
+    if (size > 1) {
+      switch (tensor.scalar_type()) {
+        case torch::kFloat: all_reduce(tensor.data_ptr<float>(), count, op); break;
+        case torch::kDouble: all_reduce(tensor.data_ptr<double>(), count, op); break;
+        case torch::kInt: all_reduce(tensor.data_ptr<int32_t>(), count, op); break;
+        case torch::kLong: all_reduce(tensor.data_ptr<int64_t>(), count, op); break;
+        default: throw std::logic_error("ShmAllReduce::run: unsupported dtype (supports() was not asked)");
+      }
     }
+    if (!hierarchical) return;
+    // The node's result, reduced across the node leaders, then handed to the node's other ranks.
+    if (rank == 0) {
+      try {
+        cross_node(tensor, op == ReduceOp::kMean ? ReduceOp::kSum : op);  // the caller divides
+      } catch (const std::exception& e) {
+        if (size == 1) throw;
+        give_up(str("the all-reduce between node leaders failed on this node's leader: ", e.what()));
+      }
+    }
+    if (size > 1) broadcast_from_first(static_cast<char*>(tensor.data_ptr()), count * tensor.element_size());
   }
 };
 
 std::unique_ptr<ShmAllReduce> ShmAllReduce::connect(c10d::Store& store, int rank, int size,
-                                                    std::chrono::milliseconds timeout, std::string* why_not) {
+                                                    std::chrono::milliseconds timeout, std::string* why_not,
+                                                    bool hierarchical, std::vector<int> job_ranks) {
   auto self = std::unique_ptr<ShmAllReduce>(new ShmAllReduce());
   self->shared_ = std::make_unique<Shared>();
   Shared& s = *self->shared_;
   s.rank = rank;
   s.size = size;
   s.timeout = timeout;
+  s.job_ranks = std::move(job_ranks);
   std::string failure;
   size_t chunk = kDefaultChunkBytes;
   try {
@@ -245,7 +280,9 @@ std::unique_ptr<ShmAllReduce> ShmAllReduce::connect(c10d::Store& store, int rank
   } catch (const std::exception& e) {
     failure = e.what();
   }
-  if (size < 2 || size > kMaxRanks) failure = str(size, " ranks on this machine (from 2 to ", kMaxRanks, " supported)");
+  if (size < (hierarchical ? 1 : 2) || size > kMaxRanks) {
+    failure = str(size, " ranks on this machine (from 2 to ", kMaxRanks, " supported)");
+  }
   const size_t header = round_up(sizeof(ControlBlock), 4096);
   const size_t bytes = header + chunk * static_cast<size_t>(size + 1);
   auto to_bytes = [](const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); };
@@ -295,7 +332,7 @@ std::unique_ptr<ShmAllReduce> ShmAllReduce::connect(c10d::Store& store, int rank
   for (int r = 0; r < size; ++r) {
     const auto reply = store.get(keys[r]);
     const std::string text(reply.begin(), reply.end());
-    if (text != "ok") reasons += str(reasons.empty() ? "" : "; ", "rank ", r, ": ", text);
+    if (text != "ok") reasons += str(reasons.empty() ? "" : "; ", "rank ", s.job_rank(r), ": ", text);
   }
   s.segment.unlink();
   if (!reasons.empty()) {
@@ -312,6 +349,7 @@ std::unique_ptr<ShmAllReduce> ShmAllReduce::connect(c10d::Store& store, int rank
   store.set(str("shm/ready/", rank), to_bytes("ok"));
   for (int r = 0; r < size; ++r) keys[r] = str("shm/ready/", r);
   store.wait(keys, timeout);
+  self->hierarchical_ = hierarchical;
   s.worker = std::thread([&s] { s.serve(); });
   return self;
 }
@@ -332,9 +370,20 @@ bool ShmAllReduce::supports(const torch::Tensor& tensor) {
   return type == torch::kFloat || type == torch::kDouble || type == torch::kInt || type == torch::kLong;
 }
 
+void ShmAllReduce::set_cross_node(CrossNodeAllReduce leaders_all_reduce) {
+  if (!hierarchical_ || shared_->rank != 0) {
+    throw std::logic_error("ShmAllReduce::set_cross_node: only on the first rank of a hierarchical group");
+  }
+  shared_->cross_node = std::move(leaders_all_reduce);
+}
+
 std::future<void> ShmAllReduce::submit(torch::Tensor tensor, ReduceOp op) {
   Shared& s = *shared_;
-  std::packaged_task<void()> task([&s, tensor = std::move(tensor), op] { s.run(tensor, op); });
+  if (hierarchical_ && s.rank == 0 && !s.cross_node) {
+    throw std::logic_error("ShmAllReduce::submit: a hierarchical group's leader needs set_cross_node first");
+  }
+  const bool hierarchical = hierarchical_;
+  std::packaged_task<void()> task([&s, tensor = std::move(tensor), op, hierarchical] { s.run(tensor, op, hierarchical); });
   auto done = task.get_future();
   {
     std::lock_guard<std::mutex> lock(s.mutex);

@@ -22,10 +22,17 @@
 //
 // Collectives run in submission order on one thread of their own, so an async all-reduce
 // overlaps the caller's computation as Gloo's do.
+//
+// Hierarchical (ranks on several machines): the ranks of each machine form a group; after the
+// group's reduction its first rank, the node leader, all-reduces the node's result with the other
+// leaders (through Gloo, set_cross_node), then hands the total to its group through its slot.
+// Every element is still combined in one fixed order (rank order in the node, Gloo's ring order
+// between nodes), the same on every rank.
 #pragma once
 #include <torch/types.h>
 
 #include <chrono>
+#include <functional>
 #include <future>
 #include <memory>
 #include <string>
@@ -35,14 +42,24 @@
 
 namespace accelerant::detail {
 
+/// Reduces a tensor in place among the node leaders (blocking).
+using CrossNodeAllReduce = std::function<void(const torch::Tensor&, ReduceOp)>;
+
 class ShmAllReduce {
  public:
   /// Builds the segment among `size` ranks of one machine, meeting through `store` (rank 0
   /// creates, the others map, then it is unlinked). Every rank returns the same outcome: an
   /// object, or nullptr with `why_not` set (a rank could not map it; the caller falls back to
   /// Gloo). Throws only for a store failure.
+  /// `hierarchical`: these ranks are one node of several (a group of one rank is then allowed);
+  /// rank 0 must be given set_cross_node before the first submission. `job_ranks`: each group
+  /// rank's rank in the job, which messages name (empty: the same numbers).
   static std::unique_ptr<ShmAllReduce> connect(c10d::Store& store, int rank, int size,
-                                               std::chrono::milliseconds timeout, std::string* why_not);
+                                               std::chrono::milliseconds timeout, std::string* why_not,
+                                               bool hierarchical = false, std::vector<int> job_ranks = {});
+  /// The leader's reduction across nodes, run on the worker thread between the node's reduction
+  /// and the hand-out to the node. A failure there fails the node's ranks at once.
+  void set_cross_node(CrossNodeAllReduce leaders_all_reduce);
   ~ShmAllReduce();
   ShmAllReduce(const ShmAllReduce&) = delete;
   ShmAllReduce& operator=(const ShmAllReduce&) = delete;
@@ -64,6 +81,7 @@ class ShmAllReduce {
  private:
   ShmAllReduce() = default;
   std::unique_ptr<Shared> shared_;
+  bool hierarchical_ = false;
 };
 
 }  // namespace accelerant::detail

@@ -1,0 +1,36 @@
+// Which all-reduce path a job takes, decided alike by every rank after the rendezvous:
+//   - every rank on one machine: one shared-memory segment among all of them;
+//   - several machines, some with more than one rank: hierarchical, a segment per machine and a
+//     Gloo group of the machines' first ranks (the node leaders) between them;
+//   - one rank per machine, or ACCELERANT_SHM_ALLREDUCE=0 on any rank: Gloo only.
+// "Machine" is machine_identity(), which ACCELERANT_SHM_GROUP can split further (a label: ranks
+// with different labels never share a segment; tests use it to stand for nodes).
+#pragma once
+#include <torch/types.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/shm_all_reduce.h"
+#include "torch_compat.h"
+
+namespace gloo::transport {
+class Device;
+}
+
+namespace accelerant::detail {
+
+struct SharedMemoryPlan {
+  std::unique_ptr<ShmAllReduce> shm;  // null: Gloo only
+  std::string description = "Gloo";
+};
+
+/// Meets every rank through `store` (this attempt's keys). `gloo_devices` are for the node
+/// leaders' group. Throws only for store failures.
+SharedMemoryPlan connect_shared_memory(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                       std::chrono::milliseconds timeout,
+                                       const std::vector<std::shared_ptr<gloo::transport::Device>>& gloo_devices);
+
+}  // namespace accelerant::detail
