@@ -109,6 +109,8 @@ TEST_F(TwoMachines, FourWorkersOnTwoMachinesFormOneWorldAndAllReduce) {
   EXPECT_TRUE(contains(out1, "worker rank=2 world=4 local=0 sum=10")) << out1;
   EXPECT_TRUE(contains(out1, "worker rank=3 world=4 local=1 sum=10")) << out1;
   EXPECT_TRUE(contains(out0, "node 0 of 2, 4 processes in all")) << out0;
+  // Two ranks per machine: each machine's segment, Gloo between the machines' first ranks.
+  EXPECT_TRUE(contains(out1, "path=hierarchical: shared memory in each of 2 nodes (2+2 ranks)")) << out1;
 }
 
 // Killing one machine's launcher (SIGKILL: no chance to say goodbye) while every worker idles in

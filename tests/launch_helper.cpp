@@ -51,7 +51,8 @@ int main(int argc, char** argv) {
     auto& state = ProcessState::get();
     auto sum = state.communicator().all_reduce(torch::tensor({state.process_index() + 1}), ReduceOp::kSum);
     std::cout << "worker rank=" << state.process_index() << " world=" << state.num_processes()
-              << " local=" << state.local_process_index() << " sum=" << sum.item<int64_t>() << std::endl;
+              << " local=" << state.local_process_index() << " sum=" << sum.item<int64_t>()
+              << " path=" << state.communicator().all_reduce_path() << std::endl;
     return 0;
   }
   if (mode == "park" && argc == 3) {  // started by `accelerant launch`: join, all-reduce, then wait
