@@ -168,12 +168,16 @@ DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
                                  .split_batches(settings_.split_batches);
   const torch::Device device = device_;
   const bool downcast = settings_.downcast_bf16;
+  // To a GPU: page-locked staging, so that the copy is a DMA that need not block the thread (it
+  // is queued on the stream the step then uses, so ordering holds).
+  const bool pin = device.is_cuda() && o.pin_memory().value_or(true);
   std::function<Batch(Batch)> transform;
   if (!device.is_cpu() || downcast) {
-    transform = [device, downcast](Batch batch) {
+    transform = [device, downcast, pin](Batch batch) {
       auto move = [&](const torch::Tensor& t) {
         const bool cast = downcast && t.is_floating_point();
-        return t.to(device, cast ? torch::kBFloat16 : t.scalar_type());
+        const torch::Tensor staged = pin && t.is_cpu() && !t.is_pinned() ? t.pin_memory() : t;
+        return staged.to(device, cast ? torch::kBFloat16 : t.scalar_type(), /*non_blocking=*/pin);
       };
       return Batch{move(batch.data), move(batch.target)};
     };

@@ -54,6 +54,10 @@ struct DataLoaderOptions {
   TORCH_ARG(int, num_workers) = 0;
   /// Batches each worker thread may build ahead. Default: 2.
   TORCH_ARG(int, prefetch_factor) = 2;
+  /// When a prepared loader moves batches to a CUDA device: copy them into page-locked memory
+  /// first (in the worker threads when num_workers > 0), so that the copy to the GPU is
+  /// asynchronous. No effect on the CPU. Default: unset = on with CUDA.
+  TORCH_ARG(std::optional<bool>, pin_memory) = std::nullopt;
   /// Shuffle seed; unset = the Accelerator's seed (AcceleratorOptions::seed), else 0.
   TORCH_ARG(std::optional<uint64_t>, seed) = std::nullopt;
 };
