@@ -3,7 +3,7 @@
 //
 //   bench_training --model cnn|mlp --batch B --steps S --warmup W [--threads T] --processes P
 //                  [--plain | --no-cpu-defaults | --no-thread-defaults | --no-malloc-defaults]
-//                  [--no-communication] [--paired-overhead]
+//                  [--no-communication] [--paired-overhead] [--mlp_width N] [--fused]
 //
 // prints exactly one line `RESULT samples_per_sec=X step_ms_median=Y world=N exposed_wait_ms_median=Z`
 // (X counts samples of all processes; Z is the all-reduce time left after backward, rank 0). --plain is a bare LibTorch loop without the Accelerator (one process only).
@@ -35,14 +35,16 @@ struct Config {
   bool no_communication = false;
   bool paired_overhead = false;
   int bucket_cap_mb = 25;
+  int64_t mlp_width = 512;  // hidden features of the MLP (its size, for the scaling bench)
+  bool fused = false;       // AcceleratorOptions::fused_optimizers
 };
 
 // The models of bench/ddp_train.py, layer for layer.
-torch::nn::Sequential make_model(const std::string& name) {
+torch::nn::Sequential make_model(const std::string& name, int64_t width = 512) {
   namespace nn = torch::nn;
   if (name == "mlp") {
-    return nn::Sequential(nn::Flatten(), nn::Linear(784, 512), nn::ReLU(), nn::Linear(512, 512), nn::ReLU(),
-                          nn::Linear(512, 10));
+    return nn::Sequential(nn::Flatten(), nn::Linear(784, width), nn::ReLU(), nn::Linear(width, width), nn::ReLU(),
+                          nn::Linear(width, 10));
   }
   // examples/fashion_mnist's Net, layer for layer.
   return nn::Sequential(nn::Conv2d(nn::Conv2dOptions(1, 16, 5)), nn::ReLU(), nn::MaxPool2d(2),
@@ -99,7 +101,7 @@ void plain_step(torch::nn::Sequential& model, torch::optim::SGD& sgd, const Data
 Timing run_plain(const Config& c) {
   if (c.threads > 0) accelerant::set_compute_threads(c.threads);
   torch::manual_seed(0);
-  auto model = make_model(c.model);
+  auto model = make_model(c.model, c.mlp_width);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   const Data d = make_data(c, 0);
   return time_steps(c, 1, [&](int i) { plain_step(model, sgd, d, i); }, [] {});
@@ -110,7 +112,8 @@ Timing run_accelerated(const Config& c) {
   const bool malloc_defaults = !(c.no_cpu_defaults || c.no_malloc_defaults);
   const bool all_defaults = thread_defaults && malloc_defaults;
   accelerant::Accelerator acc(
-      accelerant::AcceleratorOptions().cpu_defaults(all_defaults).bucket_cap_mb(c.bucket_cap_mb));
+      accelerant::AcceleratorOptions().cpu_defaults(all_defaults).bucket_cap_mb(c.bucket_cap_mb).fused_optimizers(
+          c.fused));
   if (!all_defaults) {
     // The half that stays on, as the Accelerator would apply it; the half that is off keeps
     // LibTorch's own behaviour (every process uses all cores; glibc's thresholds untouched).
@@ -120,7 +123,7 @@ Timing run_accelerated(const Config& c) {
     if (malloc_defaults) accelerant::keep_freed_memory_in_heap();
   }
   torch::manual_seed(0);
-  auto model = make_model(c.model);
+  auto model = make_model(c.model, c.mlp_width);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   auto [m, o] = acc.prepare(model, sgd);
   const Data d = make_data(c, acc.process_index());
@@ -154,9 +157,9 @@ std::pair<Timing, Timing> run_paired_overhead(const Config& c) {
   // Process-wide, so both sides get it; without it page-fault bursts land on either side at random.
   accelerant::keep_freed_memory_in_heap();
   torch::manual_seed(0);
-  auto plain_model = make_model(c.model);
+  auto plain_model = make_model(c.model, c.mlp_width);
   torch::manual_seed(0);
-  auto accelerated_model = make_model(c.model);
+  auto accelerated_model = make_model(c.model, c.mlp_width);
   torch::optim::SGD plain_sgd(plain_model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   torch::optim::SGD sgd(accelerated_model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   auto [m, o] = acc.prepare(accelerated_model, sgd);
@@ -210,6 +213,9 @@ int main(int argc, char** argv) {
   app.add_flag("--no-thread-defaults", c.no_thread_defaults, "Accelerator without its thread default");
   app.add_flag("--no-malloc-defaults", c.no_malloc_defaults, "Accelerator without its malloc default");
   app.add_option("--bucket_cap_mb", c.bucket_cap_mb, "Gradient bucket size")->capture_default_str();
+  app.add_option("--mlp_width", c.mlp_width, "Hidden features of the MLP")->capture_default_str()->check(
+      CLI::PositiveNumber);
+  app.add_flag("--fused", c.fused, "Step the SGD with the fused update (AcceleratorOptions::fused_optimizers)");
   app.add_flag("--paired-overhead", c.paired_overhead,
                "One process: plain loop and Accelerator in alternating blocks; prints RESULT (Accelerator) "
                "and PLAIN lines");

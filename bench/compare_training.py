@@ -221,7 +221,8 @@ def comparisons(build):
         Comparison(
             "a. Accelerant vs torchrun DDP, 2 processes × 1 thread",
             "PyTorch side: bench/ddp_train.py, DistributedDataParallel over gloo, default bucket "
-            "size, under Debian's torchrun. The cnn is examples/fashion_mnist's network. Two "
+            "size, under Debian's torchrun. The cnn is examples/fashion_mnist's network. The "
+            "fused_optimizers row steps the same SGD with Accelerant's fused update (`--fused`). Two "
             "extra rows say where the differences come from: the Accelerant side without its "
             "malloc default (kernels and communication alone), and the MLP without the gradient "
             "all-reduce (`--no-communication`, an upper bound no data-parallel run reaches: "
@@ -230,6 +231,9 @@ def comparisons(build):
             "≥ 1.3×", lambda v: v >= 1.3,
             [(m, Side([ours(build, m, 2, 1)], 1), Side([torchrun_ddp(m, 2, 1)], 1))
              for m in ("cnn", "mlp")] +
+            # What a user can switch on: the same SGD stepped by the fused update.
+            [("mlp, fused_optimizers", Side([ours(build, "mlp", 2, 1, ["--fused"])], 1),
+              Side([torchrun_ddp("mlp", 2, 1)], 1))] +
             # Kernel for kernel: without the malloc default, to show how much of the lead is it.
             [("cnn, malloc default off" + REFERENCE, Side([ours(build, "cnn", 2, 1, ["--no-malloc-defaults"])], 1),
               Side([torchrun_ddp("cnn", 2, 1)], 1)),
