@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "accelerant/error.h"
+#include "accelerant/metrics.h"
 #include "accelerant/process_state.h"
 #include "cpu_defaults.h"
 #include "file_io.h"
@@ -176,15 +177,19 @@ DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
     transform = [device, downcast, pin](Batch batch) {
       auto move = [&](const torch::Tensor& t) {
         const bool cast = downcast && t.is_floating_point();
+        if (!device.is_cpu() && t.is_cpu()) detail::record_transfer(/*to_device=*/true, t.nbytes());
         const torch::Tensor staged = pin && t.is_cpu() && !t.is_pinned() ? t.pin_memory() : t;
         return staged.to(device, cast ? torch::kBFloat16 : t.scalar_type(), /*non_blocking=*/pin);
       };
       return Batch{move(batch.data), move(batch.target)};
     };
   }
+  // The device prefetch loader of graph mode: batches bound for a GPU are built and copied by a
+  // worker thread while the current step runs, even when the loader asked for none.
+  const DataLoader& source = !device.is_cpu() && o.num_workers() == 0 ? loader.with_workers(1) : loader;
   DataLoader prepared = [&] {
     try {
-      return loader.sharded(process_index(), num_processes(), sharding, state_, std::move(transform));
+      return source.sharded(process_index(), num_processes(), sharding, state_, std::move(transform));
     } catch (const Error& e) {
       throw Error(detail::str(rank_prefix_, "prepare(data loader): ", e.what()));
     }

@@ -103,6 +103,15 @@ DataLoader::DataLoader(BatchMaker make_batch, int64_t dataset_size, DataLoaderOp
                           .even_batches(false);  // one process: nothing to even out
 }
 
+DataLoader DataLoader::with_workers(int num_workers) const {
+  if (num_workers < 0) {
+    throw Error(detail::str("with_workers: num_workers must be 0 or more, got ", num_workers, "."));
+  }
+  auto copy = std::make_shared<Shared>(*shared_);
+  copy->options.num_workers(num_workers);
+  return DataLoader(std::move(copy));
+}
+
 DataLoader DataLoader::sharded(int rank, int world_size, ShardingOptions sharding,
                                std::shared_ptr<TrainingState> state,
                                std::function<Batch(Batch)> transform) const {

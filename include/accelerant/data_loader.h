@@ -100,6 +100,9 @@ class DataLoader {
   int rank() const { return shared_->rank; }
   int world_size() const { return shared_->world_size; }
 
+  /// A copy of this loader (same position) whose batches are built by `num_workers` threads.
+  DataLoader with_workers(int num_workers) const;
+
   /// A copy of this loader that yields rank `rank`'s share of each epoch, reports its progress
   /// to `state` and passes every batch through `transform` (device move, dtype). Used by
   /// Accelerator::prepare.

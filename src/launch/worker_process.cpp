@@ -15,6 +15,7 @@
 
 #include "../text.h"
 #include "../thread_config.h"
+#include "accelerant/metrics.h"
 #include "accelerant/process_state.h"
 #include "../uncaught_exception_recorder.h"
 #include "signal_guard.h"
@@ -47,6 +48,7 @@ int report_uncaught(const WorkerSpec& spec, const std::string& text) {
   } catch (...) {
     code = report_uncaught(spec, exception_text(std::current_exception()));
   }
+  detail::print_metrics_if_requested();  // _exit skips atexit, where the report would print
   flush_all_output();
   ::_exit(code);
 }
