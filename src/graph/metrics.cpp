@@ -161,6 +161,7 @@ void print_metrics_if_requested() {
   static std::atomic<bool> printed{false};
   if (!metrics_requested() || printed.exchange(true)) return;
   const std::string report = metrics_report();
+  std::fflush(stdout);  // the program's own last lines first
   std::fprintf(stderr, "%s", report.c_str());
   std::fflush(stderr);
 }
