@@ -35,6 +35,11 @@ struct alignas(64) RankControl {
   std::atomic<uint32_t> arrivals;  // barriers this rank has reached (wraps; compared as a difference)
   std::atomic<uint32_t> sleepers;  // peers asleep on `arrivals`, so that arriving wakes only when needed
   std::atomic<int32_t> pid;
+  // The all-reduce this rank is in: written before its first barrier, read by the peers after
+  // it (the barrier publishes them), so that ranks that disagree fail instead of mixing data.
+  uint64_t call_count;
+  int32_t call_dtype;
+  int32_t call_op;
 };
 
 struct ControlBlock {
@@ -188,9 +193,39 @@ struct ShmAllReduce::Shared {
     }
   }
 
+  // After the first barrier of a collective: every rank must be in the same one.
+  void check_same_call() {
+    const RankControl& mine = control->rank[rank];
+    for (int r = 0; r < size; ++r) {
+      const RankControl& peer = control->rank[r];
+      if (peer.call_count != mine.call_count || peer.call_dtype != mine.call_dtype || peer.call_op != mine.call_op) {
+        give_up(str("the ranks disagree about this all-reduce: rank ", job_rank(rank), " reduces ", describe_call(mine),
+                    ", rank ", job_rank(r), " reduces ", describe_call(peer), ". Every rank must all-reduce a tensor ",
+                    "of the same size and dtype with the same operation, in the same order. Fix: make the ranks ",
+                    "issue the same collectives (pad per-rank lengths, e.g. pad_across_processes); ",
+                    "ACCELERANT_DEBUG_MODE=1 names the call that differs"));
+      }
+    }
+  }
+
+  static std::string describe_call(const RankControl& c) {
+    return str(c.call_count, " ", c10::toString(static_cast<c10::ScalarType>(c.call_dtype)), " elements (",
+               to_string(static_cast<ReduceOp>(c.call_op)), ")");
+  }
+
   template <class T>
-  void all_reduce(T* data, size_t count, ReduceOp op) {
+  void all_reduce(T* data, size_t count, ReduceOp op, torch::ScalarType dtype) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
+    RankControl& mine = control->rank[rank];
+    mine.call_count = count;
+    mine.call_dtype = static_cast<int32_t>(dtype);
+    mine.call_op = static_cast<int32_t>(op == ReduceOp::kMean ? ReduceOp::kSum : op);
+    if (count == 0) {  // no chunk to carry the check: a barrier of its own on each side
+      barrier(deadline);
+      check_same_call();
+      barrier(deadline);
+      return;
+    }
     const size_t chunk = control->chunk_bytes / sizeof(T);
     const size_t per_line = kAlign / sizeof(T);
     std::vector<const T*> sources(size);
@@ -200,6 +235,8 @@ struct ShmAllReduce::Shared {
       const size_t n = std::min(chunk, count - offset);
       std::memcpy(slots[rank], data + offset, n * sizeof(T));
       barrier(deadline);  // every slot holds this chunk
+      // Read before this chunk's second barrier, which no rank passes before all have read.
+      if (offset == 0) check_same_call();
       const size_t part = round_up((n + size - 1) / size, per_line);
       const size_t begin = std::min(n, part * rank), end = std::min(n, begin + part);
       switch (op) {
@@ -242,10 +279,10 @@ struct ShmAllReduce::Shared {
     const size_t count = static_cast<size_t>(tensor.numel());
     if (size > 1) {
       switch (tensor.scalar_type()) {
-        case torch::kFloat: all_reduce(tensor.data_ptr<float>(), count, op); break;
-        case torch::kDouble: all_reduce(tensor.data_ptr<double>(), count, op); break;
-        case torch::kInt: all_reduce(tensor.data_ptr<int32_t>(), count, op); break;
-        case torch::kLong: all_reduce(tensor.data_ptr<int64_t>(), count, op); break;
+        case torch::kFloat: all_reduce(tensor.data_ptr<float>(), count, op, torch::kFloat); break;
+        case torch::kDouble: all_reduce(tensor.data_ptr<double>(), count, op, torch::kDouble); break;
+        case torch::kInt: all_reduce(tensor.data_ptr<int32_t>(), count, op, torch::kInt); break;
+        case torch::kLong: all_reduce(tensor.data_ptr<int64_t>(), count, op, torch::kLong); break;
         default: throw std::logic_error("ShmAllReduce::run: unsupported dtype (supports() was not asked)");
       }
     }
