@@ -112,6 +112,26 @@ TEST_P(FusedPaths, ASkipFlagChangesNothingAndACleanFlagSteps) {
   EXPECT_FALSE(torch::equal(flat(net), before_clean)) << "a clean flag did not step";
 }
 
+TEST_P(FusedPaths, ASkippedOverflowLeavesNoNanBehind) {
+  auto net = make_net(1);
+  FusedAdamW fused(net->parameters(), optim::AdamWOptions(1e-2), FusedUpdaterOptions().tensor_ops_on_cpu(GetParam()));
+  auto twin = make_net(1);
+  FusedAdamW twin_optimizer(twin->parameters(), optim::AdamWOptions(1e-2),
+                            FusedUpdaterOptions().tensor_ops_on_cpu(GetParam()));
+  train(net, fused, 2);
+  train(twin, twin_optimizer, 2);
+  fused.zero_grad();
+  net->forward(torch::randn({4, 7})).sum().backward();
+  net->a->weight.mutable_grad()[0][0] = std::numeric_limits<float>::infinity();
+  net->b->bias.mutable_grad()[1] = std::numeric_limits<float>::quiet_NaN();
+  fused.step_unless(torch::ones({}));
+  EXPECT_TRUE(torch::equal(flat(net), flat(twin))) << "the skipped step changed something";
+  train(net, fused, 3, 9);
+  train(twin, twin_optimizer, 3, 9);
+  EXPECT_TRUE(torch::isfinite(flat(net)).all().item<bool>()) << "nan or inf leaked into the parameters";
+  EXPECT_LE((flat(net) - flat(twin)).abs().max().item<double>(), 1e-6);
+}
+
 INSTANTIATE_TEST_SUITE_P(CpuLoopAndTensorOps, FusedPaths, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "TensorOps" : "CpuLoop"; });
 

@@ -179,6 +179,7 @@ struct FusedUpdater::Impl {
     numels.clear();
     for (const auto& p : params) numels.push_back(p.numel());
     param_arena = new_params, grad_arena = new_grads, state1 = new_state1, state2 = new_state2, steps = new_steps;
+    layouts.clear();
   }
 
   // Gradients are bound into the arena once they exist (an unset .grad stays unset, so a
@@ -262,44 +263,97 @@ struct FusedUpdater::Impl {
     detail::run_fused_update(kind, segments);
   }
 
+  // What the device path needs to know of a parameter group, kept from one step to the next so
+  // that a step issues no host-to-device copy (and so no synchronisation) while nothing changes.
+  struct GroupLayout {
+    std::vector<int64_t> members;  // parameters with elements, in arena order
+    int64_t first = 0, last = 0;   // first and last member
+    int64_t begin = 0, end = 0;    // their elements in the arena
+    torch::Tensor sizes;           // int64 [members] on the device
+    std::vector<bool> has_grad;    // the pattern `keep` was made for
+    torch::Tensor keep;            // float [members] on the device: 1 where a gradient exists
+  };
+  std::vector<GroupLayout> layouts;  // rebuilt after every packing
+
+  void build_layouts() {
+    layouts.clear();
+    const auto& groups = optimizer->param_groups();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      GroupLayout layout;
+      std::vector<int64_t> sizes;
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (group_of[i] == g && numels[i] > 0) {
+          layout.members.push_back(static_cast<int64_t>(i));
+          sizes.push_back(numels[i]);
+        }
+      }
+      if (!layout.members.empty()) {
+        layout.first = layout.members.front(), layout.last = layout.members.back();
+        layout.begin = offsets[layout.first], layout.end = offsets[layout.last] + numels[layout.last];
+        layout.sizes = torch::tensor(sizes, torch::kLong).to(param_arena.device());
+      }
+      layouts.push_back(std::move(layout));
+    }
+  }
+
   // The device path: per group, whole-slice tensor operations whose count does not grow with the
   // number of parameters. `keep` (per parameter, 1 = update) folds in both "has a gradient" and
   // the skip flag, so nothing is read on the host.
   void step_with_tensor_ops(const torch::Tensor& skip) {
     auto& groups = optimizer->param_groups();
     const auto float_options = param_arena.options();
+    if (layouts.size() != groups.size()) build_layouts();
     for (size_t g = 0; g < groups.size(); ++g) {
       const GroupConstants c = constants_of(kind, groups[g].options(), g);
-      std::vector<int64_t> members;
-      for (size_t i = 0; i < params.size(); ++i) {
-        if (group_of[i] == g && numels[i] > 0) members.push_back(static_cast<int64_t>(i));
-      }
-      if (members.empty()) continue;
-      const int64_t first = members.front(), last = members.back();
-      const int64_t begin = offsets[first], end = offsets[last] + numels[last];
-      std::vector<torch::Tensor> grads;
-      std::vector<float> has_grad;
-      for (int64_t i : members) {
+      GroupLayout& layout = layouts[g];
+      if (layout.members.empty()) continue;
+      const int64_t begin = layout.begin, end = layout.end, elements = end - begin;
+      // Gradients: the arena slice itself when every one lives there (the usual case), else
+      // gathered into one buffer.
+      std::vector<bool> has_grad;
+      bool in_arena = true;
+      for (int64_t i : layout.members) {
         const torch::Tensor& grad = params[i].grad();
-        has_grad.push_back(grad.defined() ? 1.0f : 0.0f);
-        grads.push_back(grad.defined() ? usable_grad(grad, params[i]).reshape({-1})
-                                       : torch::zeros({numels[i]}, float_options));
+        has_grad.push_back(grad.defined());
+        in_arena = in_arena && (!grad.defined() || detail::aliases(grad, grad_arena, offsets[i]));
       }
-      torch::Tensor G = torch::cat(grads);
+      torch::Tensor G;
+      if (in_arena) {
+        G = grad_arena.slice(0, begin, end);  // undefined gradients: their slots hold zeros
+      } else {
+        std::vector<torch::Tensor> grads;
+        for (int64_t i : layout.members) {
+          const torch::Tensor& grad = params[i].grad();
+          grads.push_back(grad.defined() ? usable_grad(grad, params[i]).reshape({-1})
+                                         : torch::zeros({numels[i]}, float_options));
+        }
+        G = torch::cat(grads);
+      }
+      if (has_grad != layout.has_grad || !layout.keep.defined()) {
+        std::vector<float> ones(has_grad.begin(), has_grad.end());
+        layout.keep = torch::tensor(ones).to(float_options.device());
+        layout.has_grad = has_grad;
+      }
       torch::Tensor P = param_arena.slice(0, begin, end);
-      torch::Tensor keep = torch::tensor(has_grad).to(float_options.device());
+      torch::Tensor keep = layout.keep;
       if (skip.defined()) keep = keep * (1 - skip.to(float_options).reshape({}));
-      torch::Tensor sizes = torch::tensor(std::vector<int64_t>(numels.begin() + first, numels.begin() + last + 1))
-                                .to(float_options.device());
-      torch::Tensor group_steps = steps.slice(0, first, last + 1);
+      const torch::Tensor& sizes = layout.sizes;
+      // output_size: without it repeat_interleave reads the sizes' sum on the host.
+      auto per_element = [&](const torch::Tensor& per_param) {
+        return torch::repeat_interleave(per_param, sizes, 0, elements);
+      };
+      torch::Tensor group_steps = steps.slice(0, layout.first, layout.last + 1);
       torch::Tensor was_first = group_steps == 0;
       group_steps.add_(keep.to(torch::kDouble));
-      torch::Tensor k = keep.repeat_interleave(sizes);
+      torch::Tensor k = per_element(keep);
+      // Where nothing may change, the gradient becomes 0: an overflowed (inf / nan) gradient of a
+      // skipped step would otherwise leak through the zero weights (0 * inf is nan).
+      G = torch::where(k > 0, G, torch::zeros({}, float_options));
       if (kind == FusedKind::kSGD) {
         torch::Tensor d = c.weight_decay != 0 ? G + c.weight_decay * P : G;
         if (c.momentum != 0) {
           torch::Tensor B = state1.slice(0, begin, end);
-          torch::Tensor first_e = was_first.repeat_interleave(sizes);
+          torch::Tensor first_e = per_element(was_first);
           torch::Tensor updated = torch::where(first_e, d, B * c.momentum + (1 - c.dampening) * d);
           B.copy_(torch::where(k > 0, updated, B));
           d = c.nesterov ? d + c.momentum * B : B;
@@ -309,8 +363,8 @@ struct FusedUpdater::Impl {
       }
       torch::Tensor M = state1.slice(0, begin, end), V = state2.slice(0, begin, end);
       torch::Tensor counted = group_steps.clamp_min(1);  // never-stepped parameters: k is 0 there
-      torch::Tensor bc1 = (1 - torch::pow(c.beta1, counted)).to(torch::kFloat).repeat_interleave(sizes);
-      torch::Tensor bc2 = (1 - torch::pow(c.beta2, counted)).to(torch::kFloat).repeat_interleave(sizes);
+      torch::Tensor bc1 = per_element((1 - torch::pow(c.beta1, counted)).to(torch::kFloat));
+      torch::Tensor bc2 = per_element((1 - torch::pow(c.beta2, counted)).to(torch::kFloat));
       torch::Tensor grad = G;
       if (kind == FusedKind::kAdamW) {
         P.mul_(1 - (c.lr * c.weight_decay) * k);
