@@ -15,6 +15,7 @@
 #include "cpu_defaults.h"
 #include "file_io.h"
 #include "text.h"
+#include "torch_compat.h"
 
 namespace accelerant {
 namespace {
@@ -169,8 +170,8 @@ DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
                                  .split_batches(settings_.split_batches);
   const torch::Device device = device_;
   const bool downcast = settings_.downcast_bf16;
-  // To a GPU: page-locked staging, so that the copy is a DMA that need not block the thread (it
-  // is queued on the stream the step then uses, so ordering holds).
+  // To a GPU: page-locked staging and a side-stream copy in the loader's worker thread
+  // (detail::to_device_from_worker), overlapping the step that runs meanwhile.
   const bool pin = device.is_cuda() && o.pin_memory().value_or(true);
   std::function<Batch(Batch)> transform;
   if (!device.is_cpu() || downcast) {
@@ -178,8 +179,7 @@ DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
       auto move = [&](const torch::Tensor& t) {
         const bool cast = downcast && t.is_floating_point();
         if (!device.is_cpu() && t.is_cpu()) detail::record_transfer(/*to_device=*/true, t.nbytes());
-        const torch::Tensor staged = pin && t.is_cpu() && !t.is_pinned() ? t.pin_memory() : t;
-        return staged.to(device, cast ? torch::kBFloat16 : t.scalar_type(), /*non_blocking=*/pin);
+        return detail::to_device_from_worker(t, device, cast ? torch::kBFloat16 : t.scalar_type(), pin);
       };
       return Batch{move(batch.data), move(batch.target)};
     };

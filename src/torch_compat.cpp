@@ -4,6 +4,10 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <torch/cuda.h>
+#ifdef USE_C10D_NCCL  // a CUDA LibTorch
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 namespace accelerant::detail {
 
@@ -36,6 +40,25 @@ void leave_autocast() {
 }
 
 bool cuda_available() { return torch::cuda::is_available(); }
+
+torch::Tensor to_device_from_worker(const torch::Tensor& t, torch::Device device, torch::ScalarType dtype, bool pin) {
+#ifdef USE_C10D_NCCL
+  if (device.is_cuda() && t.is_cpu()) {
+    const torch::Tensor staged = pin && !t.is_pinned() ? t.pin_memory() : t;
+    const auto index = device.has_index() ? device.index() : c10::cuda::current_device();
+    auto side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index);
+    torch::Tensor out;
+    {
+      c10::cuda::CUDAStreamGuard guard(side);
+      out = staged.to(device, dtype, /*non_blocking=*/pin);
+    }
+    side.synchronize();  // the worker thread waits, not the training loop
+    out.record_stream(c10::cuda::getDefaultCUDAStream(index));
+    return out;
+  }
+#endif
+  return t.to(device, dtype, /*non_blocking=*/pin && t.is_pinned());
+}
 
 bool cuda_initialized() {
   if (!at::hasCUDA()) return false;  // CPU-only LibTorch: there is nothing to initialise

@@ -39,4 +39,10 @@ bool cuda_initialized();
 /// True when LibTorch was built with CUDA and a GPU is visible.
 bool cuda_available();
 
+/// `t` (on the CPU) as `dtype` on `device`, for a loader's worker thread. To a GPU: staged in
+/// page-locked memory when `pin`, copied on a side stream of the worker's own, and waited for by
+/// the worker, so that the copy overlaps the training step and the batch is complete when the
+/// loop receives it; the memory is recorded for the device's default stream, which uses it.
+torch::Tensor to_device_from_worker(const torch::Tensor& t, torch::Device device, torch::ScalarType dtype, bool pin);
+
 }  // namespace accelerant::detail
