@@ -42,6 +42,37 @@ int run_checks() {
   report(acc, "all_reduce", sum == n * (n + 1) / 2.0,
          "sum of 1..N is " + std::to_string(sum) + ", expected " + std::to_string(n * (n + 1) / 2.0));
 
+  if (n > 1) {
+    auto& comm = ProcessState::get().communicator();
+    if (acc.is_main_process()) std::cout << "[rank 0] all-reduce path: " << comm.all_reduce_path() << std::endl;
+    // Several chunks of the shared-memory path (or Gloo's), every element checked.
+    auto big = torch::full({1 << 20}, static_cast<float>(r + 1));
+    comm.all_reduce_(big);
+    const auto wrong = (big != static_cast<float>(n * (n + 1) / 2)).sum().item<int64_t>();
+    report(acc, "all_reduce of 4 MiB", wrong == 0, std::to_string(wrong) + " of 1048576 elements wrong");
+  }
+
+  {
+    // The fused AdamW against torch::optim's, on this process alone.
+    auto plain_model = tiny_mlp(), fused_model = tiny_mlp();
+    torch::optim::AdamW plain(plain_model->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+    FusedAdamW fused(fused_model->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+    torch::manual_seed(2);
+    for (int s = 0; s < 5; ++s) {
+      auto input = torch::randn({8, 8});
+      for (auto* pair : {&plain_model, &fused_model}) (*pair)->forward(input).pow(2).mean().backward();
+      plain.step();
+      fused.step();
+      plain.zero_grad();
+      fused.zero_grad();
+    }
+    auto expected = flat_parameters(plain_model);
+    const double difference =
+        ((flat_parameters(fused_model) - expected).abs().max() / expected.abs().max()).item<double>();
+    report(acc, "fused AdamW equals torch::optim::AdamW", difference <= 1e-5,
+           "relative difference " + std::to_string(difference) + " (limit 1e-5)");
+  }
+
   auto gathered = acc.gather(torch::full({r + 1}, static_cast<double>(r)));
   bool gather_ok = gathered.size(0) == n * (n + 1) / 2;
   for (int k = 0, at = 0; gather_ok && k < n; at += ++k) {
@@ -101,8 +132,9 @@ std::string own_executable() {
 void add_test_command(CLI::App& app, Action& action) {
   auto* test = app.add_subcommand(
       "test",
-      "Self-test: launch workers with the current config and check the collectives and a few\n"
-      "training steps against one process. Exit status 0 when every check passes.\n\n"
+      "Self-test: launch workers with the current config and check the collectives (and say which\n"
+      "all-reduce path they take), the fused AdamW, and a few training steps against one process.\n"
+      "Exit status 0 when every check passes.\n\n"
       "Examples:\n"
       "  accelerant test                 with the config file's settings\n"
       "  accelerant test -n 4            4 processes");
