@@ -100,20 +100,12 @@ Outcome train(const std::string& name, const Collate& collate, const std::vector
   Classifier model(max_length);
   torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(3e-3));
   auto [net, optimizer] = accelerator.prepare(model, adamw);
-  int64_t step_count = 0;
   accelerant::GraphStep step(
       [&, net = net, optimizer = optimizer](const accelerant::GraphStep::Inputs& in) mutable {
         auto loss = torch::nn::functional::cross_entropy(net->forward(in[0], in[1]), in[2]);
         accelerator.backward(loss);
         optimizer.step();
         optimizer.zero_grad();
-        const int64_t now = ++step_count;
-        // Logging in a step closure: it runs once the step is over.
-        if (now % 20 == 0) {
-          accelerant::add_step_closure([&accelerator, name, now, loss] {
-            accelerator.print(name, ": step ", now, " loss ", loss.item<float>());
-          });
-        }
         return accelerant::GraphStep::Outputs{loss.detach()};
       },
       accelerant::GraphStepOptions().name(name).recompile_warning_after(1000));  // the table says it
@@ -131,9 +123,18 @@ Outcome train(const std::string& name, const Collate& collate, const std::vector
     real += padded.lengths.sum().item<int64_t>();
     total += padded.values.numel();
     const auto t0 = std::chrono::steady_clock::now();
-    step({padded.values, padded.mask, torch::tensor(labels, torch::kLong)});
+    auto loss = step({padded.values, padded.mask, torch::tensor(labels, torch::kLong)})[0].clone();
     times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    // Logging in a step closure, outside the step function (a CUDA graph replay would not run
+    // code inside it): it runs when the next step ends, without stalling this one.
+    const int64_t now = static_cast<int64_t>(times.size());
+    if (now % 20 == 0) {
+      accelerant::add_step_closure([&accelerator, name, now, loss] {
+        accelerator.print(name, ": step ", now, " loss ", loss.item<float>());
+      });
+    }
   }
+  accelerant::mark_step();  // the last step's closures
   Outcome out;
   out.signatures = step.signatures();
   std::nth_element(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(times.size() / 2), times.end());

@@ -6,10 +6,12 @@
 //     accelerator.backward(loss);
 //     optimizer.step();
 //     optimizer.zero_grad();
-//     accelerant::add_step_closure([loss] { std::cout << loss.item<float>() << "\n"; });
 //     return accelerant::GraphStep::Outputs{loss.detach()};
 //   }, accelerant::GraphStepOptions().name("train"));
-//   for (auto& batch : loader) step(batch);
+//   for (auto& batch : loader) {
+//     auto loss = step(batch)[0].clone();  // a replay reuses its output tensors
+//     accelerant::add_step_closure([loss] { std::cout << loss.item<float>() << "\n"; });
+//   }
 //
 // The cache is keyed by the inputs' dtypes, devices and shapes (shape_signature). A signature
 // seen for the first time is a capture (a compile); later steps with it are cache hits. On CUDA
@@ -17,7 +19,8 @@
 // stream, the next one is captured into a CUDA graph with static input buffers, and every later
 // step copies its inputs into those buffers and replays the graph. On the CPU every step runs
 // eagerly with the same accounting, so a program written for graph mode runs everywhere and its
-// recompiles show up before it meets a GPU.
+// recompiles show up before it meets a GPU. A replay repeats the recorded device work, not the
+// C++ of the step function: keep host-side effects (closures, counters, prints) outside it.
 //
 // More distinct signatures than recompile_warning_after -> a warning for each further one, naming
 // the inputs whose shapes changed: pad to a fixed length or a few bucket lengths
