@@ -25,14 +25,7 @@ EnvLookup env_of(std::map<std::string, std::string> vars) {
   };
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+const auto error_of = accelerant::testing::error_message;
 
 struct TempDir {
   std::string dir = accelerant::testing::make_temp_dir();

@@ -7,6 +7,8 @@
 
 #include <sstream>
 
+#include "test_support.h"
+
 using namespace accelerant;
 namespace optim = torch::optim;
 
@@ -258,14 +260,7 @@ TEST(FusedOptimizer, FollowsAScheduleThatChangesTheLearningRate) {
 
 TEST(FusedOptimizer, RefusesWhatItCannotDoAndSaysWhatToUse) {
   auto net = make_net(1);
-  auto message = [](auto&& make) {
-    try {
-      make();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("(no error)");
-  };
+  auto message = accelerant::testing::error_message;
   EXPECT_NE(message([&] { FusedAdam(net->parameters(), optim::AdamOptions(1e-3).amsgrad(true)); }).find("amsgrad"),
             std::string::npos);
   auto doubles = torch::nn::Linear(2, 2);

@@ -6,6 +6,8 @@
 
 #include <random>
 
+#include "test_support.h"
+
 using namespace accelerant;
 
 namespace {
@@ -167,14 +169,7 @@ TEST(StaticShapes, PaddingGivesValuesMaskAndLengths) {
 
 TEST(StaticShapes, BadInputIsRefusedWithTheFix) {
   std::vector<torch::Tensor> seqs{torch::ones({7}, torch::kLong)};
-  auto message = [](auto&& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("(no error)");
-  };
+  auto message = accelerant::testing::error_message;
   EXPECT_TRUE(contains(message([&] { pad_to_length(seqs, 5); }), "sequence 0 has 7 elements, more than the length 5"));
   EXPECT_TRUE(contains(message([&] { pad_to_bucket(seqs, {2, 4}); }), "add a bucket of at least 7"));
   EXPECT_TRUE(contains(message([&] { pad_to_bucket(seqs, {8, 4}); }), "positive and ascending"));

@@ -14,6 +14,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "../src/comm/shared_memory_segment.h"
 #include "test_support.h"
@@ -64,6 +65,21 @@ bool shm_has_segment_of(pid_t pid) {
   return false;
 }
 
+// In a worker: runs `collectives` until one throws, then writes "<ms waited>\n<message>" (or
+// "no error") to `path` and leaves at once, without the orderly shutdown of a broken group.
+[[noreturn]] void report_first_error(const std::string& path, const std::function<void()>& collectives) {
+  const auto t0 = Clock::now();
+  std::string text = "no error";
+  try {
+    collectives();
+  } catch (const CollectiveError& e) {
+    text = e.what();
+  }
+  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+  { std::ofstream(path) << waited << "\n" << text; }
+  ::_exit(0);
+}
+
 }  // namespace
 
 TEST(ShmAllReduce, TwoRanksGetGloosBitsExactly) {
@@ -110,26 +126,21 @@ TEST(ShmAllReduce, APeerThatDiesIsNamedWithinSecondsAndNothingStaysInDevShm) {
             auto big = torch::ones({1 << 20});
             comm.all_reduce_(big);
             if (index == 1) ::_exit(0);
-            const auto t0 = Clock::now();
-            std::string text = "no error";
-            try {
+            { std::ofstream(report + ".pid") << ::getpid(); }
+            report_first_error(report, [&] {
               for (int i = 0; i < 1000; ++i) comm.all_reduce_(big);
-            } catch (const CollectiveError& e) {
-              text = e.what();
-            }
-            const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
-            { std::ofstream(report) << ::getpid() << "\n" << waited << "\n" << text; }
-            ::_exit(0);  // the group is broken; leave without the orderly shutdown
+            });
           },
           LaunchOptions().num_processes(2).timeout(std::chrono::seconds(60)).verbose(false));
   } catch (const LaunchError&) {
     // rank 1 returned no result; what matters is rank 0's report
   }
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(30));
-  std::ifstream in(report);
   pid_t pid = 0;
+  std::ifstream(report + ".pid") >> pid;
+  std::ifstream in(report);
   long waited = 0;
-  in >> pid >> waited;
+  in >> waited;
   const std::string message((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   SCOPED_TRACE(message);
   EXPECT_TRUE(contains(message, "rank 1 (pid")) << "the dead rank and its pid are named";
@@ -237,16 +248,9 @@ TEST(ShmAllReduce, ALeaderThatDiesFailsBothNodesWithinSeconds) {
           auto big = torch::ones({1 << 20});
           comm.all_reduce_(big);
           if (index == 2) ::_exit(0);  // node b's leader vanishes
-          const auto t0 = Clock::now();
-          std::string text = "no error";
-          try {
+          report_first_error(scratch.path + "/rank" + std::to_string(index), [&] {
             for (int i = 0; i < 1000; ++i) comm.all_reduce_(big);
-          } catch (const CollectiveError& e) {
-            text = e.what();
-          }
-          const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
-          { std::ofstream(scratch.path + "/rank" + std::to_string(index)) << waited << "\n" << text; }
-          ::_exit(0);
+          });
         },
         LaunchOptions().num_processes(4).timeout(std::chrono::seconds(60)).verbose(false));
   } catch (const LaunchError&) {
@@ -279,15 +283,10 @@ TEST(ShmAllReduce, RanksThatDisagreeAboutTheSizeFailNamingBothInsteadOfMixingDat
     launch(
         [&](int index) {
           auto& comm = ProcessState::get().communicator();
-          std::string text = "no error";
-          try {
+          report_first_error(scratch.path + "/rank" + std::to_string(index), [&] {
             auto mine = torch::ones({index == 0 ? 1000 : 999});
             comm.all_reduce_(mine);
-          } catch (const CollectiveError& e) {
-            text = e.what();
-          }
-          { std::ofstream(scratch.path + "/rank" + std::to_string(index)) << text; }
-          ::_exit(0);  // the group is broken; leave without the orderly shutdown
+          });
         },
         LaunchOptions().num_processes(2).timeout(std::chrono::seconds(60)).verbose(false));
   } catch (const LaunchError&) {

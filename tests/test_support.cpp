@@ -13,6 +13,8 @@
 #include <fstream>
 #include <thread>
 
+#include "accelerant/error.h"
+
 namespace accelerant::testing {
 
 namespace {
@@ -123,6 +125,15 @@ int free_port() {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   ::close(fd);
   return ntohs(addr.sin_port);
+}
+
+std::string error_message(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace accelerant::testing

@@ -4,6 +4,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -48,5 +49,8 @@ int finish_program(ProgramRun& run, std::string& output, std::chrono::millisecon
 
 /// A TCP port that was free a moment ago (bind to 0, read, close).
 int free_port();
+
+/// The message of the accelerant::Error that `f` throws, or "" when it throws none.
+std::string error_message(const std::function<void()>& f);
 
 }  // namespace accelerant::testing
