@@ -153,7 +153,8 @@ TEST(CliEnv, PrintsVersionsHardwareAndTheConfig) {
   ASSERT_EQ(run_cli({"config", "default", "--config_file", file}, out), 0);
   ASSERT_EQ(run_cli({"env", "--config_file", file}, out), 0) << out;
   for (const char* expected : {"Accelerant: ", "LibTorch: ", "Gloo: ", "Compiler: ", "CPU: ", "BLAS: ", "Threads: ",
-                               "GPUs: ", "num_processes: 1"}) {
+                               "All-reduce on one machine: ACCELERANT_SHM_ALLREDUCE=", "MiB free in /dev/shm",
+                               "Metrics at exit: ACCELERANT_METRICS=", "GPUs: ", "num_processes: 1"}) {
     EXPECT_NE(out.find(expected), std::string::npos) << "missing '" << expected << "' in:\n" << out;
   }
 }

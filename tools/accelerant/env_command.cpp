@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <gloo/config.h>
 #include <sched.h>
+#include <sys/statvfs.h>
 
 #include <fstream>
 #include <iostream>
@@ -58,6 +59,13 @@ std::string variable(const char* name) {
   return value ? value : "(unset)";
 }
 
+// Room for the shared-memory all-reduce's segments.
+std::string dev_shm_free() {
+  struct statvfs fs {};
+  if (::statvfs("/dev/shm", &fs) != 0) return "no /dev/shm (the all-reduce uses Gloo)";
+  return std::to_string(static_cast<unsigned long long>(fs.f_bavail) * fs.f_frsize / (1 << 20)) + " MiB free in /dev/shm";
+}
+
 }  // namespace
 
 void add_env_command(CLI::App& app, Action& action) {
@@ -77,6 +85,9 @@ void add_env_command(CLI::App& app, Action& action) {
                 << "- Threads: LibTorch intra-op " << torch::get_num_threads() << ", OpenBLAS " << openblas_threads()
                 << ", OMP_NUM_THREADS=" << variable("OMP_NUM_THREADS")
                 << ", OPENBLAS_NUM_THREADS=" << variable("OPENBLAS_NUM_THREADS") << "\n"
+                << "- All-reduce on one machine: ACCELERANT_SHM_ALLREDUCE=" << variable("ACCELERANT_SHM_ALLREDUCE")
+                << " (unset = shared memory), " << dev_shm_free() << "\n"
+                << "- Metrics at exit: ACCELERANT_METRICS=" << variable("ACCELERANT_METRICS") << "\n"
                 << "- GPUs: " << (torch::cuda::is_available() ? std::to_string(torch::cuda::device_count()) : "none (CUDA not available)")
                 << "\n";
       const std::string path = config_path_or_default(*file);
