@@ -1,6 +1,7 @@
 // Graph mode on the CPU: a compiled step trains exactly as the eager loop, every new input shape
 // is counted (and warned about past the threshold, naming what changed), step closures run after
-// their step in order, and bucketed padding bounds the recompiles that dynamic padding causes.
+// their step in order, bucketed padding bounds the recompiles that dynamic padding causes, and
+// ACCELERANT_METRICS=1 makes every forked worker print its report as it exits.
 #include <accelerant/accelerant.h>
 #include <gtest/gtest.h>
 
@@ -201,4 +202,25 @@ TEST(StaticShapes, BucketsBoundTheRecompilesThatDynamicPaddingCauses) {
   EXPECT_GT(dynamic, 15) << "dynamic padding should give many shapes";
   EXPECT_LE(bucketed, 4);
   EXPECT_EQ(fixed, 1);
+}
+
+TEST(Metrics, EachForkedWorkerPrintsItsReportAtExitWhenAsked) {
+  ::setenv("ACCELERANT_METRICS", "1", 1);
+  ::testing::internal::CaptureStderr();
+  launch(
+      [](int) {
+        auto step = shape_counter("worker");
+        step({torch::ones({2, 3})});
+        step({torch::ones({2, 3})});
+      },
+      LaunchOptions().num_processes(2).timeout(std::chrono::seconds(60)));
+  const std::string out = ::testing::internal::GetCapturedStderr();
+  ::unsetenv("ACCELERANT_METRICS");
+  size_t reports = 0;
+  for (size_t at = out.find("Accelerant metrics report"); at != std::string::npos;
+       at = out.find("Accelerant metrics report", at + 1)) {
+    ++reports;
+  }
+  EXPECT_EQ(reports, 2u) << out;
+  EXPECT_TRUE(contains(out, "step 'worker' (eager): 2 steps, 1 captures (0 recompiles), 1 cache hits")) << out;
 }
