@@ -105,7 +105,8 @@ DataLoader::DataLoader(BatchMaker make_batch, int64_t dataset_size, DataLoaderOp
 
 DataLoader DataLoader::with_workers(int num_workers) const {
   if (num_workers < 0) {
-    throw Error(detail::str("with_workers: num_workers must be 0 or more, got ", num_workers, "."));
+    throw Error(detail::str("with_workers: num_workers must be 0 or more, got ", num_workers,
+                            ". Fix: 0 builds batches in the loop's thread, N > 0 in N threads ahead of it."));
   }
   auto copy = std::make_shared<Shared>(*shared_);
   copy->options.num_workers(num_workers);

@@ -5,38 +5,18 @@
 #include <map>
 
 #include "comm/machine_identity.h"
+#include "comm/store_exchange.h"
 #include "communicator_impl.h"
 #include "text.h"
 
 namespace accelerant::detail {
-
-namespace {
-
-std::vector<uint8_t> bytes_of(const std::string& text) { return {text.begin(), text.end()}; }
-
-// Every rank's value of `key_prefix`/r, after publishing ours.
-std::vector<std::string> exchange(c10d::Store& store, const std::string& key_prefix, int rank, int size,
-                                  const std::string& mine, std::chrono::milliseconds timeout) {
-  store.set(str(key_prefix, rank), bytes_of(mine));
-  std::vector<std::string> keys;
-  for (int r = 0; r < size; ++r) keys.push_back(str(key_prefix, r));
-  store.wait(keys, timeout);
-  std::vector<std::string> all;
-  for (const auto& key : keys) {
-    const auto value = store.get(key);
-    all.emplace_back(value.begin(), value.end());
-  }
-  return all;
-}
-
-}  // namespace
 
 SharedMemoryPlan connect_shared_memory(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                        std::chrono::milliseconds timeout,
                                        const std::vector<std::shared_ptr<gloo::transport::Device>>& gloo_devices) {
   SharedMemoryPlan plan;
   const bool enabled = shm_all_reduce_enabled();
-  const auto machines = exchange(*store, "machine/", rank, size, str(enabled ? "on|" : "off|", machine_identity()),
+  const auto machines = exchange_strings(*store, "machine/", rank, size, str(enabled ? "on|" : "off|", machine_identity()),
                                  timeout);
   for (int r = 0; r < size; ++r) {
     if (machines[r].rfind("on|", 0) != 0) {
@@ -72,11 +52,8 @@ SharedMemoryPlan connect_shared_memory(const c10::intrusive_ptr<c10d::Store>& st
   auto shm = ShmAllReduce::connect(*node_store, local_rank, static_cast<int>(members.size()), timeout, &why_not,
                                    hierarchical, members);
   // Every node must have its segment, or every rank takes Gloo: the paths must not mix.
-  const auto outcomes = exchange(*store, "shm/outcome/", rank, size, shm ? "ok" : why_not, timeout);
-  std::string failures;
-  for (int r = 0; r < size; ++r) {
-    if (outcomes[r] != "ok") failures += str(failures.empty() ? "" : "; ", "rank ", r, ": ", outcomes[r]);
-  }
+  const std::string failures =
+      failures_of(exchange_strings(*store, "shm/outcome/", rank, size, shm ? "ok" : why_not, timeout));
   if (!failures.empty()) {
     if (rank == 0) {
       std::fprintf(stderr, "accelerant: all-reduce through Gloo: the shared-memory path is unavailable (%s)\n",

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "comm/shared_memory_segment.h"
+#include "comm/store_exchange.h"
 #include "text.h"
 
 namespace accelerant::detail {
@@ -361,16 +362,9 @@ std::unique_ptr<ShmAllReduce> ShmAllReduce::connect(c10d::Store& store, int rank
   }
 
   // Every rank says whether it is attached; all decide alike. Then the name goes from /dev/shm.
-  store.set(str("shm/attached/", rank), to_bytes(failure.empty() ? "ok" : failure));
-  std::vector<std::string> keys;
-  for (int r = 0; r < size; ++r) keys.push_back(str("shm/attached/", r));
-  store.wait(keys, timeout);
-  std::string reasons;
-  for (int r = 0; r < size; ++r) {
-    const auto reply = store.get(keys[r]);
-    const std::string text(reply.begin(), reply.end());
-    if (text != "ok") reasons += str(reasons.empty() ? "" : "; ", "rank ", s.job_rank(r), ": ", text);
-  }
+  const std::string reasons =
+      failures_of(exchange_strings(store, "shm/attached/", rank, size, failure.empty() ? "ok" : failure, timeout),
+                  [&s](int r) { return s.job_rank(r); });
   s.segment.unlink();
   if (!reasons.empty()) {
     if (why_not) *why_not = reasons;
@@ -383,9 +377,7 @@ std::unique_ptr<ShmAllReduce> ShmAllReduce::connect(c10d::Store& store, int rank
   s.result = s.slots.back();
   s.slots.pop_back();
   // Every pid is written before the first collective can wait on it.
-  store.set(str("shm/ready/", rank), to_bytes("ok"));
-  for (int r = 0; r < size; ++r) keys[r] = str("shm/ready/", r);
-  store.wait(keys, timeout);
+  exchange_strings(store, "shm/ready/", rank, size, "ok", timeout);
   self->hierarchical_ = hierarchical;
   s.worker = std::thread([&s] { s.serve(); });
   return self;

@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 
+#include "accelerant/distributed_env.h"
 #include "accelerant/error.h"
 #include "accelerant/metrics.h"
 #include "text.h"
@@ -59,10 +60,15 @@ std::string changes(const std::vector<std::string>& before, const std::vector<st
   return out.empty() ? "nothing (same shapes)" : detail::join(out, ", ");
 }
 
+// From the launcher's variables (torchrun, Slurm, MPI) without joining the group: a warning must
+// not start a rendezvous.
 std::string rank_prefix() {
-  const char* rank = std::getenv("RANK");
-  const char* world = std::getenv("WORLD_SIZE");
-  return rank && world && std::string(world) != "1" ? detail::str("[rank ", rank, "/", world, "] ") : "";
+  try {
+    const DistributedEnv env = read_distributed_env();
+    return env.world_size > 1 ? detail::str("[rank ", env.rank, "/", env.world_size, "] ") : "";
+  } catch (const Error&) {
+    return "";  // malformed variables are ProcessState's to report
+  }
 }
 
 }  // namespace
@@ -128,16 +134,6 @@ struct GraphStep::Impl {
                  changes(last_parts, parts).c_str());
   }
 
-  static bool on_gpu(const Inputs& inputs) {
-    bool any = false;
-    for (const auto& t : inputs) {
-      if (!t.defined()) continue;
-      if (!t.is_cuda()) return false;
-      any = true;
-    }
-    return any;
-  }
-
   Outputs run(const Inputs& inputs) {
     if (!step) throw Error("GraphStep: no step function (moved from?). Fix: construct it with one.");
     std::vector<std::string> parts;
@@ -171,6 +167,16 @@ struct GraphStep::Impl {
   }
 
 #ifdef ACCELERANT_CUDA_GRAPHS
+  static bool on_gpu(const Inputs& inputs) {
+    bool any = false;
+    for (const auto& t : inputs) {
+      if (!t.defined()) continue;
+      if (!t.is_cuda()) return false;
+      any = true;
+    }
+    return any;
+  }
+
   Outputs run_on_gpu(Entry& entry, const std::string& signature, const Inputs& inputs, bool& replayed) {
     if (entry.graph) {
       for (size_t i = 0; i < inputs.size(); ++i) {
