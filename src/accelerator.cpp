@@ -3,6 +3,7 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/serialize.h>
 
+#include <cmath>
 #include <cstdio>
 #include <algorithm>
 #include <cstdlib>
@@ -13,6 +14,7 @@
 #include "accelerant/metrics.h"
 #include "accelerant/process_state.h"
 #include "cpu_defaults.h"
+#include "graph/step_recording.h"
 #include "file_io.h"
 #include "text.h"
 #include "torch_compat.h"
@@ -228,6 +230,12 @@ void Accelerator::backward(const torch::Tensor& loss) {
 }
 
 Accelerator::AccumulationGuard Accelerator::accumulate_modules(std::vector<std::shared_ptr<torch::nn::Module>> modules) {
+  if (detail::recording_step()) {
+    throw Error("accumulate() inside a graph step: which micro-steps synchronise is decided on the host, "
+                "and a replay would repeat the captured decision. Fix: build the step with "
+                "accelerator.compile(fn), which decides it before each step (and keeps one graph per kind "
+                "of micro-step), and remove accumulate() from the step function.");
+  }
   TrainingState& s = *state_;
   ++s.micro_steps;
   s.sync_gradients = s.micro_steps % s.gradient_accumulation_steps == 0 || s.end_of_dataloader;
@@ -251,8 +259,47 @@ GradientReducer& Accelerator::reducer_for(const torch::nn::Module& module) const
 
 double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm,
                                     double norm_type) {
+  if (detail::recording_step()) {
+    throw Error("clip_grad_norm_() inside a graph step: it returns the norm as a double, read on the host, "
+                "which a captured step cannot do. Fix: use accelerator.clip_grad_norm_tensor(...), which "
+                "clips on the device and returns the norm as a tensor (read it in a step closure).");
+  }
   if (state_->scaler && state_->sync_gradients) state_->scaler->unscale_(parameters);
   return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
+}
+
+torch::Tensor Accelerator::clip_grad_norm_tensor(const std::vector<torch::Tensor>& parameters, double max_norm,
+                                                 double norm_type) {
+  if (state_->scaler && state_->sync_gradients) state_->scaler->unscale_(parameters);
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> grads, norms;
+  for (const auto& p : parameters) {
+    if (!p.grad().defined()) continue;
+    grads.push_back(p.grad());
+    norms.push_back(std::isinf(norm_type) ? p.grad().abs().max().to(torch::kFloat)
+                                          : p.grad().norm(norm_type).to(torch::kFloat));
+  }
+  if (grads.empty()) return torch::zeros({}, torch::TensorOptions(torch::kFloat).device(device_));
+  const torch::Tensor all = torch::stack(norms);
+  const torch::Tensor total = std::isinf(norm_type) ? all.max() : all.norm(norm_type);
+  // min(1, ...) instead of torch's host-side "if coef < 1": multiplying by 1 changes nothing.
+  const torch::Tensor coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
+  for (auto& g : grads) g.mul_(coef.to(g.scalar_type()));
+  return total;
+}
+
+GraphStep Accelerator::compile(GraphStep::Function step, GraphStepOptions options) {
+  if (options.phase()) {
+    throw Error("Accelerator::compile sets GraphStepOptions::phase itself (the accumulation phase). Fix: leave it "
+                "unset, or build a GraphStep directly if you need your own.");
+  }
+  if (settings_.gradient_accumulation_steps > 1) {
+    options.phase([this] {
+      auto scope = std::make_shared<AccumulationGuard>(accumulate_modules({}));
+      return GraphStepOptions::Phase{state_->sync_gradients ? "sync" : "accumulate", std::move(scope)};
+    });
+  }
+  return GraphStep(std::move(step), std::move(options));
 }
 
 AutocastGuard Accelerator::autocast() const {

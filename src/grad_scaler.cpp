@@ -3,6 +3,7 @@
 #include "accelerant/fused_optimizer.h"
 
 #include "accelerant/error.h"
+#include "graph/step_recording.h"
 #include "text.h"
 
 namespace accelerant {
@@ -53,8 +54,9 @@ void GradScaler::unscale_(const std::vector<torch::Tensor>& params) {
     g.mul_(inverse.to(g.scalar_type()));
     non_finite.push_back(torch::isfinite(g).logical_not().any());
   }
-  // Stays on the device: no .item() here.
-  if (!non_finite.empty()) found_inf_ = torch::stack(non_finite).any().to(found_inf_.options());
+  // Stays on the device: no .item() here. In place, as all of the scaler's state: a captured
+  // step reads and writes the tensors it was captured with.
+  if (!non_finite.empty()) found_inf_.copy_(torch::stack(non_finite).any());
   unscaled_ = true;
 }
 
@@ -66,6 +68,12 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
     optimizer.step();
     return true;
   }
+  if (detail::recording_step()) {
+    throw Error("GradScaler::step(torch::optim optimizer) inside a graph step: deciding whether to skip the "
+                "update means reading found_inf on the host, which a captured step cannot do. Fix: use a fused "
+                "optimizer (accelerant::FusedAdamW / FusedSGD, or AcceleratorOptions::fused_optimizers(true)) "
+                "and step_on_device().");
+  }
   if (!unscaled_) unscale_(optimizer);
   // The one host read: torch::optim cannot take a device-side skip flag.
   if (found_inf_.item<float>() != 0.0f) return false;
@@ -73,15 +81,24 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   return true;
 }
 
-bool GradScaler::step(FusedUpdater& updater) {
+void GradScaler::step_on_device(FusedUpdater& updater) {
   if (!enabled()) {
     updater.step();
-    return true;
+    return;
   }
   if (!unscaled_) unscale_(updater.optimizer());
   updater.step_unless(found_inf_);  // queued on the device with the flag: no sync before it
+}
+
+bool GradScaler::step(FusedUpdater& updater) {
+  if (detail::recording_step()) {
+    throw Error("GradScaler::step() inside a graph step: its result is read on the host, which a captured "
+                "step cannot do. Fix: call step_on_device() and read found_inf() after the step, e.g. in "
+                "a step closure (PreparedOptimizer does this for you).");
+  }
+  step_on_device(updater);
   // Read only after the step was queued, for the caller's step counters.
-  return found_inf_.item<float>() == 0.0f;
+  return !enabled() || found_inf_.item<float>() == 0.0f;
 }
 
 void GradScaler::update() {
@@ -90,10 +107,10 @@ void GradScaler::update() {
   const auto overflow = found_inf_ > 0;
   const auto clean_steps = torch::where(overflow, torch::zeros_like(growth_tracker_), growth_tracker_ + 1);
   const auto grow = clean_steps >= options_.growth_interval();
-  scale_ = torch::where(overflow, scale_ * options_.backoff_factor(),
-                        torch::where(grow, scale_ * options_.growth_factor(), scale_));
-  growth_tracker_ = torch::where(grow, torch::zeros_like(clean_steps), clean_steps);
-  found_inf_ = torch::zeros_like(found_inf_);
+  scale_.copy_(torch::where(overflow, scale_ * options_.backoff_factor(),
+                            torch::where(grow, scale_ * options_.growth_factor(), scale_)));
+  growth_tracker_.copy_(torch::where(grow, torch::zeros_like(clean_steps), clean_steps));
+  found_inf_.zero_();
   unscaled_ = false;
 }
 

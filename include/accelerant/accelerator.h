@@ -39,6 +39,7 @@
 #include "accelerant/communicator.h"
 #include "accelerant/data_loader.h"
 #include "accelerant/gradient_reducer.h"
+#include "accelerant/graph_step.h"
 #include "accelerant/prepared_optimizer.h"
 #include "accelerant/training_state.h"
 
@@ -121,6 +122,24 @@ class Accelerator {
   double clip_grad_norm_(const M& model, double max_norm, double norm_type = 2.0) {
     return clip_grad_norm_(detail::module_ptr(model)->parameters(), max_norm, norm_type);
   }
+
+  /// clip_grad_norm_ that reads nothing on the host, for graph steps (where clip_grad_norm_
+  /// refuses: its double result is a host read): the gradients are scaled on the device by
+  /// min(1, max_norm / (norm + 1e-6)), and the norm before clipping comes back as a 0-dim tensor.
+  torch::Tensor clip_grad_norm_tensor(const std::vector<torch::Tensor>& parameters, double max_norm,
+                                      double norm_type = 2.0);
+  template <class M>
+  torch::Tensor clip_grad_norm_tensor(const M& model, double max_norm, double norm_type = 2.0) {
+    return clip_grad_norm_tensor(detail::module_ptr(model)->parameters(), max_norm, norm_type);
+  }
+
+  // ---- graph mode (graph_step.h, docs/graph_mode.md) -----------------------------------------
+  /// A GraphStep for a whole training step (forward, backward, the prepared optimizer and
+  /// scheduler, the fp16 scaler), captured once per input signature and replayed on a GPU. With
+  /// gradient accumulation each call is one micro-step: compile decides, outside the step,
+  /// whether it synchronises (so do not call accumulate() inside), and the accumulating and the
+  /// synchronising micro-steps are two graphs. The step must not outlive this Accelerator.
+  GraphStep compile(GraphStep::Function step, GraphStepOptions options = {});
 
   /// Mixed-precision autocast for the forward pass (a no-op guard when mixed_precision is no).
   AutocastGuard autocast() const;

@@ -10,7 +10,7 @@
 // Found-inf detection and the scale update are tensor operations on the gradients' device: no
 // host synchronisation. step() with a torch::optim optimizer reads the flag on the host, once,
 // to decide whether to call optimizer.step(); with a fused optimizer (fused_optimizer.h) the
-// decision stays on the device.
+// decision stays on the device, and step_on_device() reads nothing at all (graph mode).
 #pragma once
 
 #include <torch/arg.h>
@@ -54,12 +54,20 @@ class GradScaler {
   /// The same for a fused update: the skip decision stays on the device (step_unless); the
   /// returned flag is read after the step was queued.
   bool step(FusedUpdater& updater);
+  /// Queues the fused update with the skip decision on the device and reads nothing on the
+  /// host: what a captured step (GraphStep) needs. found_inf() tells, until update(), whether
+  /// this step is skipped.
+  void step_on_device(FusedUpdater& updater);
   /// Shrinks the scale after an overflow, grows it after growth_interval clean steps, and resets
   /// the per-step state. Call once per optimizer step, after step().
   void update();
 
-  /// 1.0 when the current step's gradients overflowed, else 0.0: a 0-dim tensor on the device.
+  /// 1.0 when the current step's gradients overflowed, else 0.0: a 0-dim tensor on the device,
+  /// reset by update(). The scaler's state tensors are updated in place: these references stay
+  /// valid, and a captured step keeps reading and writing them.
   const torch::Tensor& found_inf() const { return found_inf_; }
+  /// The current scale: a 0-dim float tensor on the device.
+  const torch::Tensor& scale_tensor() const { return scale_; }
   /// The current scale (reads it from the device).
   double current_scale() const;
   bool enabled() const { return options_.enabled(); }

@@ -1,17 +1,21 @@
 // Graph mode: a training step captured once per input-shape signature and replayed, the
 // discipline PyTorch/XLA teaches, for C++.
 //
-//   accelerant::GraphStep step([&](const accelerant::GraphStep::Inputs& in) {
+//   // accelerator built with AcceleratorOptions().fused_optimizers(true): a capturable update
+//   accelerant::GraphStep step = accelerator.compile([&](const accelerant::GraphStep::Inputs& in) {
 //     auto loss = torch::nn::functional::cross_entropy(model->forward(in[0]), in[1]);
 //     accelerator.backward(loss);
 //     optimizer.step();
 //     optimizer.zero_grad();
+//     accelerant::add_step_closure([loss] { std::cout << loss.item<float>() << "\n"; });
 //     return accelerant::GraphStep::Outputs{loss.detach()};
 //   }, accelerant::GraphStepOptions().name("train"));
 //   for (auto& batch : loader) {
 //     auto loss = step(batch)[0].clone();  // a replay reuses its output tensors
-//     accelerant::add_step_closure([loss] { std::cout << loss.item<float>() << "\n"; });
 //   }
+//
+// (Accelerator::compile is a GraphStep that also handles gradient accumulation; GraphStep(fn,
+// options) builds one directly.)
 //
 // The cache is keyed by the inputs' dtypes, devices and shapes (shape_signature). A signature
 // seen for the first time is a capture (a compile); later steps with it are cache hits. On CUDA
@@ -20,7 +24,10 @@
 // step copies its inputs into those buffers and replays the graph. On the CPU every step runs
 // eagerly with the same accounting, so a program written for graph mode runs everywhere and its
 // recompiles show up before it meets a GPU. A replay repeats the recorded device work, not the
-// C++ of the step function: keep host-side effects (closures, counters, prints) outside it.
+// C++ of the step function: Accelerant's own host-side bookkeeping inside the step (optimizer
+// step counters, the scheduler, step closures added inside the step) is recorded at the capture
+// and re-run after every replay; your own host code inside the step runs at the capture only.
+// emulate_replays checks a program for this on the CPU (see below).
 //
 // More distinct signatures than recompile_warning_after -> a warning for each further one, naming
 // the inputs whose shapes changed: pad to a fixed length or a few bucket lengths
@@ -40,6 +47,12 @@
 namespace accelerant {
 
 struct GraphStepOptions {
+  /// What GraphStepOptions::phase returns: a key for this step's kind, a scope held while it runs.
+  struct Phase {
+    std::string key;
+    std::shared_ptr<void> scope;
+  };
+
   /// Names the step in warnings and in the metrics report. Default: "step".
   TORCH_ARG(std::string, name) = "step";
   /// Distinct input signatures allowed before each further one is warned about. Default: 8.
@@ -49,6 +62,21 @@ struct GraphStepOptions {
   /// CUDA: eager steps of a new signature before it is captured (kernel selection, allocator
   /// warm-up). Default: 3.
   TORCH_ARG(int, warmup_steps) = 3;
+  /// CPU: run each signature's later steps the way a GPU replays them, as a check before meeting
+  /// a GPU. The step function still runs (the CPU has no graph to replay), but the host-side
+  /// bookkeeping it does through Accelerant is not run inline: what was recorded at the
+  /// signature's first step runs instead, and the capture rules apply (no host reads of device
+  /// values, fused optimizers only). Slower: the fused optimizers take their device path.
+  /// Default: true when ACCELERANT_EMULATE_REPLAYS=1, else false.
+  TORCH_ARG(bool, emulate_replays) = default_emulate_replays();
+  /// Runs before every step, outside any capture, and returns a key that joins the cache key
+  /// and a scope held until the step ends. Accelerator::compile uses it for gradient
+  /// accumulation: whether a micro-step synchronises is decided here, and the two kinds of
+  /// micro-step are two graphs. Default: none.
+  TORCH_ARG(std::function<Phase()>, phase);
+
+ public:
+  static bool default_emulate_replays();
 };
 
 class GraphStep {
@@ -85,6 +113,8 @@ class GraphStep {
 /// Runs `closure` once the current step has finished (at the end of the GraphStep call that is
 /// running, or at the next mark_step()), after the closures added before it. For logging and
 /// metrics: tensor values are final by then, and reading them does not stall the step itself.
+/// Added inside a GraphStep's function, it is recorded with the step and added again after
+/// every replay: the tensors it holds are the graph's, and carry each replay's values.
 void add_step_closure(std::function<void()> closure);
 
 /// Ends a step: runs the pending step closures in the order they were added. GraphStep calls it

@@ -30,7 +30,9 @@ class PreparedOptimizer {
                     std::shared_ptr<FusedUpdater> fused = nullptr);
 
   /// Updates the parameters unless accumulating; under fp16 unscales first and skips on
-  /// overflow. Returns whether the parameters were updated.
+  /// overflow. Returns whether the parameters were updated. Inside a GraphStep's capture it
+  /// queues the update without reading anything on the host and returns true; the counters (and
+  /// step_was_skipped) follow after the step, and after every replay. That needs the fused update.
   bool step();
   /// Clears the gradients unless accumulating.
   void zero_grad();
@@ -45,6 +47,11 @@ class PreparedOptimizer {
   torch::optim::Optimizer* optimizer_;
   std::shared_ptr<TrainingState> state_;
   std::shared_ptr<FusedUpdater> fused_;
+  // Graph steps under fp16: this step's skip flag, kept past the scaler's update(). Shared by
+  // copies of the handle, written in place by every step and replay.
+  std::shared_ptr<torch::Tensor> skip_flag_ = std::make_shared<torch::Tensor>();
+
+  bool step_in_graph();
 };
 
 class PreparedScheduler {
@@ -52,7 +59,8 @@ class PreparedScheduler {
   /// Wraps `scheduler` (which must outlive this handle) under `state`.
   PreparedScheduler(torch::optim::LRScheduler& scheduler, std::shared_ptr<TrainingState> state);
 
-  /// Advances the schedule if the optimizer updated the parameters since the last call.
+  /// Advances the schedule if the optimizer updated the parameters since the last call. Inside
+  /// a GraphStep it is recorded and runs after every replay.
   void step();
   torch::optim::LRScheduler& scheduler() const { return *scheduler_; }
   /// After load_state changed the step counters: count from the restored optimizer steps.

@@ -11,6 +11,7 @@
 #include "accelerant/distributed_env.h"
 #include "accelerant/error.h"
 #include "accelerant/metrics.h"
+#include "graph/step_recording.h"
 #include "text.h"
 
 #ifdef ACCELERANT_CUDA_GRAPHS
@@ -54,7 +55,10 @@ std::string changes(const std::vector<std::string>& before, const std::vector<st
   std::vector<std::string> out;
   for (size_t i = 0; i < now.size(); ++i) {
     const std::string was = i < before.size() ? before[i] : "absent";
-    if (was != now[i]) out.push_back(detail::str("input ", i, " ", was, " -> ", now[i]));
+    if (was == now[i]) continue;
+    // The phase (Accelerator::compile's accumulation) comes last and names itself.
+    const bool phase = now[i].rfind("phase ", 0) == 0 || was.rfind("phase ", 0) == 0;
+    out.push_back(phase ? detail::str(was, " -> ", now[i]) : detail::str("input ", i, " ", was, " -> ", now[i]));
   }
   if (before.size() > now.size()) out.push_back(detail::str(before.size() - now.size(), " input(s) fewer"));
   return out.empty() ? "nothing (same shapes)" : detail::join(out, ", ");
@@ -79,10 +83,18 @@ std::string shape_signature(const std::vector<torch::Tensor>& inputs) {
   return detail::join(parts, "; ");
 }
 
+bool GraphStepOptions::default_emulate_replays() {
+  const char* value = std::getenv("ACCELERANT_EMULATE_REPLAYS");
+  return value && std::string(value) == "1";
+}
+
 void add_step_closure(std::function<void()> closure) {
   if (!closure) throw Error("add_step_closure: the closure is empty. Fix: pass a callable.");
-  std::lock_guard<std::mutex> lock(closures_mutex());
-  pending_closures().push_back(std::move(closure));
+  // Queued as a host effect: inside a captured step, re-queued after every replay.
+  detail::host_effect_on_step_values([closure = std::move(closure)] {
+    std::lock_guard<std::mutex> lock(closures_mutex());
+    pending_closures().push_back(closure);
+  });
 }
 
 void mark_step() {
@@ -106,8 +118,12 @@ void mark_step() {
 
 struct GraphStep::Impl {
   struct Entry {
-    std::vector<std::string> parts;  // per-input signatures, for the recompile message
+    std::vector<std::string> parts;  // per-input signatures (and the phase), for the recompile message
     int64_t eager_runs = 0;
+    // The host work each replay repeats; `recorded` once the capture (or the CPU emulation's
+    // first step) has filled it.
+    detail::StepRecording recording;
+    bool recorded = false;
 #ifdef ACCELERANT_CUDA_GRAPHS
     std::unique_ptr<at::cuda::CUDAGraph> graph;
     Inputs static_inputs;
@@ -136,13 +152,18 @@ struct GraphStep::Impl {
 
   Outputs run(const Inputs& inputs) {
     if (!step) throw Error("GraphStep: no step function (moved from?). Fix: construct it with one.");
+    GraphStepOptions::Phase phase;
+    if (options.phase()) phase = options.phase()();  // its scope lives until this call returns
     std::vector<std::string> parts;
     for (const auto& t : inputs) parts.push_back(one_signature(t));
+    if (!phase.key.empty()) parts.push_back("phase " + phase.key);
     const std::string signature = detail::join(parts, "; ");
     auto found = cache.find(signature);
     const bool hit = found != cache.end();
     if (!hit) {
-      found = cache.emplace(signature, Entry{parts}).first;
+      Entry entry;
+      entry.parts = parts;
+      found = cache.emplace(signature, std::move(entry)).first;
       if (static_cast<int64_t>(cache.size()) > options.recompile_warning_after()) warn_recompile(signature, parts);
     }
     last_parts = parts;
@@ -157,12 +178,39 @@ struct GraphStep::Impl {
       return outputs;
     }
 #endif
-    outputs = step(inputs);
+    outputs = options.emulate_replays() ? run_emulating_replay(entry, inputs) : step(inputs);
     const double took = seconds_since(t0);
-    if (!hit) detail::record_capture(options.name(), "eager", signature, took);
+    if (!hit) detail::record_capture(options.name(), options.emulate_replays() ? "eager, emulating replays" : "eager",
+                                     signature, took);
     // Eager: a known signature is what a replay would be on a GPU.
     replayed = hit;
     detail::record_step(options.name(), hit, replayed, took);
+    return outputs;
+  }
+
+  // The CPU stand-in for capture and replay: the first step of a signature records the host
+  // work it declares; each later one re-runs the step with that work dropped, then runs the
+  // recorded work, which is what a GPU replay would do.
+  Outputs run_emulating_replay(Entry& entry, const Inputs& inputs) {
+    Outputs outputs;
+    if (!entry.recorded) {
+      try {
+        detail::RecordingScope recording(entry.recording);
+        outputs = step(inputs);
+      } catch (...) {
+        entry.recording = {};
+        throw;
+      }
+      entry.recorded = true;
+      entry.recording.run_after();
+    } else {
+      entry.recording.run_before();
+      {
+        detail::ReplayScope replaying;
+        outputs = step(inputs);
+      }
+      entry.recording.run_after(/*emulated=*/true);
+    }
     return outputs;
   }
 
@@ -182,7 +230,9 @@ struct GraphStep::Impl {
       for (size_t i = 0; i < inputs.size(); ++i) {
         if (inputs[i].defined()) entry.static_inputs[i].copy_(inputs[i], /*non_blocking=*/true);
       }
+      entry.recording.run_before();
       entry.graph->replay();
+      entry.recording.run_after();
       replayed = true;
       return entry.static_outputs;
     }
@@ -201,17 +251,31 @@ struct GraphStep::Impl {
         const auto t0 = Clock::now();
         entry.static_inputs.clear();
         for (const auto& t : inputs) entry.static_inputs.push_back(t.defined() ? t.clone() : t);
-        entry.graph = std::make_unique<at::cuda::CUDAGraph>();
-        entry.graph->capture_begin(pool);
-        entry.static_outputs = step(entry.static_inputs);
-        entry.graph->capture_end();
+        auto graph = std::make_unique<at::cuda::CUDAGraph>();
+        try {
+          detail::RecordingScope recording(entry.recording);
+          graph->capture_begin(pool);
+          entry.static_outputs = step(entry.static_inputs);
+          graph->capture_end();
+        } catch (...) {
+          entry.recording = {};
+          try {
+            graph->capture_end();  // leave the stream out of capture mode; the graph is discarded
+          } catch (...) {
+          }
+          throw;
+        }
+        entry.graph = std::move(graph);
+        entry.recorded = true;
         detail::record_capture(options.name(), "CUDA graphs", signature, seconds_since(t0));
+        entry.recording.run_before();
         entry.graph->replay();  // capturing recorded the step; this runs it
         replayed = true;
         outputs = entry.static_outputs;
       }
     }
     current.wait(side);
+    if (replayed) entry.recording.run_after();  // after the replay, on the caller's stream
     return outputs;
   }
 #endif

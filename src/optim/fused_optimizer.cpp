@@ -4,6 +4,7 @@
 #include <unordered_map>
 
 #include "accelerant/error.h"
+#include "graph/step_recording.h"
 #include "optim/fused_kernels.h"
 #include "tensor_alias.h"
 #include "text.h"
@@ -272,6 +273,8 @@ struct FusedUpdater::Impl {
     torch::Tensor sizes;           // int64 [members] on the device
     std::vector<bool> has_grad;    // the pattern `keep` was made for
     torch::Tensor keep;            // float [members] on the device: 1 where a gradient exists
+    torch::Tensor neg_lr;          // float 0-dim on the device: -lr, what the update reads
+    double lr_in_tensor = 0;       // the lr neg_lr holds
   };
   std::vector<GroupLayout> layouts;  // rebuilt after every packing
 
@@ -294,6 +297,33 @@ struct FusedUpdater::Impl {
       }
       layouts.push_back(std::move(layout));
     }
+  }
+
+  // -lr of group g as a device tensor. A scheduler changes the lr on the host between steps;
+  // the update reads it from this tensor, so that a captured step reads each replay's value
+  // instead of a constant frozen at the capture. Filled here in an eager step; while a step is
+  // recorded it is filled before every replay instead (a fill inside the capture would be
+  // replayed too, overwriting the refreshed value with the captured one).
+  const torch::Tensor& neg_lr(size_t g, double lr) {
+    GroupLayout& layout = layouts[g];
+    const bool created = !layout.neg_lr.defined();
+    if (created) layout.neg_lr = torch::empty({}, param_arena.options());
+    if (detail::recording_step()) {
+      detail::before_replay([this, g] { refresh_lr(g); });
+      // The CPU emulation runs this step at once, with no replay to refresh it first.
+      if (created && param_arena.is_cpu()) refresh_lr(g);
+    } else if (created || layout.lr_in_tensor != lr) {
+      refresh_lr(g);
+    }
+    return layout.neg_lr;
+  }
+
+  void refresh_lr(size_t g) {
+    if (g >= layouts.size() || !layouts[g].neg_lr.defined()) return;  // packed again since: the graph is stale
+    GroupLayout& layout = layouts[g];
+    const double lr = constants_of(kind, optimizer->param_groups()[g].options(), g).lr;
+    layout.neg_lr.fill_(-lr);
+    layout.lr_in_tensor = lr;
   }
 
   // The device path: per group, whole-slice tensor operations whose count does not grow with the
@@ -335,6 +365,7 @@ struct FusedUpdater::Impl {
         layout.has_grad = has_grad;
       }
       torch::Tensor P = param_arena.slice(0, begin, end);
+      const torch::Tensor& lr_neg = neg_lr(g, c.lr);
       torch::Tensor keep = layout.keep;
       if (skip.defined()) keep = keep * (1 - skip.to(float_options).reshape({}));
       const torch::Tensor& sizes = layout.sizes;
@@ -358,7 +389,7 @@ struct FusedUpdater::Impl {
           B.copy_(torch::where(k > 0, updated, B));
           d = c.nesterov ? d + c.momentum * B : B;
         }
-        P.addcmul_(d, k, -c.lr);
+        P.addcmul_(d, k * lr_neg);
         continue;
       }
       torch::Tensor M = state1.slice(0, begin, end), V = state2.slice(0, begin, end);
@@ -367,14 +398,14 @@ struct FusedUpdater::Impl {
       torch::Tensor bc2 = per_element((1 - torch::pow(c.beta2, counted)).to(torch::kFloat));
       torch::Tensor grad = G;
       if (kind == FusedKind::kAdamW) {
-        P.mul_(1 - (c.lr * c.weight_decay) * k);
+        P.mul_(1 + (lr_neg * c.weight_decay) * k);
       } else if (c.weight_decay != 0) {
         grad = G + c.weight_decay * P;
       }
       M.lerp_(grad, (1 - c.beta1) * k);
       V.lerp_(grad * grad, (1 - c.beta2) * k);
       torch::Tensor denom = V.sqrt() / bc2.sqrt() + c.eps;
-      P.addcmul_(M / denom, k / bc1, -c.lr);
+      P.addcmul_(M / denom, (k / bc1) * lr_neg);
     }
   }
 
@@ -382,7 +413,9 @@ struct FusedUpdater::Impl {
     torch::NoGradGuard no_grad;
     ensure_packed();
     adopt_new_gradients();
-    if (param_arena.is_cpu() && !options.tensor_ops_on_cpu()) {
+    // A recorded step takes the device path on the CPU too: the CPU loop reads the skip flag and
+    // computes the step sizes on the host, which a replay would not repeat.
+    if (param_arena.is_cpu() && !options.tensor_ops_on_cpu() && !detail::recording_step()) {
       if (skip.defined() && skip.item<double>() != 0) return;  // on the CPU reading it costs nothing
       step_on_cpu();
     } else {
