@@ -154,7 +154,8 @@ TEST(CliEnv, PrintsVersionsHardwareAndTheConfig) {
   ASSERT_EQ(run_cli({"env", "--config_file", file}, out), 0) << out;
   for (const char* expected : {"Accelerant: ", "LibTorch: ", "Gloo: ", "Compiler: ", "CPU: ", "BLAS: ", "Threads: ",
                                "All-reduce on one machine: ACCELERANT_SHM_ALLREDUCE=", "MiB free in /dev/shm",
-                               "Metrics at exit: ACCELERANT_METRICS=", "GPUs: ", "num_processes: 1"}) {
+                               "Metrics at exit: ACCELERANT_METRICS=",
+                               "Graph steps emulate GPU replays: ACCELERANT_EMULATE_REPLAYS=", "GPUs: ", "num_processes: 1"}) {
     EXPECT_NE(out.find(expected), std::string::npos) << "missing '" << expected << "' in:\n" << out;
   }
 }

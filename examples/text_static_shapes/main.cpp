@@ -95,12 +95,14 @@ struct Outcome {
 
 Outcome train(const std::string& name, const Collate& collate, const std::vector<Example>& train_set,
               const std::vector<Example>& test_set, int64_t batch, int64_t max_length) {
-  accelerant::Accelerator accelerator;
+  // Fused optimizers: the update a GPU can capture (its step sizes and lr live on the device).
+  accelerant::Accelerator accelerator(accelerant::AcceleratorOptions().fused_optimizers(true));
   torch::manual_seed(0);
   Classifier model(max_length);
   torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(3e-3));
   auto [net, optimizer] = accelerator.prepare(model, adamw);
-  accelerant::GraphStep step(
+  // compile: the whole step (forward, backward, optimizer) is one graph per input signature.
+  accelerant::GraphStep step = accelerator.compile(
       [&, net = net, optimizer = optimizer](const accelerant::GraphStep::Inputs& in) mutable {
         auto loss = torch::nn::functional::cross_entropy(net->forward(in[0], in[1]), in[2]);
         accelerator.backward(loss);

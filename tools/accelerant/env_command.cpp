@@ -88,6 +88,8 @@ void add_env_command(CLI::App& app, Action& action) {
                 << "- All-reduce on one machine: ACCELERANT_SHM_ALLREDUCE=" << variable("ACCELERANT_SHM_ALLREDUCE")
                 << " (unset = shared memory), " << dev_shm_free() << "\n"
                 << "- Metrics at exit: ACCELERANT_METRICS=" << variable("ACCELERANT_METRICS") << "\n"
+                << "- Graph steps emulate GPU replays: ACCELERANT_EMULATE_REPLAYS="
+                << variable("ACCELERANT_EMULATE_REPLAYS") << "\n"
                 << "- GPUs: " << (torch::cuda::is_available() ? std::to_string(torch::cuda::device_count()) : "none (CUDA not available)")
                 << "\n";
       const std::string path = config_path_or_default(*file);
