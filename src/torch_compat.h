@@ -2,6 +2,7 @@
 // CUDA machines). Everything else includes this instead of testing TORCH_VERSION itself.
 #pragma once
 
+#include <torch/types.h>
 #include <torch/version.h>
 
 #ifndef USE_C10D_GLOO

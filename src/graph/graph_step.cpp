@@ -15,6 +15,7 @@
 #include "text.h"
 
 #ifdef ACCELERANT_CUDA_GRAPHS
+#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -225,6 +226,14 @@ struct GraphStep::Impl {
     return any;
   }
 
+  // `waiting` runs its later work only after what `done` has queued so far (an event: CUDAStream
+  // has no wait() in LibTorch 1.13).
+  static void wait_for(const c10::cuda::CUDAStream& waiting, const c10::cuda::CUDAStream& done) {
+    at::cuda::CUDAEvent event;
+    event.record(done);
+    event.block(waiting);
+  }
+
   Outputs run_on_gpu(Entry& entry, const std::string& signature, const Inputs& inputs, bool& replayed) {
     if (entry.graph) {
       for (size_t i = 0; i < inputs.size(); ++i) {
@@ -240,7 +249,7 @@ struct GraphStep::Impl {
     // after the work already queued and before the work that follows.
     auto current = c10::cuda::getCurrentCUDAStream();
     auto side = c10::cuda::getStreamFromPool();
-    side.wait(current);
+    wait_for(side, current);
     Outputs outputs;
     {
       c10::cuda::CUDAStreamGuard guard(side);
@@ -274,7 +283,7 @@ struct GraphStep::Impl {
         outputs = entry.static_outputs;
       }
     }
-    current.wait(side);
+    wait_for(current, side);
     if (replayed) entry.recording.run_after();  // after the replay, on the caller's stream
     return outputs;
   }
