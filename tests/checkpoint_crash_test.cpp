@@ -27,7 +27,7 @@ using accelerant::testing::ScratchDir;
 
 namespace {
 
-bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+using accelerant::testing::contains;
 
 // The saved state encodes which save it was: every weight equals the iteration number.
 torch::nn::Sequential make_model() { return torch::nn::Sequential(torch::nn::Linear(256, 256), torch::nn::Linear(256, 256)); }

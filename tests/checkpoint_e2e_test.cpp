@@ -22,7 +22,7 @@ namespace {
 
 std::string example_path() { return cli_path().substr(0, cli_path().rfind('/')) + "/fashion_mnist"; }
 
-bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+using accelerant::testing::contains;
 
 int exit_code(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : -1; }
 

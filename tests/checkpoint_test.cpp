@@ -24,7 +24,7 @@ namespace {
 
 LaunchOptions ranks(int n) { return LaunchOptions().num_processes(n).timeout(std::chrono::seconds(60)).verbose(false); }
 
-bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+using accelerant::testing::contains;
 
 // A user object registered for checkpointing.
 struct Counter {

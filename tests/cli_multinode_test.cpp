@@ -19,7 +19,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+using accelerant::testing::contains;
 
 // No config file of the machine's own may leak in.
 void isolate_from_user_config() {

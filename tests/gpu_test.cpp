@@ -12,6 +12,9 @@
 
 #include <chrono>
 #include <limits>
+#include <optional>
+
+#include "test_support.h"
 
 using namespace accelerant;
 
@@ -27,19 +30,13 @@ torch::nn::Sequential make_mlp() {
   return torch::nn::Sequential(torch::nn::Linear(32, 256), torch::nn::GELU(), torch::nn::Linear(256, 10));
 }
 
-torch::Tensor flat(const torch::nn::Module& m) {
-  std::vector<torch::Tensor> parts;
-  for (auto& p : m.parameters()) parts.push_back(p.detach().reshape({-1}).to(torch::kCPU, torch::kDouble));
-  return torch::cat(parts);
-}
+torch::Tensor flat(const torch::nn::Module& m) { return accelerant::testing::flat_parameters(m).to(torch::kDouble); }
 
-const GraphStepMetrics* metrics_of(const std::string& name) {
-  static MetricsSnapshot snapshot;
-  snapshot = metrics();
-  for (const auto& s : snapshot.steps) {
-    if (s.name == name) return &s;
+std::optional<GraphStepMetrics> metrics_of(const std::string& name) {
+  for (const auto& s : metrics().steps) {
+    if (s.name == name) return s;
   }
-  return nullptr;
+  return std::nullopt;
 }
 
 struct TrainingRun {
@@ -99,8 +96,8 @@ TEST(Gpu, ACompiledWholeStepReplaysCudaGraphsAndTrainsAsTheEagerLoop) {
   const int steps = 16;
   const TrainingRun eager = train(false, "no", steps, -1, "eager-reference");
   const TrainingRun compiled = train(true, "no", steps, -1, "compiled");
-  const auto* m = metrics_of("compiled");
-  ASSERT_NE(m, nullptr);
+  const auto m = metrics_of("compiled");
+  ASSERT_TRUE(m.has_value());
   EXPECT_EQ(m->mode, "CUDA graphs");
   EXPECT_EQ(m->replays, steps - GraphStepOptions().warmup_steps());  // the capture's own run counts
   EXPECT_EQ(compiled.optimizer_steps, steps);

@@ -16,18 +16,10 @@ using accelerant::testing::error_message;
 
 namespace {
 
-bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+using accelerant::testing::contains;
+using accelerant::testing::small_mlp;
 
-torch::nn::Sequential make_mlp() {
-  torch::manual_seed(3);
-  return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 3));
-}
-
-torch::Tensor flat(const torch::nn::Module& m) {
-  std::vector<torch::Tensor> parts;
-  for (auto& p : m.parameters()) parts.push_back(p.detach().reshape({-1}).clone());
-  return torch::cat(parts);
-}
+using accelerant::testing::flat_parameters;
 
 struct Batches {
   std::vector<torch::Tensor> x, y;
@@ -46,7 +38,7 @@ Batches make_batches(int n, uint64_t seed) {
 // What a run leaves behind: the parameters, then [optimizer steps, lr, micro-steps, signatures].
 torch::Tensor train_accelerated(bool compiled, int steps, uint64_t data_seed) {
   Accelerator acc(AcceleratorOptions().fused_optimizers(true).gradient_accumulation_steps(2));
-  auto model = make_mlp();
+  auto model = small_mlp();
   torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
   torch::optim::StepLR schedule(adamw, 2, 0.5);
   auto [m, opt, sched] = acc.prepare(model, adamw, schedule);
@@ -74,7 +66,7 @@ torch::Tensor train_accelerated(bool compiled, int steps, uint64_t data_seed) {
                              adamw.param_groups()[0].options().get_lr(),
                              static_cast<double>(acc.state()->micro_steps), static_cast<double>(signatures)},
                             torch::kDouble);
-  return torch::cat({flat(*m).to(torch::kDouble), tail});
+  return torch::cat({flat_parameters(*m).to(torch::kDouble), tail});
 }
 
 void expect_same_training(const torch::Tensor& compiled, const torch::Tensor& eager, const char* what) {
@@ -102,7 +94,7 @@ TEST(GraphReplay, AWholeAcceleratorStepWithAccumulationAndASchedulerTrainsAsTheE
   EXPECT_DOUBLE_EQ(eager[n + 1].item<double>(), 1e-2 / 4);
   EXPECT_EQ(compiled[n + 3].item<double>(), 2);                  // accumulate and sync: two graphs
   // The parameters moved: a comparison of untrained models would prove nothing.
-  EXPECT_GT((compiled.slice(0, 0, n) - flat(*make_mlp()).to(torch::kDouble)).abs().max().item<double>(), 1e-3);
+  EXPECT_GT((compiled.slice(0, 0, n) - flat_parameters(*small_mlp()).to(torch::kDouble)).abs().max().item<double>(), 1e-3);
 }
 
 TEST(GraphReplay, OnTwoRanksTheReplayedStepAveragesGradientsAsTheEagerLoop) {
@@ -127,7 +119,7 @@ struct ScaledRun {
 };
 
 ScaledRun train_scaled(bool replayed, int steps, int poisoned) {
-  auto model = make_mlp();
+  auto model = small_mlp();
   torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-2));
   auto fused = std::make_shared<FusedUpdater>(adam);
   auto state = std::make_shared<TrainingState>();
@@ -155,7 +147,7 @@ ScaledRun train_scaled(bool replayed, int steps, int poisoned) {
     }
     run.skipped.push_back(opt.step_was_skipped());
   }
-  run.params = flat(*model);
+  run.params = flat_parameters(*model);
   run.optimizer_steps = state->optimizer_steps;
   run.scale = state->scaler->current_scale();
   return run;
@@ -177,7 +169,7 @@ TEST(GraphReplay, AnInfInjectedIntoAReplayedFp16StepIsSkippedAndCountedAfterTheS
 }
 
 TEST(GraphReplay, TheScalersStateIsUpdatedInPlaceSoThatACapturedStepKeepsReadingIt) {
-  auto model = make_mlp();
+  auto model = small_mlp();
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
   FusedUpdater fused(sgd);
   GradScaler scaler(GradScalerOptions().init_scale(8).growth_interval(1));
@@ -209,7 +201,7 @@ TEST(GraphReplay, StepClosuresAddedInsideTheStepRunAfterEveryStepWithThatStepsVa
 }
 
 TEST(GraphReplay, WhatACaptureCannotDoIsRefusedWithTheFix) {
-  auto model = make_mlp();
+  auto model = small_mlp();
   torch::optim::Adam adam(model->parameters());
   auto state = std::make_shared<TrainingState>();
   PreparedOptimizer unfused(adam, state);
@@ -235,7 +227,7 @@ TEST(GraphReplay, WhatACaptureCannotDoIsRefusedWithTheFix) {
   EXPECT_TRUE(contains(message, "found_inf on the host")) << message;
 
   Accelerator acc(AcceleratorOptions().gradient_accumulation_steps(2));
-  auto prepared = acc.prepare(make_mlp());
+  auto prepared = acc.prepare(small_mlp());
   message = in_a_graph_step([&] { auto guard = acc.accumulate(prepared); });
   EXPECT_TRUE(contains(message, "accelerator.compile")) << message;
   message = in_a_graph_step([&] { backward(); acc.clip_grad_norm_(model->parameters(), 1.0); });
@@ -254,7 +246,7 @@ TEST(GraphReplay, ClipGradNormTensorClipsAsClipGradNormWithoutAHostRead) {
   Accelerator acc;
   for (double norm_type : {2.0, 1.0, std::numeric_limits<double>::infinity()}) {
     for (double max_norm : {0.05, 1e3}) {  // clipping, and not
-      auto a = make_mlp(), b = make_mlp();
+      auto a = small_mlp(), b = small_mlp();
       const auto x = torch::randn({4, 8});
       a->forward(x).pow(2).sum().backward();
       b->forward(x).pow(2).sum().backward();

@@ -13,18 +13,10 @@ using namespace accelerant;
 
 namespace {
 
-bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+using accelerant::testing::contains;
+using accelerant::testing::small_mlp;
 
-torch::nn::Sequential make_mlp() {
-  torch::manual_seed(3);
-  return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 3));
-}
-
-torch::Tensor flat(const torch::nn::Sequential& m) {
-  std::vector<torch::Tensor> parts;
-  for (auto& p : m->parameters()) parts.push_back(p.detach().reshape({-1}).clone());
-  return torch::cat(parts);
-}
+using accelerant::testing::flat_parameters;
 
 GraphStep::Outputs train_step(torch::nn::Sequential& model, torch::optim::Optimizer& optimizer,
                               const GraphStep::Inputs& in) {
@@ -57,18 +49,18 @@ TEST(GraphStep, ACompiledStepTrainsExactlyAsTheEagerLoop) {
     xs.push_back(torch::randn({4 + (i % 3) * 2, 8}));  // three shapes
     ys.push_back(torch::randint(0, 3, {xs.back().size(0)}, torch::kLong));
   }
-  auto eager = make_mlp();
+  auto eager = small_mlp();
   torch::optim::SGD eager_sgd(eager->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   std::vector<float> eager_losses;
   for (int i = 0; i < 12; ++i) eager_losses.push_back(train_step(eager, eager_sgd, {xs[i], ys[i]})[0].item<float>());
 
-  auto compiled = make_mlp();
+  auto compiled = small_mlp();
   torch::optim::SGD sgd(compiled->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   GraphStep step([&](const GraphStep::Inputs& in) { return train_step(compiled, sgd, in); });
   std::vector<float> losses;
   for (int i = 0; i < 12; ++i) losses.push_back(step({xs[i], ys[i]})[0].item<float>());
-  EXPECT_TRUE(torch::equal(flat(compiled), flat(eager)));
-  EXPECT_FALSE(torch::equal(flat(compiled), flat(make_mlp()))) << "nothing trained";
+  EXPECT_TRUE(torch::equal(flat_parameters(*compiled), flat_parameters(*eager)));
+  EXPECT_FALSE(torch::equal(flat_parameters(*compiled), flat_parameters(*small_mlp()))) << "nothing trained";
   EXPECT_EQ(step.signatures(), 3);
   EXPECT_EQ(losses, eager_losses) << "the step's outputs are the eager step's";
 }

@@ -16,9 +16,7 @@ namespace {
 
 LaunchOptions quiet(int n) { return LaunchOptions().num_processes(n).timeout(std::chrono::seconds(30)).verbose(false); }
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using accelerant::testing::contains;
 
 void record_pid(const std::string& dir, int index) {
   std::ofstream(dir + "/pid." + std::to_string(index) + "." + std::to_string(::getpid())) << ::getpid();

@@ -26,7 +26,7 @@ namespace segments = accelerant::detail;
 
 namespace {
 
-bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+using accelerant::testing::contains;
 
 // Sizes around the 256 KiB chunk (65536 floats): one element, a partial chunk, several chunks.
 const std::vector<int64_t> kSizes = {1, 17, 65536, 70001, 300000};

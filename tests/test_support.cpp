@@ -136,4 +136,17 @@ std::string error_message(const std::function<void()>& f) {
   return "";
 }
 
+bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+
+torch::Tensor flat_parameters(const torch::nn::Module& module) {
+  std::vector<torch::Tensor> parts;
+  for (const auto& p : module.parameters()) parts.push_back(p.detach().reshape({-1}).to(torch::kCPU).clone());
+  return torch::cat(parts);
+}
+
+torch::nn::Sequential small_mlp() {
+  torch::manual_seed(3);
+  return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 3));
+}
+
 }  // namespace accelerant::testing

@@ -1,7 +1,11 @@
-// Helpers shared by the tests: process liveness checks and running a helper program.
+// Helpers shared by the tests: process liveness checks, running a helper program, comparing
+// trainings.
 #pragma once
 
 #include <sys/types.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/types.h>
 
 #include <chrono>
 #include <functional>
@@ -52,5 +56,16 @@ int free_port();
 
 /// The message of the accelerant::Error that `f` throws, or "" when it throws none.
 std::string error_message(const std::function<void()>& f);
+
+/// Whether `text` contains `what`.
+bool contains(const std::string& text, const std::string& what);
+
+/// Every parameter of `module`, flattened and concatenated into one CPU copy: two trainings
+/// compare as one tensor.
+torch::Tensor flat_parameters(const torch::nn::Module& module);
+
+/// The small classifier the graph-mode tests train (8 -> 16, tanh, -> 3), seeded so that every
+/// call builds the same one.
+torch::nn::Sequential small_mlp();
 
 }  // namespace accelerant::testing

@@ -189,20 +189,29 @@ struct GraphStep::Impl {
     return outputs;
   }
 
+  // Runs `capture` (the step) with its host work going into the entry's recording; `runs_now`:
+  // the device work runs as it is queued (the CPU emulation), not at a replay. A capture that
+  // fails keeps nothing, so that the signature's next step records again.
+  template <class Capture>
+  static Outputs record(Entry& entry, bool runs_now, Capture&& capture) {
+    try {
+      detail::RecordingScope recording(entry.recording, runs_now);
+      Outputs outputs = capture();
+      entry.recorded = true;
+      return outputs;
+    } catch (...) {
+      entry.recording = {};
+      throw;
+    }
+  }
+
   // The CPU stand-in for capture and replay: the first step of a signature records the host
   // work it declares; each later one re-runs the step with that work dropped, then runs the
   // recorded work, which is what a GPU replay would do.
   Outputs run_emulating_replay(Entry& entry, const Inputs& inputs) {
     Outputs outputs;
     if (!entry.recorded) {
-      try {
-        detail::RecordingScope recording(entry.recording);
-        outputs = step(inputs);
-      } catch (...) {
-        entry.recording = {};
-        throw;
-      }
-      entry.recorded = true;
+      outputs = record(entry, /*runs_now=*/true, [&] { return step(inputs); });
       entry.recording.run_after();
     } else {
       entry.recording.run_before();
@@ -261,21 +270,21 @@ struct GraphStep::Impl {
         entry.static_inputs.clear();
         for (const auto& t : inputs) entry.static_inputs.push_back(t.defined() ? t.clone() : t);
         auto graph = std::make_unique<at::cuda::CUDAGraph>();
-        try {
-          detail::RecordingScope recording(entry.recording);
+        entry.static_outputs = record(entry, /*runs_now=*/false, [&] {
           graph->capture_begin(pool);
-          entry.static_outputs = step(entry.static_inputs);
-          graph->capture_end();
-        } catch (...) {
-          entry.recording = {};
           try {
-            graph->capture_end();  // leave the stream out of capture mode; the graph is discarded
+            Outputs captured = step(entry.static_inputs);
+            graph->capture_end();
+            return captured;
           } catch (...) {
+            try {
+              graph->capture_end();  // leave the stream out of capture mode; the graph is discarded
+            } catch (...) {
+            }
+            throw;
           }
-          throw;
-        }
+        });
         entry.graph = std::move(graph);
-        entry.recorded = true;
         detail::record_capture(options.name(), "CUDA graphs", signature, seconds_since(t0));
         entry.recording.run_before();
         entry.graph->replay();  // capturing recorded the step; this runs it

@@ -11,6 +11,7 @@ enum class Mode { kEager, kRecording, kReplaying };
 // threads must not see its mode.
 thread_local Mode mode = Mode::kEager;
 thread_local StepRecording* active = nullptr;
+thread_local bool work_runs_now = false;
 
 }  // namespace
 
@@ -25,6 +26,8 @@ void StepRecording::run_after(bool emulated) const {
 }
 
 bool recording_step() { return mode != Mode::kEager; }
+
+bool recorded_work_runs_now() { return mode == Mode::kRecording && work_runs_now; }
 
 void host_effect(std::function<void()> effect) {
   switch (mode) {
@@ -58,14 +61,16 @@ void enter(Mode next) {
 
 }  // namespace
 
-RecordingScope::RecordingScope(StepRecording& recording) {
+RecordingScope::RecordingScope(StepRecording& recording, bool runs_now) {
   enter(Mode::kRecording);
   active = &recording;
+  work_runs_now = runs_now;
 }
 
 RecordingScope::~RecordingScope() {
   mode = Mode::kEager;
   active = nullptr;
+  work_runs_now = false;
 }
 
 ReplayScope::ReplayScope() { enter(Mode::kReplaying); }

@@ -17,7 +17,8 @@
 //
 // GraphStep opens the scopes: a RecordingScope around the capture, a ReplayScope around the CPU
 // emulation's re-run of the step (GraphStepOptions::emulate_replays), in which host effects are
-// neither run nor kept: the recorded ones run after the step, as they would on a GPU.
+// neither run nor kept: the recorded ones run after the step, as they would on a GPU (except
+// those on step values, see host_effect_on_step_values).
 #pragma once
 #include <functional>
 #include <vector>
@@ -38,6 +39,10 @@ struct StepRecording {
 };
 
 bool recording_step();
+/// While a step is recorded: whether its device work runs as it is queued (the CPU emulation)
+/// rather than at the first replay (a CUDA capture). Code that must set up device values before
+/// a recorded step reads them does so now only when this is true, else before the replay.
+bool recorded_work_runs_now();
 void host_effect(std::function<void()> effect);
 /// A host effect that holds tensors the step computes (a step closure reading the loss). On a
 /// GPU the recorded one is right after a replay: its tensors are the graph's, rewritten by each
@@ -50,14 +55,15 @@ void before_replay(std::function<void()> refresh);
 // While alive (one thread, not nested), host effects and refreshers go into `recording`.
 class RecordingScope {
  public:
-  explicit RecordingScope(StepRecording& recording);
+  RecordingScope(StepRecording& recording, bool work_runs_now);
   ~RecordingScope();
   RecordingScope(const RecordingScope&) = delete;
   RecordingScope& operator=(const RecordingScope&) = delete;
 };
 
 // While alive, the step re-runs as a stand-in for a replay: host effects and refreshers are
-// dropped (the recording's own run around it), recording_step() is true.
+// dropped (the recording's own run around it; effects on step values run at once),
+// recording_step() is true.
 class ReplayScope {
  public:
   ReplayScope();

@@ -311,7 +311,7 @@ struct FusedUpdater::Impl {
     if (detail::recording_step()) {
       detail::before_replay([this, g] { refresh_lr(g); });
       // The CPU emulation runs this step at once, with no replay to refresh it first.
-      if (created && param_arena.is_cpu()) refresh_lr(g);
+      if (created && detail::recorded_work_runs_now()) refresh_lr(g);
     } else if (created || layout.lr_in_tensor != lr) {
       refresh_lr(g);
     }
