@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 
+#include "accelerant/config.h"
 #include "accelerant/distributed_env.h"
 
 namespace accelerant {
@@ -83,16 +84,6 @@ struct AcceleratorSettings {
   /// or "config file <path>".
   std::map<std::string, std::string> sources;
 };
-
-/// Top-level keys of a config file with their values as text.
-using ConfigValues = std::map<std::string, std::string>;
-
-/// The config file path from the rules in the file comment ($ACCELERANT_CONFIG_FILE, ...).
-std::string default_config_path(const EnvLookup& lookup);
-
-/// Reads a config file (load_config: strict) as key -> text. A missing file gives no values; a
-/// bad one throws accelerant::Error naming the problem.
-ConfigValues read_config_values(const std::string& path);
 
 /// Resolves `options` over the environment and the config values. Throws accelerant::Error
 /// naming the source, the value and the accepted values when one is invalid.

@@ -16,10 +16,11 @@
 // keep reading old files.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
-#include "accelerant/accelerator_options.h"
+#include "accelerant/distributed_env.h"
 
 namespace accelerant {
 
@@ -65,6 +66,17 @@ void save_config(const Config& config, const std::string& path);
 /// `mixed_precision` to `path`, or to the default location when `path` is empty; returns the path
 /// written. Accelerate's write_basic_config.
 std::string write_basic_config(const std::string& mixed_precision = "no", const std::string& path = "");
+
+/// Top-level keys of a config file with their values as text.
+using ConfigValues = std::map<std::string, std::string>;
+
+/// The config file path: $ACCELERANT_CONFIG_FILE, else $XDG_CACHE_HOME/accelerant/
+/// default_config.yaml, else ~/.cache/accelerant/default_config.yaml.
+std::string default_config_path(const EnvLookup& lookup);
+
+/// Reads a config file (load_config: strict) as key -> text. A missing file gives no values; a
+/// bad one throws accelerant::Error naming the problem.
+ConfigValues read_config_values(const std::string& path);
 
 /// The config as key -> text for the Accelerator's option resolution.
 ConfigValues to_config_values(const Config& config);

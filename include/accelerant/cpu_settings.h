@@ -1,11 +1,17 @@
-// The two CPU settings behind AcceleratorOptions::cpu_defaults, for programs that want them
-// without an Accelerator (or want only one). See docs/accelerator.md "CPU defaults".
+// The CPU settings behind AcceleratorOptions::cpu_defaults, for programs that want them without
+// an Accelerator (or want only one), and the count every thread pool is sized from. See
+// docs/accelerator.md "CPU defaults".
 #pragma once
 
 namespace accelerant {
 
+/// CPUs this process may run on: its affinity mask (taskset, cgroup cpusets, a Slurm
+/// allocation), not the machine's total, which std::thread::hardware_concurrency() counts. At
+/// least 1.
+int usable_cpus();
+
 /// Sets LibTorch's intra-op threads and, when OpenBLAS is the BLAS in use, OpenBLAS's threads:
-/// two separate pools that otherwise both default to every core.
+/// two separate pools that otherwise both default to every core. Counts below 1 are ignored.
 void set_compute_threads(int threads);
 
 /// Raises glibc's mmap threshold (to its largest allowed value, 32 MiB) and trim threshold
@@ -13,5 +19,8 @@ void set_compute_threads(int threads);
 /// heap instead of being returned to the OS and page-faulted in again next step. Returns whether
 /// glibc accepted both.
 bool keep_freed_memory_in_heap();
+
+/// OpenBLAS's thread count, or -1 when OpenBLAS is not the BLAS in use.
+int openblas_threads();
 
 }  // namespace accelerant

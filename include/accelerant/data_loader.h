@@ -25,13 +25,12 @@
 #include <optional>
 #include <vector>
 
+#include "accelerant/batch.h"
 #include "accelerant/data_sharding.h"
 #include "accelerant/error.h"
 #include "accelerant/training_state.h"
 
 namespace accelerant {
-
-using Batch = torch::data::Example<>;
 
 /// Where a loader is in its data: the epoch in progress and how many positions of that epoch's
 /// order (across all processes) its batches have covered so far. It does not depend on the world

@@ -42,7 +42,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "accelerant/data_loader.h"
+#include "accelerant/batch.h"
 
 namespace accelerant {
 

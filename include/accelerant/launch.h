@@ -168,4 +168,11 @@ auto launch(Fn&& fn, Rest&&... rest) {
   }
 }
 
+/// Runs `command` (a program and its arguments; no shell) as options.num_processes workers on
+/// this machine: the agent of launch() (rendezvous variables, watching, restarts, output relay,
+/// failure report) with each worker exec'ing the program. Returns once every worker exited 0.
+/// Throws Error when the program cannot be run, and LaunchError when the group fails after
+/// max_restarts restarts. This is `accelerant launch`.
+void launch_program(const std::vector<std::string>& command, const LaunchOptions& options);
+
 }  // namespace accelerant

@@ -6,8 +6,8 @@
 #include "accelerant/checkpoint.h"
 #include "accelerant/error.h"
 #include "checkpoint/durable_files.h"
-#include "file_io.h"
-#include "text.h"
+#include "base/file_io.h"
+#include "base/text.h"
 
 namespace accelerant {
 

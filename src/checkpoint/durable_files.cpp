@@ -12,7 +12,7 @@
 #include <filesystem>
 
 #include "accelerant/error.h"
-#include "text.h"
+#include "base/text.h"
 
 namespace accelerant::detail {
 namespace {

@@ -9,7 +9,7 @@
 
 #include "accelerant/checkpoint.h"
 #include "accelerant/error.h"
-#include "text.h"
+#include "base/text.h"
 
 namespace accelerant {
 namespace {

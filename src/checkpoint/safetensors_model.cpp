@@ -9,8 +9,8 @@
 #include "accelerant/safetensors.h"
 #include "checkpoint/durable_files.h"
 #include "checkpoint/state_pieces.h"
-#include "file_io.h"
-#include "text.h"
+#include "base/file_io.h"
+#include "base/text.h"
 
 namespace accelerant {
 namespace {

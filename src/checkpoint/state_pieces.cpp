@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "accelerant/error.h"
-#include "text.h"
+#include "base/text.h"
 
 namespace accelerant::detail {
 

@@ -7,7 +7,7 @@
 #include <fstream>
 
 #include "accelerant/error.h"
-#include "text.h"
+#include "base/text.h"
 
 namespace accelerant::detail {
 

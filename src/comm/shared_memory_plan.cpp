@@ -6,8 +6,8 @@
 
 #include "comm/machine_identity.h"
 #include "comm/store_exchange.h"
-#include "communicator_impl.h"
-#include "text.h"
+#include "comm/reduce_op.h"
+#include "base/text.h"
 
 namespace accelerant::detail {
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "comm/shm_all_reduce.h"
-#include "torch_compat.h"
+#include "base/torch_compat.h"
 
 namespace gloo::transport {
 class Device;

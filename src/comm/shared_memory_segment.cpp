@@ -13,7 +13,7 @@
 #include <stdexcept>
 #include <utility>
 
-#include "text.h"
+#include "base/text.h"
 
 namespace accelerant::detail {
 namespace {

@@ -21,7 +21,7 @@
 
 #include "comm/shared_memory_segment.h"
 #include "comm/store_exchange.h"
-#include "text.h"
+#include "base/text.h"
 
 namespace accelerant::detail {
 namespace {

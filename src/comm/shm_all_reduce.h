@@ -38,7 +38,7 @@
 #include <string>
 
 #include "accelerant/communicator.h"
-#include "torch_compat.h"
+#include "base/torch_compat.h"
 
 namespace accelerant::detail {
 

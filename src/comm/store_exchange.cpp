@@ -1,6 +1,6 @@
 #include "comm/store_exchange.h"
 
-#include "text.h"
+#include "base/text.h"
 
 namespace accelerant::detail {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "torch_compat.h"
+#include "base/torch_compat.h"
 
 namespace accelerant::detail {
 

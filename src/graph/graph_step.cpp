@@ -11,8 +11,8 @@
 #include "accelerant/distributed_env.h"
 #include "accelerant/error.h"
 #include "accelerant/metrics.h"
-#include "graph/step_recording.h"
-#include "text.h"
+#include "base/step_recording.h"
+#include "base/text.h"
 
 #ifdef ACCELERANT_CUDA_GRAPHS
 #include <ATen/cuda/CUDAEvent.h>

@@ -7,7 +7,8 @@
 #include <mutex>
 #include <sstream>
 
-#include "text.h"
+#include "base/exit_hooks.h"
+#include "base/text.h"
 
 namespace accelerant {
 
@@ -50,7 +51,7 @@ bool metrics_requested() {
 
 void install_exit_hook() {
   if (!exit_hook_installed.exchange(true) && metrics_requested()) {
-    std::atexit([] { detail::print_metrics_if_requested(); });
+    detail::add_exit_hook([] { detail::print_metrics_if_requested(); });
   }
 }
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "accelerant/error.h"
-#include "text.h"
+#include "base/text.h"
 
 namespace accelerant {
 

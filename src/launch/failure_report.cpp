@@ -1,10 +1,10 @@
-#include "failure_report.h"
+#include "launch/failure_report.h"
 
 #include <sys/wait.h>
 
 #include <cstring>
 
-#include "../text.h"
+#include "base/text.h"
 
 namespace accelerant::detail {
 namespace {

@@ -12,16 +12,16 @@
 #include <filesystem>
 #include <thread>
 
-#include "../text.h"
-#include "../thread_config.h"
-#include "../torch_compat.h"
+#include "base/text.h"
+#include "base/cpu_settings.h"
+#include "base/torch_compat.h"
 #include "accelerant/distributed_env.h"
 #include "accelerant/launch.h"
-#include "failure_report.h"
-#include "node_group.h"
-#include "output_relay.h"
-#include "signal_guard.h"
-#include "worker_process.h"
+#include "launch/failure_report.h"
+#include "launch/node_group.h"
+#include "launch/output_relay.h"
+#include "launch/signal_guard.h"
+#include "launch/worker_process.h"
 
 namespace accelerant::detail {
 namespace {
@@ -71,7 +71,7 @@ void refuse_if_cuda_initialized() {
 
 // See docs/launching.md "Threads and fork".
 int choose_threads(const LaunchOptions& o, bool verbose) {
-  const int cores = std::max(1u, std::thread::hardware_concurrency());
+  const int cores = usable_cpus();  // the affinity mask: a Slurm cpuset or taskset, not the machine
   int wanted = o.threads_per_process() > 0 ? o.threads_per_process()
                                            : std::max(1, cores / o.num_processes());
   const int others = fork_unsafe_thread_count();

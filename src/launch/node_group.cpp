@@ -1,9 +1,9 @@
-#include "node_group.h"
+#include "launch/node_group.h"
 
 #include <algorithm>
 #include <thread>
 
-#include "../text.h"
+#include "base/text.h"
 #include "accelerant/error.h"
 
 namespace accelerant::detail {

@@ -18,7 +18,7 @@
 #include <string>
 
 #include "accelerant/launch.h"
-#include "node_links.h"
+#include "launch/node_links.h"
 
 namespace accelerant::detail {
 

@@ -1,4 +1,4 @@
-#include "node_links.h"
+#include "launch/node_links.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -14,7 +14,7 @@
 #include <thread>
 #include <utility>
 
-#include "../text.h"
+#include "base/text.h"
 #include "accelerant/error.h"
 
 namespace accelerant::detail {

@@ -1,4 +1,4 @@
-#include "signal_guard.h"
+#include "launch/signal_guard.h"
 
 #include <fcntl.h>
 #include <unistd.h>

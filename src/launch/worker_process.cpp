@@ -1,4 +1,4 @@
-#include "worker_process.h"
+#include "launch/worker_process.h"
 
 #include <fcntl.h>
 #include <sys/prctl.h>
@@ -13,12 +13,12 @@
 #include <iostream>
 #include <sstream>
 
-#include "../text.h"
-#include "../thread_config.h"
-#include "accelerant/metrics.h"
+#include "base/text.h"
+#include "base/cpu_settings.h"
 #include "accelerant/process_state.h"
-#include "../uncaught_exception_recorder.h"
-#include "signal_guard.h"
+#include "base/exit_hooks.h"
+#include "base/uncaught_exception_recorder.h"
+#include "launch/signal_guard.h"
 
 namespace accelerant::detail {
 namespace {
@@ -48,7 +48,7 @@ int report_uncaught(const WorkerSpec& spec, const std::string& text) {
   } catch (...) {
     code = report_uncaught(spec, exception_text(std::current_exception()));
   }
-  detail::print_metrics_if_requested();  // _exit skips atexit, where the report would print
+  run_exit_hooks();  // _exit skips atexit, where they would run
   flush_all_output();
   ::_exit(code);
 }

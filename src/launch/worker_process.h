@@ -8,9 +8,9 @@
 #include <map>
 #include <string>
 
-#include "../file_io.h"
+#include "base/file_io.h"
 #include "accelerant/launch.h"
-#include "output_relay.h"
+#include "launch/output_relay.h"
 
 namespace accelerant::detail {
 

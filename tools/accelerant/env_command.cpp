@@ -23,11 +23,6 @@ std::string cpu_model() {
   return "unknown";
 }
 
-int usable_cpus() {
-  cpu_set_t set;
-  return sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : -1;
-}
-
 // The BLAS libraries mapped into this process (Debian selects libblas.so.3 by alternatives).
 std::string blas_in_use() {
   std::ifstream maps("/proc/self/maps");
@@ -46,12 +41,6 @@ std::string blas_in_use() {
     text += std::string(" (") + get() + ")";
   }
   return text.empty() ? "none found" : text;
-}
-
-int openblas_threads() {
-  using GetThreads = int (*)();
-  auto get = reinterpret_cast<GetThreads>(::dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-  return get ? get() : -1;
 }
 
 std::string variable(const char* name) {

@@ -33,35 +33,7 @@ Config resolve_launch_config(const LaunchFlags& f) {
   return c;
 }
 
-namespace {
-
-// Whether execvp would find an executable `program` (a path, or a name looked up on PATH).
-bool runnable(const std::string& program) {
-  if (program.find('/') != std::string::npos) return ::access(program.c_str(), X_OK) == 0;
-  const char* path = std::getenv("PATH");
-  std::string dirs = path ? path : "/usr/bin:/bin";
-  for (size_t start = 0; start <= dirs.size();) {
-    size_t end = dirs.find(':', start);
-    if (end == std::string::npos) end = dirs.size();
-    const std::string dir = end > start ? dirs.substr(start, end - start) : ".";
-    if (::access((dir + "/" + program).c_str(), X_OK) == 0) return true;
-    start = end + 1;
-  }
-  return false;
-}
-
-}  // namespace
-
 int run_launch(const LaunchFlags& flags, const std::vector<std::string>& command) {
-  if (command.empty()) {
-    throw Error("accelerant launch: no program given. Fix: name the program after the options, e.g. "
-                "`accelerant launch -n 2 ./train --epochs 3`.");
-  }
-  if (!runnable(command[0])) {
-    throw Error("accelerant launch: cannot run '" + command[0] + "': no such executable" +
-                (command[0].find('/') == std::string::npos ? " on PATH" : "") +
-                ". Fix: give a path to an executable program (./train), or put it on PATH.");
-  }
   const Config c = resolve_launch_config(flags);
   // Settings the workers read from their environment beyond the launcher's own contract.
   ::setenv("ACCELERANT_DOWNCAST_BF16", c.downcast_bf16 ? "1" : "0", 1);
@@ -82,15 +54,7 @@ int run_launch(const LaunchFlags& flags, const std::vector<std::string>& command
                      .prefix_output(flags.prefix_output)
                      .log_dir(flags.log_dir)
                      .tee(flags.tee);
-  std::vector<std::string> args = command;
-  detail::launch_forked(options, [&args](int) -> std::vector<char> {
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execvp(argv[0], argv.data());
-    throw Error(std::string("accelerant launch: cannot run '") + args[0] + "': " + std::strerror(errno) +
-                ". Fix: give a path to an executable program (./train), or put it on PATH.");
-  });
+  launch_program(command, options);
   return 0;
 }
 

@@ -1,0 +1,370 @@
+#include "accelerant/accelerator.h"
+
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/serialize.h>
+
+#include <cmath>
+#include <cstdio>
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+
+#include "accelerant/error.h"
+#include "accelerant/metrics.h"
+#include "accelerant/process_state.h"
+#include "base/cpu_settings.h"
+#include "base/step_recording.h"
+#include "base/file_io.h"
+#include "base/text.h"
+#include "base/torch_compat.h"
+
+namespace accelerant {
+namespace {
+
+// Serialises with `write` into memory, then writes the file crash-safely (detail::write_file_atomically).
+template <class Write>
+void save_atomically(const std::string& path, Write&& write) {
+  std::ostringstream bytes;
+  write(bytes);
+  if (!detail::write_file_atomically(path, bytes.str())) {
+    throw Error(detail::str("save: could not write ", path, " (through ", path, ".tmp). Fix: check that the ",
+                            "directory exists and is writable and that the disk is not full."));
+  }
+}
+
+// Module::save's layout (parameters, buffers, then one nested archive per child), with every
+// tensor copied to the CPU, so that torch::load(module, path) reads it on any device.
+void write_module_on_cpu(const torch::nn::Module& module, torch::serialize::OutputArchive& archive) {
+  for (const auto& p : module.named_parameters(/*recurse=*/false)) archive.write(p.key(), p.value().cpu());
+  for (const auto& b : module.named_buffers(/*recurse=*/false)) {
+    archive.write(b.key(), b.value().cpu(), /*is_buffer=*/true);
+  }
+  for (const auto& child : module.named_children()) {
+    torch::serialize::OutputArchive child_archive;
+    write_module_on_cpu(*child.value(), child_archive);
+    archive.write(child.key(), child_archive);
+  }
+}
+
+// Metrics are gathered and reduced in fp32 even when computed in bf16 (downcast_bf16).
+torch::Tensor fp32_if_bf16(const torch::Tensor& t) {
+  return t.scalar_type() == torch::kBFloat16 ? t.to(torch::kFloat) : t;
+}
+
+// Rank 0's parameters and buffers on every rank: one broadcast per dtype of a flat copy.
+void broadcast_from_main(Communicator& communicator, torch::nn::Module& module) {
+  torch::NoGradGuard no_grad;
+  std::map<std::pair<torch::ScalarType, std::string>, std::vector<torch::Tensor>> groups;
+  auto add = [&](const torch::Tensor& t) { groups[{t.scalar_type(), t.device().str()}].push_back(t); };
+  for (const auto& p : module.parameters()) add(p);
+  for (const auto& b : module.buffers()) add(b);
+  for (auto& [key, tensors] : groups) {
+    std::vector<torch::Tensor> flat_parts;
+    for (const auto& t : tensors) flat_parts.push_back(t.reshape({-1}));
+    torch::Tensor flat = torch::cat(flat_parts);
+    communicator.broadcast_(flat, 0);
+    int64_t offset = 0;
+    for (auto& t : tensors) {
+      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
+}
+
+}  // namespace
+
+Accelerator::Accelerator(AcceleratorOptions options)
+    : options_(std::move(options)), state_(std::make_shared<TrainingState>()) {
+  const EnvLookup lookup = process_environment();
+  const std::string config_path = options_.config_file().value_or(default_config_path(lookup));
+  settings_ = resolve_accelerator_settings(options_, lookup, read_config_values(config_path), config_path);
+  if (settings_.downcast_bf16 && settings_.mixed_precision != MixedPrecision::kBf16) {
+    throw Error(detail::str("downcast_bf16 is set but mixed_precision is ", to_string(settings_.mixed_precision),
+                            ". downcast_bf16 stores the weights in bf16 and belongs to bf16 training. ",
+                            "Fix: set mixed_precision to bf16 as well, or drop downcast_bf16."));
+  }
+  ProcessState& process = ProcessState::initialized() ? ProcessState::get() : ProcessState::initialize();
+  process_index_ = process.process_index();
+  num_processes_ = process.num_processes();
+  local_process_index_ = process.local_process_index();
+  rank_prefix_ = process.rank_prefix();
+  device_ = settings_.cpu ? torch::Device(torch::kCPU) : process.device();
+  if (settings_.mixed_precision == MixedPrecision::kFp16 && !device_.is_cuda()) {
+    throw Error(detail::str(process.rank_prefix(), "mixed_precision fp16 needs a CUDA device, but this ",
+                            "process trains on the CPU (LibTorch's CPU autocast has no fp16). ",
+                            "Fix: use mixed_precision bf16 on the CPU, or run on a GPU."));
+  }
+  threads_ = torch::get_num_threads();
+  if (settings_.cpu_defaults && device_.is_cpu()) {
+    detail::CpuDefaultsInput cpu;
+    cpu.local_processes = process.env().local_world_size;
+    cpu.launcher_threads = process.env().threads_per_process;
+    cpu.omp_num_threads_set = lookup("OMP_NUM_THREADS").value_or("") != "";
+    threads_ = detail::apply_cpu_defaults(cpu);
+  }
+  if (settings_.seed) set_seed(*settings_.seed);
+  state_->gradient_accumulation_steps = settings_.gradient_accumulation_steps;
+  if (settings_.mixed_precision == MixedPrecision::kFp16) {
+    state_->scaler = std::make_shared<GradScaler>(GradScalerOptions(), device_);
+  }
+}
+
+Accelerator::~Accelerator() {
+  state_->pending_resume = nullptr;  // it points at this Accelerator; loaders may outlive it
+}
+
+Communicator& Accelerator::communicator() const {
+  if (ended_) {
+    throw Error("This Accelerator's training has ended (end_training() was called), so it can no longer "
+                "communicate. Fix: call end_training() last, after every gather, reduce and step.");
+  }
+  return ProcessState::get().communicator();
+}
+
+
+void Accelerator::prepare_model(const std::shared_ptr<torch::nn::Module>& model) {
+  if (!model) {
+    throw Error("prepare() got an empty model pointer. Fix: construct the model first, e.g. "
+                "std::make_shared<Net>(), and pass that.");
+  }
+  for (const auto& prepared : models_) {
+    if (prepared.module == model) return;  // preparing twice changes nothing
+  }
+  model->to(device_);
+  if (settings_.downcast_bf16) model->to(torch::kBFloat16);
+  Communicator& comm = communicator();
+  if (comm.size() > 1) broadcast_from_main(comm, *model);
+  const int64_t cap = options_.bucket_cap_mb() * 1024 * 1024;
+  auto reducer = std::make_unique<GradientReducer>(
+      model->named_parameters(), comm,
+      GradientReducerOptions()
+          .bucket_cap_bytes(cap)
+          .first_bucket_cap_bytes(std::min<int64_t>(cap, 1024 * 1024))
+          .allow_unused_parameters(options_.allow_unused_parameters()));
+  models_.push_back({model, std::move(reducer)});
+}
+
+PreparedOptimizer Accelerator::prepare_optimizer(torch::optim::Optimizer& optimizer) {
+  auto known = std::find(optimizers_.begin(), optimizers_.end(), &optimizer);
+  if (known == optimizers_.end()) {
+    optimizers_.push_back(&optimizer);
+    // A fused type already steps fused; a torch::optim one gets an updater bound to it.
+    const bool wrap = options_.fused_optimizers() && fused_updater_of(optimizer) == nullptr;
+    fused_updaters_.push_back(wrap ? std::make_shared<FusedUpdater>(optimizer) : nullptr);
+    known = optimizers_.end() - 1;
+  }
+  return PreparedOptimizer(optimizer, state_, fused_updaters_[static_cast<size_t>(known - optimizers_.begin())]);
+}
+
+PreparedScheduler Accelerator::prepare_scheduler(torch::optim::LRScheduler& scheduler) {
+  for (const auto& prepared : schedulers_) {
+    if (&prepared.scheduler() == &scheduler) return prepared;
+  }
+  schedulers_.emplace_back(scheduler, state_);
+  return schedulers_.back();
+}
+
+DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
+  const DataLoaderOptions& o = loader.options();
+  ShardingOptions sharding = ShardingOptions()
+                                 .batch_size(o.batch_size())
+                                 .shuffle(o.shuffle())
+                                 .seed(o.seed().value_or(settings_.seed.value_or(0)))
+                                 .drop_last(o.drop_last())
+                                 .even_batches(settings_.even_batches)
+                                 .split_batches(settings_.split_batches);
+  const torch::Device device = device_;
+  const bool downcast = settings_.downcast_bf16;
+  // To a GPU: page-locked staging and a side-stream copy in the loader's worker thread
+  // (detail::to_device_from_worker), overlapping the step that runs meanwhile.
+  const bool pin = device.is_cuda() && o.pin_memory().value_or(true);
+  std::function<Batch(Batch)> transform;
+  if (!device.is_cpu() || downcast) {
+    transform = [device, downcast, pin](Batch batch) {
+      auto move = [&](const torch::Tensor& t) {
+        const bool cast = downcast && t.is_floating_point();
+        if (!device.is_cpu() && t.is_cpu()) detail::record_transfer(/*to_device=*/true, t.nbytes());
+        return detail::to_device_from_worker(t, device, cast ? torch::kBFloat16 : t.scalar_type(), pin);
+      };
+      return Batch{move(batch.data), move(batch.target)};
+    };
+  }
+  // The device prefetch loader of graph mode: batches bound for a GPU are built and copied by a
+  // worker thread while the current step runs, even when the loader asked for none.
+  const DataLoader& source = !device.is_cpu() && o.num_workers() == 0 ? loader.with_workers(1) : loader;
+  DataLoader prepared = [&] {
+    try {
+      return source.sharded(process_index(), num_processes(), sharding, state_, std::move(transform));
+    } catch (const Error& e) {
+      throw Error(detail::str(rank_prefix_, "prepare(data loader): ", e.what()));
+    }
+  }();
+  const size_t index = loaders_.size();
+  loaders_.push_back(prepared);
+  // A checkpoint loaded before this loader existed (auto_resume) still knows where it was.
+  if (index < pending_loaders_.size()) {
+    const CheckpointLoaderState& saved = pending_loaders_[index];
+    if (saved.dataset_size != prepared.dataset_size()) {
+      throw CheckpointError(detail::str(
+          rank_prefix_, "prepare(data loader ", index, "): the checkpoint loaded by auto_resume saved this loader ",
+          "over ", saved.dataset_size, " samples, but it has ", prepared.dataset_size(),
+          ". Fix: prepare the same datasets, in the same order, as the run that saved it."));
+    }
+    prepared.set_seed(saved.seed);
+    prepared.set_position({saved.epoch, saved.samples_done});
+  }
+  if (options_.auto_resume() && !resume_checked_) {  // armed once, by the first loader
+    resume_checked_ = true;
+    state_->pending_resume = [this] { resume_from_latest(); };
+  }
+  return prepared;
+}
+
+void Accelerator::backward(const torch::Tensor& loss) {
+  if (!loss.defined() || loss.numel() != 1) {
+    throw Error(detail::str("backward() needs a scalar loss; got ",
+                            loss.defined() ? c10::str("a tensor of shape ", loss.sizes()) : "an undefined tensor",
+                            ". Fix: reduce it first, e.g. loss.mean()."));
+  }
+  torch::Tensor scaled = loss;
+  if (settings_.gradient_accumulation_steps > 1) scaled = scaled / settings_.gradient_accumulation_steps;
+  if (state_->scaler) scaled = state_->scaler->scale(scaled);
+  scaled.backward();
+}
+
+Accelerator::AccumulationGuard Accelerator::accumulate_modules(std::vector<std::shared_ptr<torch::nn::Module>> modules) {
+  if (detail::recording_step()) {
+    throw Error("accumulate() inside a graph step: which micro-steps synchronise is decided on the host, "
+                "and a replay would repeat the captured decision. Fix: build the step with "
+                "accelerator.compile(fn), which decides it before each step (and keeps one graph per kind "
+                "of micro-step), and remove accumulate() from the step function.");
+  }
+  TrainingState& s = *state_;
+  ++s.micro_steps;
+  s.sync_gradients = s.micro_steps % s.gradient_accumulation_steps == 0 || s.end_of_dataloader;
+  std::vector<GradientReducer*> reducers;
+  if (modules.empty()) {
+    for (auto& prepared : models_) reducers.push_back(prepared.reducer.get());
+  } else {
+    for (auto& module : modules) reducers.push_back(&reducer_for(*module));
+  }
+  for (auto* reducer : reducers) reducer->set_sync(s.sync_gradients);
+  return AccumulationGuard(std::move(reducers));
+}
+
+GradientReducer& Accelerator::reducer_for(const torch::nn::Module& module) const {
+  for (const auto& prepared : models_) {
+    if (prepared.module.get() == &module) return *prepared.reducer;
+  }
+  throw Error(detail::str("The model '", module.name(), "' was not prepared by this Accelerator. ",
+                          "Fix: pass it through accelerator.prepare(model) first and use what it returns."));
+}
+
+double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm,
+                                    double norm_type) {
+  if (detail::recording_step()) {
+    throw Error("clip_grad_norm_() inside a graph step: it returns the norm as a double, read on the host, "
+                "which a captured step cannot do. Fix: use accelerator.clip_grad_norm_tensor(...), which "
+                "clips on the device and returns the norm as a tensor (read it in a step closure).");
+  }
+  if (state_->scaler && state_->sync_gradients) state_->scaler->unscale_(parameters);
+  return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
+}
+
+torch::Tensor Accelerator::clip_grad_norm_tensor(const std::vector<torch::Tensor>& parameters, double max_norm,
+                                                 double norm_type) {
+  if (state_->scaler && state_->sync_gradients) state_->scaler->unscale_(parameters);
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> grads, norms;
+  for (const auto& p : parameters) {
+    if (!p.grad().defined()) continue;
+    grads.push_back(p.grad());
+    norms.push_back(std::isinf(norm_type) ? p.grad().abs().max().to(torch::kFloat)
+                                          : p.grad().norm(norm_type).to(torch::kFloat));
+  }
+  if (grads.empty()) return torch::zeros({}, torch::TensorOptions(torch::kFloat).device(device_));
+  const torch::Tensor all = torch::stack(norms);
+  const torch::Tensor total = std::isinf(norm_type) ? all.max() : all.norm(norm_type);
+  // min(1, ...) instead of torch's host-side "if coef < 1": multiplying by 1 changes nothing.
+  const torch::Tensor coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
+  for (auto& g : grads) g.mul_(coef.to(g.scalar_type()));
+  return total;
+}
+
+GraphStep Accelerator::compile(GraphStep::Function step, GraphStepOptions options) {
+  if (options.phase()) {
+    throw Error("Accelerator::compile sets GraphStepOptions::phase itself (the accumulation phase). Fix: leave it "
+                "unset, or build a GraphStep directly if you need your own.");
+  }
+  if (settings_.gradient_accumulation_steps > 1) {
+    options.phase([this] {
+      auto scope = std::make_shared<AccumulationGuard>(accumulate_modules({}));
+      return GraphStepOptions::Phase{state_->sync_gradients ? "sync" : "accumulate", std::move(scope)};
+    });
+  }
+  return GraphStep(std::move(step), std::move(options));
+}
+
+AutocastGuard Accelerator::autocast() const {
+  const bool enabled = settings_.mixed_precision != MixedPrecision::kNo;
+  const auto dtype = settings_.mixed_precision == MixedPrecision::kFp16 ? torch::kHalf : torch::kBFloat16;
+  return AutocastGuard(device_, dtype, enabled);
+}
+
+torch::Tensor Accelerator::gather(const torch::Tensor& tensor) {
+  return communicator().gather(fp32_if_bf16(tensor));
+}
+
+torch::Tensor Accelerator::gather_for_metrics(const torch::Tensor& tensor) {
+  torch::Tensor all = gather(tensor);
+  const int64_t padding = state_->end_of_dataloader ? state_->padding_in_last_step : 0;
+  if (padding > 0 && all.dim() > 0 && all.size(0) >= padding) all = all.narrow(0, 0, all.size(0) - padding);
+  return all;
+}
+
+torch::Tensor Accelerator::reduce(const torch::Tensor& tensor, ReduceOp op) {
+  return communicator().all_reduce(fp32_if_bf16(tensor), op);
+}
+
+torch::Tensor Accelerator::pad_across_processes(const torch::Tensor& tensor, int64_t dim, double pad_value) {
+  return communicator().pad_across_processes(tensor, dim, pad_value);
+}
+
+void Accelerator::wait_for_everyone() { communicator().barrier(); }
+
+void Accelerator::set_seed(uint64_t seed, bool device_specific) {
+  const uint64_t value = seed + (device_specific ? static_cast<uint64_t>(process_index()) : 0);
+  torch::manual_seed(value);  // also seeds every CUDA device's generator when CUDA is present
+  std::srand(static_cast<unsigned>(value));
+}
+
+void Accelerator::save(const torch::Tensor& tensor, const std::string& path) const {
+  if (!is_main_process()) return;
+  save_atomically(path, [&](std::ostream& out) { torch::save(tensor.cpu(), out); });
+}
+
+void Accelerator::save(const std::vector<torch::Tensor>& tensors, const std::string& path) const {
+  if (!is_main_process()) return;
+  std::vector<torch::Tensor> on_cpu;
+  for (const auto& t : tensors) on_cpu.push_back(t.cpu());
+  save_atomically(path, [&](std::ostream& out) { torch::save(on_cpu, out); });
+}
+
+void Accelerator::save_module(const torch::nn::Module& module, const std::string& path) const {
+  if (!is_main_process()) return;
+  torch::serialize::OutputArchive archive;
+  write_module_on_cpu(module, archive);
+  save_atomically(path, [&](std::ostream& out) { archive.save_to(out); });
+}
+
+void Accelerator::end_training() {
+  if (ended_) return;
+  wait_for_everyone();
+  std::fflush(stdout);
+  ended_ = true;
+  models_.clear();  // the reducers refer to the communicator that shutdown() destroys
+  ProcessState::shutdown();
+}
+
+}  // namespace accelerant

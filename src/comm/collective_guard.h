@@ -1,0 +1,32 @@
+// What turns a hang into an error: the debug-mode signature check before a collective, and the
+// diagnosis after one fails, both done through the job's store so they work even when the
+// process group itself is stuck. See docs/collectives.md "How failures are reported".
+#pragma once
+
+#include <string>
+
+#include "base/torch_compat.h"
+
+namespace accelerant::detail {
+
+struct CollectiveCall {
+  int64_t sequence;       // the n-th public collective of this communicator
+  std::string signature;  // "all_reduce(sum) float [4, 3]": must be equal on every rank
+  std::string name;       // "all_reduce"
+};
+
+/// Debug mode: publishes this rank's signature and waits up to `timeout` for every rank's.
+/// Throws CollectiveError naming ranks that never arrived, CollectiveMismatchError listing every
+/// rank's signature when they differ.
+void check_signatures(c10d::Store& store, const CollectiveCall& call, int rank, int size,
+                      std::chrono::milliseconds timeout, const std::string& rank_prefix);
+
+/// After `call` failed on this rank with `cause`: records the failure in the store, waits a short
+/// grace period for the other ranks to record theirs, and returns the message of a CollectiveError
+/// that names the ranks that never reported (they never reached the call, or died).
+/// `missing` receives those ranks.
+std::string diagnose_failure(c10d::Store& store, const CollectiveCall& call, int rank, int size,
+                             std::chrono::milliseconds timeout, const std::string& rank_prefix,
+                             const std::string& cause, std::vector<int>& missing);
+
+}  // namespace accelerant::detail

@@ -1,0 +1,353 @@
+#include "accelerant/communicator.h"
+
+#include <algorithm>
+
+#include "accelerant/error.h"
+#include "comm/collective_guard.h"
+#include "comm/communicator_impl.h"
+#include "comm/reduce_op.h"
+#include "base/text.h"
+
+namespace accelerant {
+namespace {
+
+constexpr int64_t kMaxGatherDims = 8;
+
+std::string shape_text(const torch::Tensor& t, bool free_first_dim = false) {
+  std::vector<std::string> dims;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    dims.push_back(free_first_dim && d == 0 ? "*" : std::to_string(t.size(d)));
+  }
+  return "[" + detail::join(dims, ", ") + "]";
+}
+
+std::string signature(const std::string& op, const torch::Tensor& t, bool free_first_dim = false) {
+  return detail::str(op, " ", c10::toString(t.scalar_type()), " ", shape_text(t, free_first_dim));
+}
+
+void wait(const c10::intrusive_ptr<c10d::Work>& work) { work->wait(); }
+
+}  // namespace
+
+const char* to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kMean: return "mean";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kMin: return "min";
+  }
+  return "unknown";
+}
+
+detail::CommBackend& Communicator::Impl::backend_for(const torch::Tensor& t) const {
+  if (t.is_cuda()) {
+    if (!nccl) {
+      throw Error(detail::str(rank_prefix, "A CUDA tensor was passed to a collective but this ",
+                              "communicator has no NCCL group. Fix: build against a CUDA LibTorch ",
+                              "and keep the ProcessState device on CUDA, or move the tensor to the ",
+                              "CPU first."));
+    }
+    return *nccl;
+  }
+  return *gloo;
+}
+
+namespace {
+
+[[noreturn]] void fail(Communicator::Impl& c, detail::CollectiveCall call, const std::string& signature,
+                       const std::string& cause) {
+  call.signature = signature;
+  std::vector<int> missing;
+  std::string message = detail::diagnose_failure(*c.store, call, c.rank, c.size, c.timeout,
+                                                 c.rank_prefix, cause, missing);
+  c.broken_reason = message;
+  throw CollectiveError(message, missing);
+}
+
+// Starts one public collective: refuses on a broken communicator, numbers the call and, in debug
+// mode, checks the signatures across ranks. `describe` formats the call's signature; it runs only
+// in debug mode or after a failure, so the training step's all-reduces pay no string formatting.
+template <class Describe>
+detail::CollectiveCall begin_call(Communicator::Impl& c, const char* name, Describe&& describe) {
+  if (!c.broken_reason.empty()) {
+    throw CollectiveError(detail::str(c.rank_prefix, name, " refused: this communicator broke earlier: ",
+                                      c.broken_reason, "\nFix: end this process; the launcher restarts "
+                                      "the group when max_restarts allows."),
+                          {});
+  }
+  detail::CollectiveCall call{++c.sequence, "", name};
+  if (c.debug_mode) {
+    call.signature = describe();
+    detail::check_signatures(*c.store, call, c.rank, c.size, c.timeout, c.rank_prefix);
+  }
+  return call;
+}
+
+// Runs `body` (the transport part of a collective) and turns a transport failure into a
+// CollectiveError naming the ranks that never arrived.
+template <class Describe, class Body>
+auto run_or_fail(Communicator::Impl& c, const detail::CollectiveCall& call, Describe&& describe,
+                 Body&& body) {
+  try {
+    return body();
+  } catch (const Error&) {
+    throw;
+  } catch (const c10::Error& e) {
+    fail(c, call, describe(), e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    fail(c, call, describe(), e.what());
+  }
+}
+
+// One blocking public collective.
+template <class Describe, class Body>
+auto guarded(Communicator::Impl& c, const char* name, Describe&& describe, Body&& body) {
+  auto call = begin_call(c, name, describe);
+  return run_or_fail(c, call, describe, body);
+}
+
+// Equal-shape all-gather without the guard; every rank's tensor in rank order.
+std::vector<torch::Tensor> raw_all_gather(Communicator::Impl& c, const torch::Tensor& t) {
+  std::vector<torch::Tensor> inputs{t.contiguous()};
+  std::vector<std::vector<torch::Tensor>> outputs(1);
+  for (int r = 0; r < c.size; ++r) outputs[0].push_back(torch::empty_like(inputs[0]));
+  wait(c.backend_for(t).allgather(outputs, inputs));
+  return outputs[0];
+}
+
+// One row per rank: [ndim, dtype, size0, size1, ...]. Checked on every rank, so a mismatch in
+// the trailing dimensions is always an error naming each rank's shape (no debug mode needed).
+std::vector<std::vector<int64_t>> exchange_shapes(Communicator::Impl& c, const torch::Tensor& t,
+                                                  const std::string& op) {
+  if (t.dim() > kMaxGatherDims) {
+    throw Error(detail::str(c.rank_prefix, op, " supports up to ", kMaxGatherDims,
+                            " dimensions, got ", t.dim(), ". Fix: reshape the tensor first."));
+  }
+  std::vector<int64_t> mine(2 + kMaxGatherDims, -1);
+  mine[0] = t.dim();
+  mine[1] = static_cast<int64_t>(t.scalar_type());
+  for (int64_t d = 0; d < t.dim(); ++d) mine[2 + d] = t.size(d);
+  auto meta = torch::tensor(mine, torch::kLong);
+  auto rows = raw_all_gather(c, t.is_cuda() ? meta.to(t.device()) : meta);
+  std::vector<std::vector<int64_t>> shapes;
+  bool compatible = true;
+  for (auto& row : rows) {
+    auto cpu = row.cpu();
+    std::vector<int64_t> v(cpu.data_ptr<int64_t>(), cpu.data_ptr<int64_t>() + cpu.numel());
+    compatible = compatible && v[0] == mine[0] && v[1] == mine[1];
+    for (int64_t d = 1; compatible && d < t.dim(); ++d) compatible = v[2 + d] == t.size(d);
+    shapes.push_back(std::move(v));
+  }
+  if (!compatible) {
+    std::string table;
+    for (size_t r = 0; r < shapes.size(); ++r) {
+      std::vector<int64_t> dims(shapes[r].begin() + 2, shapes[r].begin() + 2 + shapes[r][0]);
+      table += detail::str("\n  rank ", r, ": ", c10::toString(static_cast<c10::ScalarType>(shapes[r][1])),
+                           " [", detail::join(dims, ", "), "]");
+    }
+    throw CollectiveMismatchError(detail::str(
+        c.rank_prefix, op, " needs the same dtype and the same sizes after the first dimension "
+        "on every rank, but got:", table,
+        "\nFix: reshape or convert the tensors so that only the first dimension differs."));
+  }
+  return shapes;
+}
+
+void check_source_rank(const Communicator::Impl& c, const char* op, int src) {
+  if (src >= 0 && src < c.size) return;
+  throw Error(detail::str(c.rank_prefix, op, ": src ", src, " is not a rank of this world of ",
+                          c.size, " processes. Fix: pass a rank between 0 and ", c.size - 1,
+                          " (the same on every rank)."));
+}
+
+}  // namespace
+
+Communicator::Communicator() : impl_(std::make_unique<Impl>()) {}
+Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Communicator::~Communicator() = default;
+Communicator::Communicator(Communicator&&) noexcept = default;
+Communicator& Communicator::operator=(Communicator&&) noexcept = default;
+
+int Communicator::rank() const { return impl_->rank; }
+int Communicator::size() const { return impl_->size; }
+const std::string& Communicator::broken_reason() const { return impl_->broken_reason; }
+bool Communicator::shared_memory_all_reduce() const { return impl_->shm != nullptr; }
+const std::string& Communicator::all_reduce_path() const { return impl_->all_reduce_path; }
+
+void Communicator::all_reduce_(const torch::Tensor& tensor, ReduceOp op) {
+  all_reduce_async_(tensor, op).wait();
+}
+
+// What an all-reduce in flight needs to finish: the transport's handle, the tensor on the wire
+// (an fp32 or contiguous copy when the caller's cannot travel as it is) and the call's identity
+// for the failure report.
+struct PendingCollective::State {
+  Communicator::Impl* comm = nullptr;
+  detail::CollectiveCall call;
+  c10::intrusive_ptr<c10d::Work> work;  // Gloo or NCCL, or
+  std::future<void> shm_done;            // the shared-memory path
+  torch::Tensor wire;
+  torch::Tensor target;
+  ReduceOp op = ReduceOp::kSum;
+
+  std::string describe() const {
+    return signature(detail::str("all_reduce(", to_string(op), ")"), target);
+  }
+};
+
+void PendingCollective::wait() {
+  if (!state_) return;
+  auto state = std::move(state_);  // a second wait() returns at once, even after a failure
+  Communicator::Impl& c = *state->comm;
+  run_or_fail(c, state->call, [&] { return state->describe(); }, [&] {
+    if (state->shm_done.valid()) {
+      state->shm_done.get();
+    } else {
+      state->work->wait();
+    }
+    if (state->op == ReduceOp::kMean) state->wire.div_(c.size);
+    if (!state->wire.is_same(state->target)) state->target.copy_(state->wire);
+  });
+}
+
+PendingCollective Communicator::all_reduce_async_(const torch::Tensor& tensor, ReduceOp op) {
+  if (op == ReduceOp::kMean && !tensor.is_floating_point()) {
+    throw Error(detail::str(impl_->rank_prefix, "all_reduce(mean) needs a floating-point tensor, got ",
+                            c10::toString(tensor.scalar_type()),
+                            ". Fix: convert first, e.g. tensor.to(torch::kFloat), or reduce with sum."));
+  }
+  if (impl_->size == 1) return {};
+  auto state = std::make_shared<PendingCollective::State>();
+  state->comm = impl_.get();
+  state->target = tensor;
+  state->op = op;
+  auto describe = [&] { return state->describe(); };
+  state->call = begin_call(*impl_, "all_reduce", describe);
+  run_or_fail(*impl_, state->call, describe, [&] {
+    // Gloo cannot reduce bf16 (nor a strided view): reduce an fp32 / contiguous copy.
+    const bool upcast = tensor.scalar_type() == torch::kBFloat16 && !tensor.is_cuda();
+    state->wire = upcast ? tensor.to(torch::kFloat) : tensor.contiguous();
+    if (impl_->shm && detail::ShmAllReduce::supports(state->wire)) {
+      state->shm_done = impl_->shm->submit(state->wire, op);
+      return;
+    }
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = detail::to_c10d(op);
+    std::vector<torch::Tensor> tensors{state->wire};
+    state->work = impl_->backend_for(state->wire).allreduce(tensors, opts);
+  });
+  return PendingCollective(std::move(state));
+}
+
+torch::Tensor Communicator::all_reduce(const torch::Tensor& tensor, ReduceOp op) {
+  torch::Tensor result = tensor.clone(at::MemoryFormat::Contiguous);
+  all_reduce_(result, op);
+  return result;
+}
+
+std::vector<torch::Tensor> Communicator::gather_list(const torch::Tensor& tensor) {
+  torch::Tensor t = tensor.dim() == 0 ? tensor.reshape({1}) : tensor;
+  if (impl_->size == 1) return {t.clone()};
+  auto describe = [&] { return signature("gather", t, /*free_first_dim=*/true); };
+  return guarded(*impl_, "gather", describe, [&] {
+    auto shapes = exchange_shapes(*impl_, t, "gather");
+    int64_t longest = 0;
+    for (auto& s : shapes) longest = std::max(longest, s[2]);
+    torch::Tensor padded = t;
+    if (t.size(0) < longest) {
+      auto pad_shape = t.sizes().vec();
+      pad_shape[0] = longest - t.size(0);
+      padded = torch::cat({t, torch::zeros(pad_shape, t.options())});
+    }
+    // Gloo has neither bf16 nor bool: they travel as fp32 and uint8 and come back as they were.
+    const auto wire_type = t.is_cuda()                              ? t.scalar_type()
+                           : t.scalar_type() == torch::kBFloat16 ? torch::kFloat
+                           : t.scalar_type() == torch::kBool     ? torch::kByte
+                                                                 : t.scalar_type();
+    auto parts = raw_all_gather(*impl_, padded.to(wire_type));
+    for (size_t r = 0; r < parts.size(); ++r) {
+      parts[r] = parts[r].narrow(0, 0, shapes[r][2]).to(t.scalar_type());
+    }
+    return parts;
+  });
+}
+
+torch::Tensor Communicator::gather(const torch::Tensor& tensor) {
+  return torch::cat(gather_list(tensor));
+}
+
+torch::Tensor Communicator::pad_across_processes(const torch::Tensor& tensor, int64_t dim,
+                                                 double pad_value, bool pad_first) {
+  if (tensor.dim() == 0) return tensor;
+  dim = dim < 0 ? dim + tensor.dim() : dim;
+  if (dim < 0 || dim >= tensor.dim()) {
+    throw Error(detail::str(impl_->rank_prefix, "pad_across_processes: dim ", dim,
+                            " is out of range for a tensor of shape ", shape_text(tensor),
+                            ". Fix: pass a dimension between ", -tensor.dim(), " and ",
+                            tensor.dim() - 1, "."));
+  }
+  auto size = torch::tensor({tensor.size(dim)}, torch::kLong);
+  all_reduce_(size, ReduceOp::kMax);
+  const int64_t longest = size.item<int64_t>();
+  if (longest == tensor.size(dim)) return tensor;
+  auto pad_shape = tensor.sizes().vec();
+  pad_shape[dim] = longest - tensor.size(dim);
+  auto pad = torch::full(pad_shape, pad_value, tensor.options());
+  return pad_first ? torch::cat({pad, tensor}, dim) : torch::cat({tensor, pad}, dim);
+}
+
+void Communicator::broadcast_(const torch::Tensor& tensor, int src) {
+  check_source_rank(*impl_, "broadcast_", src);
+  if (impl_->size == 1) return;
+  auto describe = [&] { return signature(detail::str("broadcast(src=", src, ")"), tensor); };
+  guarded(*impl_, "broadcast", describe, [&] {
+    // Gloo has no bf16 type; a broadcast only moves bytes, so send them as fp16 (same width).
+    // Gloo has neither bf16 nor bool; a broadcast only moves bytes, so send them as a type of
+    // the same width (fp16, uint8).
+    torch::Tensor wire = tensor.contiguous();
+    torch::Tensor bytes = wire;
+    if (!tensor.is_cuda() && tensor.scalar_type() == torch::kBFloat16) bytes = wire.view(torch::kHalf);
+    if (!tensor.is_cuda() && tensor.scalar_type() == torch::kBool) bytes = wire.view(torch::kByte);
+    std::vector<torch::Tensor> tensors{bytes};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = src;
+    wait(impl_->backend_for(wire).broadcast(tensors, opts));
+    if (!wire.is_same(tensor)) tensor.copy_(wire);
+  });
+}
+
+std::vector<std::string> Communicator::gather_bytes(const std::string& bytes) {
+  if (impl_->size == 1) return {bytes};
+  auto tensor = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
+  std::memcpy(tensor.data_ptr(), bytes.data(), bytes.size());
+  std::vector<std::string> all;
+  for (const auto& t : gather_list(tensor)) {
+    auto cpu = t.cpu().contiguous();
+    all.emplace_back(static_cast<const char*>(cpu.data_ptr()), static_cast<size_t>(cpu.numel()));
+  }
+  return all;
+}
+
+std::string Communicator::broadcast_bytes(const std::string& bytes, int src) {
+  check_source_rank(*impl_, "broadcast_bytes", src);
+  if (impl_->size == 1) return bytes;
+  auto describe = [&] { return detail::str("broadcast_bytes(src=", src, ")"); };
+  return guarded(*impl_, "broadcast_bytes", describe, [&] {
+    c10d::BroadcastOptions opts;
+    opts.rootRank = src;
+    std::vector<torch::Tensor> length{torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kLong)};
+    wait(impl_->gloo->broadcast(length, opts));
+    auto data = torch::empty({length[0].item<int64_t>()}, torch::kUInt8);
+    if (impl_->rank == src) std::memcpy(data.data_ptr(), bytes.data(), bytes.size());
+    std::vector<torch::Tensor> payload{data};
+    if (data.numel() > 0) wait(impl_->gloo->broadcast(payload, opts));
+    return std::string(reinterpret_cast<const char*>(data.data_ptr()), data.numel());
+  });
+}
+
+void Communicator::barrier() {
+  if (impl_->size == 1) return;
+  guarded(*impl_, "barrier", [] { return std::string("barrier"); }, [&] { wait(impl_->gloo->barrier()); });
+}
+
+}  // namespace accelerant

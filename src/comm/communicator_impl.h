@@ -1,0 +1,33 @@
+// Communicator's private state, shared by communicator.cpp and process_state.cpp (which builds it
+// after the rendezvous). Not installed.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "accelerant/communicator.h"
+#include "comm/shm_all_reduce.h"
+#include "base/torch_compat.h"
+
+namespace accelerant {
+
+struct Communicator::Impl {
+  c10::intrusive_ptr<c10d::Store> store;     // this attempt's store, for debug checks and diagnosis
+  c10::intrusive_ptr<detail::CommBackend> gloo;  // CPU tensors
+  c10::intrusive_ptr<detail::CommBackend> nccl;  // CUDA tensors (CUDA builds only), may be null
+  // CPU all-reduces when every rank is on this machine (null otherwise, or when turned off)
+  std::unique_ptr<detail::ShmAllReduce> shm;
+  std::string all_reduce_path = "Gloo";  // in words, for logs and `accelerant env`
+  int rank = 0;
+  int size = 1;
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  bool debug_mode = false;
+  std::string rank_prefix;  // "[rank r/N] "
+  int64_t sequence = 0;     // counts public collectives; equal on all ranks while they agree
+  std::string broken_reason;
+
+  detail::CommBackend& backend_for(const torch::Tensor& t) const;
+};
+
+}  // namespace accelerant

@@ -1,0 +1,240 @@
+#include "accelerant/process_state.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <sstream>
+
+#include "accelerant/error.h"
+#include "comm/shared_memory_plan.h"
+#include "comm/communicator_impl.h"
+#include "base/text.h"
+#include "base/torch_compat.h"
+#include "base/uncaught_exception_recorder.h"
+
+namespace accelerant {
+namespace {
+
+constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::minutes(30);
+
+std::mutex& state_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::unique_ptr<ProcessState>& state_slot() {
+  static std::unique_ptr<ProcessState> slot;
+  return slot;
+}
+
+bool is_loopback(const std::string& addr) {
+  return addr.rfind("127.", 0) == 0 || addr == "localhost" || addr == "::1";
+}
+
+// The local address this machine would use to reach `host`: a UDP socket "connected" to it sends
+// nothing, but makes the kernel pick the route and the source address. "" when there is no route.
+std::string local_address_towards(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), "9", &hints, &found) != 0) return "";
+  std::string address;
+  for (addrinfo* a = found; a != nullptr && address.empty(); a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t length = sizeof local;
+    char text[INET6_ADDRSTRLEN] = {0};
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0) {
+      const void* raw = local.ss_family == AF_INET6
+                            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
+                            : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
+      if (::inet_ntop(local.ss_family, raw, text, sizeof text) != nullptr) address = text;
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return address;
+}
+
+// GLOO_SOCKET_IFNAME (comma-separated) wins, as in PyTorch; a loopback master means a one-machine
+// job, which must not depend on the hostname resolving. Otherwise Gloo listens on the address that
+// routes to the master: Gloo's own default (the hostname's address) is wrong wherever the hostname
+// resolves to another interface than the one the job's machines share (several networks, network
+// namespaces, /etc/hosts mapping it to 127.0.1.1).
+std::vector<std::shared_ptr<gloo::transport::Device>> gloo_devices(const std::string& master_addr) {
+  std::vector<std::shared_ptr<gloo::transport::Device>> devices;
+  if (const char* ifnames = std::getenv("GLOO_SOCKET_IFNAME"); ifnames && *ifnames) {
+    std::stringstream list(ifnames);
+    for (std::string name; std::getline(list, name, ',');) {
+      if (!name.empty()) devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(name));
+    }
+  } else if (is_loopback(master_addr)) {
+    devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  } else if (const std::string local = local_address_towards(master_addr); !local.empty()) {
+    devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(local));
+  } else {
+    devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  }
+  return devices;
+}
+
+}  // namespace
+
+struct ProcessState::Rendezvous {
+  c10::intrusive_ptr<c10d::TCPStore> tcp_store;
+  c10::intrusive_ptr<c10d::Store> attempt_store;  // keys of this restart attempt only
+};
+
+ProcessState::ProcessState(DistributedEnv env, const ProcessStateOptions& options)
+    : env_(std::move(env)),
+      timeout_(options.timeout().value_or(env_.timeout.value_or(kDefaultTimeout))),
+      debug_mode_(options.debug_mode().value_or(env_.debug_mode)),
+      device_(torch::kCPU) {
+  detail::record_uncaught_exceptions_to(env_.error_file);  // for the launcher's failure report
+  if (!options.cpu() && detail::cuda_available()) {
+    device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(
+                                              env_.local_rank % std::max<int64_t>(1, torch::cuda::device_count())));
+  }
+  if (env_.distributed()) rendezvous();
+}
+
+ProcessState::~ProcessState() = default;
+
+std::string ProcessState::rank_prefix() const {
+  return distributed() ? detail::str("[rank ", env_.rank, "/", env_.world_size, "] ") : "";
+}
+
+void ProcessState::rendezvous() {
+  const std::string where = detail::str(env_.master_addr, ":", env_.master_port);
+  rendezvous_ = std::make_unique<Rendezvous>();
+  c10d::TCPStoreOptions store_options;
+  store_options.port = static_cast<std::uint16_t>(env_.master_port);
+  store_options.isServer = env_.rank == 0 && !env_.agent_hosts_store;
+  store_options.waitWorkers = false;
+  store_options.timeout = timeout_;
+  try {
+    rendezvous_->tcp_store = c10::make_intrusive<c10d::TCPStore>(env_.master_addr, store_options);
+  } catch (const std::exception& e) {
+    throw Error(detail::str(
+        rank_prefix(), "Could not ", store_options.isServer ? "host" : "reach",
+        " the job's store at ", where, " within ", timeout_.count(), " ms: ", e.what(),
+        "\nLikely cause: ",
+        store_options.isServer ? "the port is in use by another job"
+                               : "the process hosting the store (rank 0 or the launcher) has not "
+                                 "started, failed, or MASTER_ADDR/MASTER_PORT point elsewhere",
+        ". Fix: check MASTER_ADDR and MASTER_PORT on every machine, pick a free port, and make "
+        "sure a firewall does not block it."));
+  }
+  rendezvous_->attempt_store = c10::make_intrusive<c10d::PrefixStore>(
+      detail::str("accelerant/attempt_", env_.restart_count), rendezvous_->tcp_store);
+  auto& store = *rendezvous_->attempt_store;
+
+  // Our own arrival step before Gloo's, so that a rank that never comes is named.
+  store.set(detail::str("arrived/", env_.rank), std::vector<uint8_t>{1});
+  std::vector<std::string> keys;
+  for (int r = 0; r < env_.world_size; ++r) keys.push_back(detail::str("arrived/", r));
+  try {
+    store.wait(keys, timeout_);
+  } catch (const std::exception&) {
+    std::vector<int> missing;
+    for (int r = 0; r < env_.world_size; ++r) {
+      if (!store.check({keys[r]})) missing.push_back(r);
+    }
+    throw CollectiveError(
+        detail::str(rank_prefix(), "Rendezvous at ", where, " timed out after ", timeout_.count(),
+                    " ms: rank(s) ", detail::join(missing, ", "), " of ", env_.world_size,
+                    " never arrived. Likely cause: those processes were not started, crashed ",
+                    "before initialising, or use another MASTER_ADDR/MASTER_PORT or WORLD_SIZE. "
+                    "Fix: start every rank with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, "
+                    "and look at the missing ranks' output."),
+        missing);
+  }
+
+  auto impl = std::make_unique<Communicator::Impl>();
+  impl->store = rendezvous_->attempt_store;
+  impl->rank = env_.rank;
+  impl->size = env_.world_size;
+  impl->timeout = timeout_;
+  impl->debug_mode = debug_mode_;
+  impl->rank_prefix = rank_prefix();
+  auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout_);
+  gloo_options->devices = gloo_devices(env_.master_addr);
+  impl->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(
+      c10::make_intrusive<c10d::PrefixStore>("gloo", rendezvous_->attempt_store), env_.rank,
+      env_.world_size, gloo_options);
+  auto plan = detail::connect_shared_memory(rendezvous_->attempt_store, env_.rank, env_.world_size, timeout_,
+                                           gloo_options->devices);
+  impl->shm = std::move(plan.shm);
+  impl->all_reduce_path = plan.description;
+#ifdef USE_C10D_NCCL
+  if (device_.is_cuda()) {
+    auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+    nccl_options->timeout = timeout_;
+    impl->nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+        c10::make_intrusive<c10d::PrefixStore>("nccl", rendezvous_->attempt_store), env_.rank,
+        env_.world_size, nccl_options);
+  }
+#endif
+  communicator_ = Communicator(std::move(impl));
+}
+
+void ProcessState::wait_for_everyone() { communicator_.barrier(); }
+
+ProcessState& ProcessState::get() {
+  std::lock_guard<std::mutex> lock(state_mutex());
+  auto& slot = state_slot();
+  if (!slot) slot.reset(new ProcessState(read_distributed_env(), ProcessStateOptions()));
+  return *slot;
+}
+
+ProcessState& ProcessState::initialize(const ProcessStateOptions& options) {
+  std::lock_guard<std::mutex> lock(state_mutex());
+  auto& slot = state_slot();
+  if (slot) {
+    throw Error(
+        "ProcessState::initialize was called after the process state already existed (an "
+        "earlier initialize, or ProcessState::get(), which initialises with default options). "
+        "Fix: call initialize once, before anything else uses the process state.");
+  }
+  slot.reset(new ProcessState(read_distributed_env(), options));
+  return *slot;
+}
+
+bool ProcessState::initialized() {
+  std::lock_guard<std::mutex> lock(state_mutex());
+  return state_slot() != nullptr;
+}
+
+void ProcessState::shutdown() {
+  std::lock_guard<std::mutex> lock(state_mutex());
+  auto& slot = state_slot();
+  if (!slot) return;
+  if (slot->rendezvous_) {
+    // A store-side barrier rather than a Gloo one: after it, no rank still waits on bytes from
+    // another, so closing the Gloo sockets cannot cut a transfer short.
+    auto& store = *slot->rendezvous_->attempt_store;
+    if (store.add("finished", 1) == slot->env_.world_size) {
+      store.set("all_finished", std::vector<uint8_t>{1});
+    }
+    // Other ranks may legitimately still be working (uneven ends), so this waits longer than a
+    // collective would; a rank that died is the launcher's to report.
+    store.wait({"all_finished"}, std::max(slot->timeout_, std::chrono::milliseconds(kDefaultTimeout)));
+  }
+  slot.reset();
+}
+
+namespace detail {
+void forget_process_state_after_fork() {
+  // The parent's mutex may have been held by another thread at fork time: replace it by leaking.
+  new (&state_mutex()) std::mutex();
+  (void)state_slot().release();  // leaked on purpose: its threads live only in the parent
+}
+}  // namespace detail
+
+}  // namespace accelerant

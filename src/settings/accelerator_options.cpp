@@ -1,0 +1,133 @@
+#include "accelerant/accelerator_options.h"
+
+#include "accelerant/error.h"
+#include "base/text.h"
+
+namespace accelerant {
+
+const char* to_string(MixedPrecision precision) {
+  switch (precision) {
+    case MixedPrecision::kNo: return "no";
+    case MixedPrecision::kFp16: return "fp16";
+    case MixedPrecision::kBf16: return "bf16";
+  }
+  return "unknown";
+}
+
+namespace {
+
+// One setting's lookup through the layers, remembering which layer answered.
+class Resolver {
+ public:
+  Resolver(const EnvLookup& env, const ConfigValues& config, std::string config_path,
+           AcceleratorSettings& out)
+      : env_(env), config_(config), config_path_(std::move(config_path)), out_(out) {}
+
+  // The text of `key` from the environment or config, with the source's name in `from`.
+  std::optional<std::string> lower_layers(const std::string& key, const std::string& variable,
+                                          const std::string& config_key, std::string& from) const {
+    if (auto value = env_(variable); value && !value->empty()) {
+      from = variable;
+      return value;
+    }
+    if (auto it = config_.find(config_key); it != config_.end()) {
+      from = detail::str(config_path_, " (key ", config_key, ")");
+      return it->second;
+    }
+    return std::nullopt;
+  }
+
+  template <class T, class Parse>
+  void resolve(const char* key, const std::optional<T>& option, const std::string& variable,
+               const std::string& config_key, Parse parse, T& target) {
+    if (option) {
+      target = *option;
+      out_.sources[key] = "option";
+      return;
+    }
+    std::string from;
+    if (auto text = lower_layers(key, variable, config_key, from)) {
+      target = parse(*text, from);
+      out_.sources[key] = from;
+    }
+  }
+
+ private:
+  const EnvLookup& env_;
+  const ConfigValues& config_;
+  std::string config_path_;
+  AcceleratorSettings& out_;
+};
+
+MixedPrecision parse_precision(const std::string& text, const std::string& from) {
+  const std::string v = detail::lower(text);
+  if (v == "no" || v == "fp32" || v == "none") return MixedPrecision::kNo;
+  if (v == "fp16") return MixedPrecision::kFp16;
+  if (v == "bf16") return MixedPrecision::kBf16;
+  throw Error(detail::str("mixed_precision \"", text, "\" (from ", from, ") is not a known precision. ",
+                          "Fix: use no, fp16 (CUDA) or bf16 (CPU or CUDA)."));
+}
+
+bool parse_bool(const std::string& text, const std::string& from) {
+  const std::string v = detail::lower(text);
+  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
+  if (v == "0" || v == "false" || v == "no" || v == "off") return false;
+  throw Error(detail::str("\"", text, "\" (from ", from, ") is not a yes/no value. ",
+                          "Fix: use true or false (also accepted: yes/no, 1/0, on/off)."));
+}
+
+int64_t parse_positive(const std::string& text, const std::string& from) {
+  try {
+    size_t used = 0;
+    const long long v = std::stoll(text, &used);
+    if (used == text.size() && v >= 1) return v;
+  } catch (const std::exception&) {
+  }
+  throw Error(detail::str("\"", text, "\" (from ", from, ") is not a whole number of 1 or more. ",
+                          "Fix: set it to 1, 2, 4, ..."));
+}
+
+uint64_t parse_seed(const std::string& text, const std::string& from) {
+  try {
+    size_t used = 0;
+    const unsigned long long v = std::stoull(text, &used);
+    if (used == text.size() && text[0] != '-') return v;
+  } catch (const std::exception&) {
+  }
+  throw Error(detail::str("seed \"", text, "\" (from ", from, ") is not a non-negative whole number. ",
+                          "Fix: use e.g. 42."));
+}
+
+}  // namespace
+
+AcceleratorSettings resolve_accelerator_settings(const AcceleratorOptions& o, const EnvLookup& env,
+                                                 const ConfigValues& config, const std::string& config_path) {
+  AcceleratorSettings s;
+  Resolver r(env, config, config_path, s);
+  std::optional<MixedPrecision> precision_option;
+  if (o.mixed_precision()) precision_option = parse_precision(*o.mixed_precision(), "AcceleratorOptions");
+  r.resolve("mixed_precision", precision_option, "ACCELERANT_MIXED_PRECISION", "mixed_precision",
+            parse_precision, s.mixed_precision);
+  r.resolve("downcast_bf16", o.downcast_bf16(), "ACCELERANT_DOWNCAST_BF16", "downcast_bf16", parse_bool,
+            s.downcast_bf16);
+  if (o.gradient_accumulation_steps() && *o.gradient_accumulation_steps() < 1) {
+    parse_positive(std::to_string(*o.gradient_accumulation_steps()), "AcceleratorOptions::gradient_accumulation_steps");
+  }
+  r.resolve("gradient_accumulation_steps", o.gradient_accumulation_steps(),
+            "ACCELERANT_GRADIENT_ACCUMULATION_STEPS", "gradient_accumulation_steps", parse_positive,
+            s.gradient_accumulation_steps);
+  r.resolve("split_batches", o.split_batches(), "ACCELERANT_SPLIT_BATCHES", "split_batches", parse_bool,
+            s.split_batches);
+  r.resolve("even_batches", o.even_batches(), "ACCELERANT_EVEN_BATCHES", "even_batches", parse_bool,
+            s.even_batches);
+  r.resolve("cpu", o.cpu(), "ACCELERANT_USE_CPU", "use_cpu", parse_bool, s.cpu);
+  r.resolve("cpu_defaults", o.cpu_defaults(), "ACCELERANT_CPU_DEFAULTS", "cpu_defaults", parse_bool,
+            s.cpu_defaults);
+  uint64_t seed = 0;
+  std::optional<uint64_t> seed_option = o.seed();
+  r.resolve("seed", seed_option, "ACCELERANT_SEED", "seed", parse_seed, seed);
+  if (s.sources.count("seed")) s.seed = seed;
+  return s;
+}
+
+}  // namespace accelerant

@@ -1,0 +1,261 @@
+#include "accelerant/config.h"
+
+#include <sys/stat.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "accelerant/error.h"
+#include "base/file_io.h"
+#include "base/text.h"
+
+namespace accelerant {
+namespace {
+
+// How one key is read from YAML into a Config and written back.
+struct Field {
+  const char* key;
+  const char* type;  // for messages: "a whole number", "true or false", ...
+  std::function<void(const YAML::Node&, Config&)> read;
+  std::function<std::string(const Config&)> write;
+};
+
+template <class T>
+Field field(const char* key, const char* type, T Config::*member) {
+  return {key, type, [member](const YAML::Node& node, Config& c) { c.*member = node.as<T>(); },
+          [member](const Config& c) {
+            std::ostringstream out;
+            if constexpr (std::is_same_v<T, std::string>) {
+              out << '"' << c.*member << '"';  // quoted: YAML 1.1 readers take a bare no for false
+            } else if constexpr (std::is_same_v<T, bool>) {
+              out << (c.*member ? "true" : "false");
+            } else {
+              out << c.*member;
+            }
+            return out.str();
+          }};
+}
+
+const std::vector<Field>& fields() {
+  static const std::vector<Field> all = {
+      field("config_version", "a whole number", &Config::config_version),
+      field("num_machines", "a whole number", &Config::num_machines),
+      field("machine_rank", "a whole number", &Config::machine_rank),
+      field("main_process_ip", "a host name or address", &Config::main_process_ip),
+      field("main_process_port", "a port number", &Config::main_process_port),
+      field("num_processes", "a whole number", &Config::num_processes),
+      field("mixed_precision", "no, fp16 or bf16", &Config::mixed_precision),
+      field("downcast_bf16", "true or false", &Config::downcast_bf16),
+      field("use_cpu", "true or false", &Config::use_cpu),
+      field("debug", "true or false", &Config::debug),
+      field("max_restarts", "a whole number", &Config::max_restarts),
+      field("monitor_interval", "a number of seconds", &Config::monitor_interval),
+      field("join_timeout", "a number of seconds", &Config::join_timeout),
+      field("threads_per_process", "a whole number", &Config::threads_per_process),
+      field("gradient_accumulation_steps", "a whole number", &Config::gradient_accumulation_steps),
+  };
+  return all;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string closest_key(const std::string& unknown) {
+  std::string best;
+  size_t best_distance = SIZE_MAX;
+  for (const auto& f : fields()) {
+    const size_t d = edit_distance(unknown, f.key);
+    if (d < best_distance) {
+      best_distance = d;
+      best = f.key;
+    }
+  }
+  return best;
+}
+
+std::string position(const YAML::Mark& mark) {
+  return detail::str("line ", mark.line + 1, ", column ", mark.column + 1);
+}
+
+void make_directories(const std::string& path) {
+  for (size_t slash = path.find('/', 1); slash != std::string::npos; slash = path.find('/', slash + 1)) {
+    ::mkdir(path.substr(0, slash).c_str(), 0755);
+  }
+}
+
+}  // namespace
+
+const std::vector<std::string>& config_keys() {
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> k;
+    for (const auto& f : fields()) k.push_back(f.key);
+    return k;
+  }();
+  return keys;
+}
+
+Config load_config(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) {
+    throw Error(detail::str("Config file ", path, " cannot be read. Fix: create one with `accelerant config` ",
+                            "(questions) or `accelerant config default`, or pass another --config_file."));
+  }
+  YAML::Node root;
+  try {
+    root = YAML::Load(file);
+  } catch (const YAML::Exception& e) {
+    throw Error(detail::str("Config file ", path, " is not valid YAML: ", e.msg, " at ", position(e.mark),
+                            ". Fix: correct it there, or rewrite it with `accelerant config default`."));
+  }
+  Config config;
+  if (!root || root.IsNull()) return config;  // an empty file: every default
+  if (!root.IsMap()) {
+    throw Error(detail::str("Config file ", path, " is not a mapping of keys to values (", position(root.Mark()),
+                            "). Fix: write one `key: value` per line, or rewrite it with `accelerant config default`."));
+  }
+  std::vector<std::string> problems;
+  for (const auto& item : root) {
+    const std::string key = item.first.as<std::string>();
+    auto it = std::find_if(fields().begin(), fields().end(), [&](const Field& f) { return key == f.key; });
+    if (it == fields().end()) {
+      problems.push_back(detail::str("unknown key '", key, "' at ", position(item.first.Mark()), " (did you mean '",
+                                     closest_key(key), "'?)"));
+      continue;
+    }
+    try {
+      if (!item.second.IsScalar()) throw YAML::BadConversion(item.second.Mark());
+      it->read(item.second, config);
+    } catch (const YAML::Exception&) {
+      const std::string shown = item.second.IsScalar() ? item.second.Scalar() : "a list or mapping";
+      problems.push_back(detail::str("'", key, "' is '", shown, "' at ", position(item.second.Mark()),
+                                     ", but it must be ", it->type));
+    }
+  }
+  if (!problems.empty()) {
+    throw Error(detail::str("Config file ", path, " has ", problems.size(), " problem",
+                            problems.size() == 1 ? "" : "s", ":\n  ", detail::join(problems, "\n  "),
+                            "\nFix: correct the file, or rewrite it with `accelerant config`. Known keys: ",
+                            detail::join(config_keys(), ", "), "."));
+  }
+  if (config.config_version > kConfigVersion || config.config_version < 1) {
+    throw Error(detail::str("Config file ", path, " has config_version ", config.config_version,
+                            ", but this Accelerant reads versions 1 to ", kConfigVersion,
+                            ". Likely cause: it was written by a newer Accelerant. Fix: upgrade, or "
+                            "rewrite the file with `accelerant config`."));
+  }
+  validate_config(config, "Config file " + path);
+  return config;
+}
+
+void validate_config(const Config& c, const std::string& where) {
+  std::vector<std::string> problems;
+  if (c.num_machines < 1) problems.push_back(detail::str("num_machines is ", c.num_machines, "; it must be 1 or more"));
+  if (c.machine_rank < 0 || c.machine_rank >= std::max(1, c.num_machines)) {
+    problems.push_back(detail::str("machine_rank is ", c.machine_rank, "; it must be between 0 and num_machines - 1 (",
+                                   c.num_machines - 1, ")"));
+  }
+  if (c.num_processes < 1) {
+    problems.push_back(detail::str("num_processes is ", c.num_processes, "; it must be 1 or more (the total across machines)"));
+  } else if (c.num_machines >= 1 && c.num_processes % c.num_machines != 0) {
+    problems.push_back(detail::str("num_processes ", c.num_processes, " cannot be split evenly over ", c.num_machines,
+                                   " machines; use a multiple of ", c.num_machines));
+  }
+  if (c.main_process_port < 0 || c.main_process_port > 65535) {
+    problems.push_back(detail::str("main_process_port is ", c.main_process_port, "; it must be 0 (any free port) to 65535"));
+  } else if (c.main_process_port == 0 && c.num_machines > 1) {
+    problems.push_back("main_process_port 0 (any free port) works on one machine only; the other machines must "
+                       "know the port: choose one, e.g. 29500");
+  }
+  if (c.main_process_ip.empty()) problems.push_back("main_process_ip is empty; use the main machine's address");
+  if (c.mixed_precision != "no" && c.mixed_precision != "fp16" && c.mixed_precision != "bf16") {
+    problems.push_back(detail::str("mixed_precision is '", c.mixed_precision, "'; use no, fp16 (CUDA) or bf16"));
+  }
+  if (c.downcast_bf16 && c.mixed_precision != "bf16") {
+    problems.push_back("downcast_bf16 is true but mixed_precision is not bf16; set both or neither");
+  }
+  if (c.max_restarts < 0) problems.push_back(detail::str("max_restarts is ", c.max_restarts, "; it must be 0 or more"));
+  if (!(c.monitor_interval > 0)) {
+    problems.push_back(detail::str("monitor_interval is ", c.monitor_interval, "; it must be more than 0 seconds"));
+  }
+  if (!(c.join_timeout > 0)) {
+    problems.push_back(detail::str("join_timeout is ", c.join_timeout, "; it must be more than 0 seconds"));
+  }
+  if (c.threads_per_process < 0) {
+    problems.push_back(detail::str("threads_per_process is ", c.threads_per_process, "; use 0 (automatic) or more"));
+  }
+  if (c.gradient_accumulation_steps < 1) {
+    problems.push_back(detail::str("gradient_accumulation_steps is ", c.gradient_accumulation_steps, "; it must be 1 or more"));
+  }
+  if (!problems.empty()) {
+    throw Error(detail::str(where, ": ", detail::join(problems, "; "), "."));
+  }
+}
+
+std::string to_yaml(const Config& config) {
+  std::string text = "# Written by accelerant (accelerant config). Keys: docs/cli.md\n";
+  for (const auto& f : fields()) text += detail::str(f.key, ": ", f.write(config), "\n");
+  return text;
+}
+
+void save_config(const Config& config, const std::string& path) {
+  validate_config(config);
+  make_directories(path);
+  if (!detail::write_file_atomically(path, to_yaml(config))) {
+    throw Error(detail::str("Could not write the config file ", path, " (through ", path,
+                            ".tmp). Fix: check that the directory is writable and the disk not full."));
+  }
+}
+
+std::string write_basic_config(const std::string& mixed_precision, const std::string& path) {
+  Config config;
+  config.mixed_precision = mixed_precision;
+  const std::string target = path.empty() ? default_config_path(process_environment()) : path;
+  save_config(config, target);
+  return target;
+}
+
+ConfigValues to_config_values(const Config& config) {
+  ConfigValues values;
+  for (const auto& f : fields()) {
+    std::string text = f.write(config);
+    if (text.size() >= 2 && text.front() == '"') text = text.substr(1, text.size() - 2);
+    values[f.key] = text;
+  }
+  return values;
+}
+
+std::string default_config_path(const EnvLookup& lookup) {
+  auto non_empty = [&](const char* name) -> std::optional<std::string> {
+    auto value = lookup(name);
+    if (value && !value->empty()) return value;
+    return std::nullopt;
+  };
+  if (auto path = non_empty("ACCELERANT_CONFIG_FILE")) return *path;
+  if (auto cache = non_empty("XDG_CACHE_HOME")) return *cache + "/accelerant/default_config.yaml";
+  return non_empty("HOME").value_or(".") + "/.cache/accelerant/default_config.yaml";
+}
+
+ConfigValues read_config_values(const std::string& path) {
+  if (!std::ifstream(path)) return {};  // no config file: nothing from this layer
+  return to_config_values(load_config(path));
+}
+
+}  // namespace accelerant

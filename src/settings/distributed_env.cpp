@@ -1,0 +1,255 @@
+#include "accelerant/distributed_env.h"
+
+#include <cstdlib>
+#include <limits>
+
+#include "accelerant/error.h"
+#include "base/text.h"
+
+namespace accelerant {
+namespace {
+
+constexpr const char* kLauncherHint =
+    "start the job with `accelerant launch`, accelerant::launch, torchrun, srun or mpirun, "
+    "which set these variables consistently";
+
+[[noreturn]] void fail(const std::string& var, const std::string& value, const std::string& what,
+                       const std::string& fix) {
+  throw EnvironmentError(
+      var, value,
+      detail::str("Invalid distributed environment: ", var, "=", value.empty() ? "(unset)" : value,
+                  " ", what, ". Likely cause: the job script or launcher set it wrongly. Fix: ",
+                  fix, "."));
+}
+
+class Reader {
+ public:
+  explicit Reader(const EnvLookup& lookup) : lookup_(lookup) {}
+
+  std::optional<std::string> text(const std::string& var) const {
+    auto v = lookup_(var);
+    if (v && v->empty()) return std::nullopt;  // an empty variable means "unset", as in shells
+    return v;
+  }
+
+  std::optional<long long> integer(const std::string& var, long long min, long long max,
+                                   const std::string& fix) const {
+    auto v = text(var);
+    if (!v) return std::nullopt;
+    const char* begin = v->c_str();
+    char* end = nullptr;
+    errno = 0;
+    long long parsed = std::strtoll(begin, &end, 10);
+    if (errno != 0 || end == begin || *end != '\0') fail(var, *v, "is not an integer", fix);
+    if (parsed < min || parsed > max) {
+      fail(var, *v,
+           detail::str("is out of range (allowed: ", min, " to ",
+                       max == std::numeric_limits<int>::max() ? std::string("any") : std::to_string(max),
+                       ")"),
+           fix);
+    }
+    return parsed;
+  }
+
+  int required(const std::string& var, long long min, long long max, const std::string& fix) const {
+    auto v = integer(var, min, max, fix);
+    if (!v) fail(var, "", "is missing", fix);
+    return static_cast<int>(*v);
+  }
+
+  bool flag(const std::string& var) const {
+    auto v = text(var);
+    if (!v) return false;
+    const std::string s = detail::lower(*v);
+    if (s == "1" || s == "true" || s == "yes" || s == "on") return true;
+    if (s == "0" || s == "false" || s == "no" || s == "off") return false;
+    fail(var, *v, "is not a boolean", "use 1/0, true/false, yes/no or on/off");
+  }
+
+ private:
+  const EnvLookup& lookup_;
+};
+
+constexpr long long kIntMax = std::numeric_limits<int>::max();
+
+void read_torchrun(const Reader& r, DistributedEnv& env) {
+  env.source = r.text("ACCELERANT_LAUNCHER") ? EnvSource::kAccelerant : EnvSource::kTorchrun;
+  env.world_size = r.required("WORLD_SIZE", 1, kIntMax,
+                              "set WORLD_SIZE to the total number of processes (≥ 1)");
+  env.rank = r.required("RANK", 0, kIntMax, "set RANK to this process's index, 0 ≤ RANK < WORLD_SIZE");
+  env.local_rank = static_cast<int>(
+      r.integer("LOCAL_RANK", 0, kIntMax, "set LOCAL_RANK to this process's index on its machine")
+          .value_or(env.rank));
+  env.local_world_size = static_cast<int>(
+      r.integer("LOCAL_WORLD_SIZE", 1, kIntMax,
+                "set LOCAL_WORLD_SIZE to the number of processes on this machine (≥ 1)")
+          .value_or(env.world_size));
+  env.node_rank = static_cast<int>(
+      r.integer("GROUP_RANK", 0, kIntMax, "set GROUP_RANK to this machine's index (≥ 0)")
+          .value_or(env.rank / env.local_world_size));
+  env.agent_hosts_store =
+      r.flag("ACCELERANT_AGENT_STORE") || r.flag("TORCHELASTIC_USE_AGENT_STORE");
+  env.restart_count = static_cast<int>(
+      r.integer("ACCELERANT_RESTART_COUNT", 0, kIntMax, "leave it to the launcher")
+          .value_or(r.integer("TORCHELASTIC_RESTART_COUNT", 0, kIntMax, "leave it to the launcher")
+                        .value_or(0)));
+}
+
+void read_slurm(const Reader& r, DistributedEnv& env) {
+  env.source = EnvSource::kSlurm;
+  const std::string fix = "run the program through srun, which sets the SLURM_* variables per task";
+  env.world_size = r.required("SLURM_NTASKS", 1, kIntMax, fix);
+  env.rank = r.required("SLURM_PROCID", 0, kIntMax, fix);
+  env.local_rank = static_cast<int>(r.integer("SLURM_LOCALID", 0, kIntMax, fix).value_or(0));
+  env.node_rank = static_cast<int>(r.integer("SLURM_NODEID", 0, kIntMax, fix).value_or(0));
+  env.num_nodes = static_cast<int>(r.integer("SLURM_NNODES", 1, kIntMax, fix).value_or(1));
+  env.local_world_size = static_cast<int>(
+      r.integer("SLURM_NTASKS_PER_NODE", 1, kIntMax, fix)
+          .value_or((env.world_size + env.num_nodes - 1) / env.num_nodes));
+}
+
+void read_openmpi(const Reader& r, DistributedEnv& env) {
+  env.source = EnvSource::kOpenMpi;
+  const std::string fix = "run the program through Open MPI's mpirun, which sets OMPI_COMM_WORLD_*";
+  env.world_size = r.required("OMPI_COMM_WORLD_SIZE", 1, kIntMax, fix);
+  env.rank = r.required("OMPI_COMM_WORLD_RANK", 0, kIntMax, fix);
+  env.local_rank = static_cast<int>(r.integer("OMPI_COMM_WORLD_LOCAL_RANK", 0, kIntMax, fix).value_or(0));
+  env.local_world_size = static_cast<int>(
+      r.integer("OMPI_COMM_WORLD_LOCAL_SIZE", 1, kIntMax, fix).value_or(env.world_size));
+  env.node_rank = env.rank / env.local_world_size;  // mpirun's default block mapping
+}
+
+void read_accelerant_extras(const Reader& r, DistributedEnv& env) {
+  env.debug_mode = r.flag("ACCELERANT_DEBUG_MODE");
+  if (auto ms = r.integer("ACCELERANT_TIMEOUT_MS", 1, std::numeric_limits<long long>::max(),
+                          "set a positive number of milliseconds")) {
+    env.timeout = std::chrono::milliseconds(*ms);
+  }
+  if (auto mp = r.text("ACCELERANT_MIXED_PRECISION")) {
+    const std::string v = detail::lower(*mp);
+    if (v != "no" && v != "fp16" && v != "bf16") {
+      fail("ACCELERANT_MIXED_PRECISION", *mp, "is not a known precision", "use no, fp16 or bf16");
+    }
+    env.mixed_precision = v;
+  }
+  env.threads_per_process = static_cast<int>(
+      r.integer("ACCELERANT_THREADS_PER_PROCESS", 0, 4096, "set the number of threads per worker")
+          .value_or(0));
+  env.error_file = r.text("ACCELERANT_ERROR_FILE").value_or("");
+}
+
+void validate(const Reader& r, DistributedEnv& env) {
+  const bool torchrun_like = env.source == EnvSource::kAccelerant || env.source == EnvSource::kTorchrun;
+  const char* rank_var = torchrun_like ? "RANK"
+                         : env.source == EnvSource::kSlurm ? "SLURM_PROCID" : "OMPI_COMM_WORLD_RANK";
+  if (env.rank >= env.world_size) {
+    fail(rank_var, std::to_string(env.rank),
+         detail::str("is not less than the world size ", env.world_size,
+                     " (ranks count from 0 to world size - 1)"),
+         kLauncherHint);
+  }
+  if (env.local_rank >= env.local_world_size) {
+    fail(torchrun_like ? "LOCAL_RANK" : "local rank", std::to_string(env.local_rank),
+         detail::str("is not less than the local world size ", env.local_world_size), kLauncherHint);
+  }
+  if (env.local_world_size > env.world_size) {
+    fail(torchrun_like ? "LOCAL_WORLD_SIZE" : "local world size", std::to_string(env.local_world_size),
+         detail::str("is larger than the world size ", env.world_size), kLauncherHint);
+  }
+  if (env.source != EnvSource::kSlurm) {
+    env.num_nodes = (env.world_size + env.local_world_size - 1) / env.local_world_size;
+  }
+  if (env.node_rank >= env.num_nodes) {
+    fail(torchrun_like ? "GROUP_RANK" : "node rank", std::to_string(env.node_rank),
+         detail::str("is not less than the number of machines ", env.num_nodes), kLauncherHint);
+  }
+
+  auto addr = r.text("MASTER_ADDR");
+  // mpirun tells each rank how many ranks share its machine: when that is all of them, the job is
+  // on this machine and loopback is the right meeting place, so `mpirun -np 4 ./train` just runs.
+  // torchrun and srun jobs always set MASTER_ADDR themselves (or the batch script must).
+  if (!addr && env.source == EnvSource::kOpenMpi && env.local_world_size == env.world_size) {
+    addr = "127.0.0.1";
+  }
+  if (env.world_size > 1 && !addr) {
+    fail("MASTER_ADDR", "",
+         detail::str("is missing but the world has ", env.world_size,
+                     " processes, which must meet at the main machine's address"),
+         env.source == EnvSource::kSlurm
+             ? "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1) "
+               "in the batch script before srun"
+             : "export MASTER_ADDR to the address of the machine that runs rank 0 (127.0.0.1 on one machine)");
+  }
+  env.master_addr = addr.value_or("127.0.0.1");
+  env.master_port = static_cast<int>(
+      r.integer("MASTER_PORT", 1, 65535,
+                "set MASTER_PORT to a free TCP port between 1 and 65535 on the main machine (e.g. 29500)")
+          .value_or(29500));
+}
+
+}  // namespace
+
+const char* to_string(EnvSource source) {
+  switch (source) {
+    case EnvSource::kNone: return "none";
+    case EnvSource::kAccelerant: return "accelerant";
+    case EnvSource::kTorchrun: return "torchrun";
+    case EnvSource::kSlurm: return "slurm";
+    case EnvSource::kOpenMpi: return "openmpi";
+  }
+  return "unknown";
+}
+
+DistributedEnv parse_distributed_env(const EnvLookup& lookup) {
+  Reader r(lookup);
+  DistributedEnv env;
+  read_accelerant_extras(r, env);
+  if (r.text("RANK") || r.text("WORLD_SIZE")) {
+    read_torchrun(r, env);
+  } else if (r.text("SLURM_PROCID") && r.text("SLURM_NTASKS")) {
+    read_slurm(r, env);
+  } else if (r.text("OMPI_COMM_WORLD_RANK") || r.text("OMPI_COMM_WORLD_SIZE")) {
+    read_openmpi(r, env);
+  } else {
+    return env;  // a plain program: one process
+  }
+  validate(r, env);
+  return env;
+}
+
+EnvLookup process_environment() {
+  return [](const std::string& var) -> std::optional<std::string> {
+    const char* v = std::getenv(var.c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  };
+}
+
+DistributedEnv read_distributed_env() { return parse_distributed_env(process_environment()); }
+
+std::map<std::string, std::string> to_environment(const DistributedEnv& env) {
+  std::map<std::string, std::string> vars = {
+      {"RANK", std::to_string(env.rank)},
+      {"WORLD_SIZE", std::to_string(env.world_size)},
+      {"LOCAL_RANK", std::to_string(env.local_rank)},
+      {"LOCAL_WORLD_SIZE", std::to_string(env.local_world_size)},
+      {"GROUP_RANK", std::to_string(env.node_rank)},
+      {"MASTER_ADDR", env.master_addr},
+      {"MASTER_PORT", std::to_string(env.master_port)},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(env.restart_count)},
+      {"ACCELERANT_LAUNCHER", "1"},
+      {"ACCELERANT_AGENT_STORE", env.agent_hosts_store ? "1" : "0"},
+      {"ACCELERANT_RESTART_COUNT", std::to_string(env.restart_count)},
+      {"ACCELERANT_DEBUG_MODE", env.debug_mode ? "1" : "0"},
+      {"ACCELERANT_MIXED_PRECISION", env.mixed_precision},
+  };
+  if (env.timeout) vars["ACCELERANT_TIMEOUT_MS"] = std::to_string(env.timeout->count());
+  if (env.threads_per_process > 0) {
+    vars["ACCELERANT_THREADS_PER_PROCESS"] = std::to_string(env.threads_per_process);
+    vars["OMP_NUM_THREADS"] = std::to_string(env.threads_per_process);
+  }
+  if (!env.error_file.empty()) vars["ACCELERANT_ERROR_FILE"] = env.error_file;
+  return vars;
+}
+
+}  // namespace accelerant

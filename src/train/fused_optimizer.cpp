@@ -1,0 +1,518 @@
+#include "accelerant/fused_optimizer.h"
+
+#include <cmath>
+#include <unordered_map>
+
+#include "accelerant/error.h"
+#include "base/step_recording.h"
+#include "train/fused_kernels.h"
+#include "base/tensor_alias.h"
+#include "base/text.h"
+
+namespace accelerant {
+
+using detail::FusedKind;
+using detail::FusedSegment;
+
+namespace {
+
+const char* kind_name(FusedKind kind) {
+  switch (kind) {
+    case FusedKind::kSGD: return "SGD";
+    case FusedKind::kAdam: return "Adam";
+    case FusedKind::kAdamW: return "AdamW";
+  }
+  return "?";
+}
+
+// (AdamW and Adam are unrelated types in LibTorch 1.13; a user subclass of either is still that kind.)
+FusedKind kind_of(torch::optim::Optimizer& optimizer) {
+  if (dynamic_cast<torch::optim::AdamW*>(&optimizer)) return FusedKind::kAdamW;
+  if (dynamic_cast<torch::optim::Adam*>(&optimizer)) return FusedKind::kAdam;
+  if (dynamic_cast<torch::optim::SGD*>(&optimizer)) return FusedKind::kSGD;
+  throw Error(detail::str("The fused update exists for torch::optim::SGD, Adam and AdamW; this optimizer is ",
+                          "another type (", typeid(optimizer).name(), "). Fix: use one of those three, or ",
+                          "turn fused optimizers off (AcceleratorOptions::fused_optimizers(false)) to step ",
+                          "it with its own step()."));
+}
+
+// This step's constants of one parameter group, as torch::optim computes them.
+struct GroupConstants {
+  double lr = 0, weight_decay = 0, beta1 = 0, beta2 = 0, eps = 0;
+  double momentum = 0, dampening = 0;
+  bool nesterov = false;
+};
+
+GroupConstants constants_of(FusedKind kind, torch::optim::OptimizerOptions& options, size_t group) {
+  GroupConstants c;
+  auto amsgrad_refused = [&] {
+    throw Error(detail::str("Parameter group ", group, " sets amsgrad, which the fused ", kind_name(kind),
+                            " does not implement. Fix: set amsgrad(false), or use torch::optim::",
+                            kind_name(kind), " unfused."));
+  };
+  if (kind == FusedKind::kAdamW) {
+    auto& o = static_cast<torch::optim::AdamWOptions&>(options);
+    if (o.amsgrad()) amsgrad_refused();
+    c.lr = o.lr(), c.weight_decay = o.weight_decay(), c.eps = o.eps();
+    c.beta1 = std::get<0>(o.betas()), c.beta2 = std::get<1>(o.betas());
+  } else if (kind == FusedKind::kAdam) {
+    auto& o = static_cast<torch::optim::AdamOptions&>(options);
+    if (o.amsgrad()) amsgrad_refused();
+    c.lr = o.lr(), c.weight_decay = o.weight_decay(), c.eps = o.eps();
+    c.beta1 = std::get<0>(o.betas()), c.beta2 = std::get<1>(o.betas());
+  } else {
+    auto& o = static_cast<torch::optim::SGDOptions&>(options);
+    c.lr = o.lr(), c.weight_decay = o.weight_decay(), c.momentum = o.momentum(), c.dampening = o.dampening();
+    c.nesterov = o.nesterov();
+  }
+  return c;
+}
+
+}  // namespace
+
+struct FusedUpdater::Impl {
+  torch::optim::Optimizer* optimizer = nullptr;
+  FusedKind kind = FusedKind::kSGD;
+  FusedUpdaterOptions options;
+
+  // The packing: parameters in group order, each at an element offset of the arenas.
+  std::vector<torch::Tensor> params;
+  std::vector<size_t> group_of;
+  std::vector<int64_t> offsets, numels;
+  torch::Tensor param_arena, grad_arena;
+  torch::Tensor state1, state2;  // Adam: exp_avg, exp_avg_sq; SGD: momentum buffers (state2 empty)
+  torch::Tensor steps;           // double [params]: updates each parameter has had
+
+  bool uses_state2() const { return kind != FusedKind::kSGD; }
+  bool uses_state1() const {
+    if (kind != FusedKind::kSGD) return true;
+    for (auto& group : optimizer->param_groups()) {
+      if (static_cast<torch::optim::SGDOptions&>(group.options()).momentum() != 0) return true;
+    }
+    return false;
+  }
+
+  std::vector<torch::Tensor> current_params(std::vector<size_t>* groups) const {
+    std::vector<torch::Tensor> out;
+    const auto& param_groups = optimizer->param_groups();
+    for (size_t g = 0; g < param_groups.size(); ++g) {
+      for (const auto& p : param_groups[g].params()) {
+        out.push_back(p);
+        if (groups) groups->push_back(g);
+      }
+    }
+    return out;
+  }
+
+  bool packed() const {
+    const auto now = current_params(nullptr);
+    if (now.size() != params.size()) return false;
+    for (size_t i = 0; i < now.size(); ++i) {
+      if (now[i].unsafeGetTensorImpl() != params[i].unsafeGetTensorImpl()) return false;
+      if (!detail::aliases(now[i], param_arena, offsets[i])) return false;
+    }
+    return true;
+  }
+
+  // Packs the parameters into fresh arenas on their device, keeping the state of parameters
+  // already known (matched by identity), binding gradients that are unset or in our old arena.
+  void pack() {
+    std::vector<size_t> groups;
+    std::vector<torch::Tensor> now = current_params(&groups);
+    std::unordered_map<const c10::TensorImpl*, size_t> before;
+    for (size_t i = 0; i < params.size(); ++i) before[params[i].unsafeGetTensorImpl()] = i;
+    int64_t total = 0;
+    std::vector<int64_t> new_offsets;
+    for (size_t i = 0; i < now.size(); ++i) {
+      const torch::Tensor& p = now[i];
+      if (p.scalar_type() != torch::kFloat || p.is_sparse() || p.layout() != torch::kStrided) {
+        throw Error(detail::str("The fused ", kind_name(kind), " takes dense fp32 parameters; parameter ", i,
+                                " (shape ", p.sizes(), ") is ", p.toString(), ". Fix: keep master weights in ",
+                                "fp32 (mixed precision does), or use torch::optim::", kind_name(kind), "."));
+      }
+      if (p.device() != now.front().device()) {
+        throw Error(detail::str("The fused ", kind_name(kind), " keeps all parameters in one arena, but they are on ",
+                                now.front().device(), " and ", p.device(), " (parameter ", i, "). Fix: one ",
+                                "optimizer per device, or move the model to one device first."));
+      }
+      for (size_t j = 0; j < i; ++j) {
+        if (now[j].unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) {
+          throw Error(detail::str("Parameter ", i, " is also parameter ", j, " of this optimizer (listed twice, ",
+                                  "e.g. in two groups). Fix: give each parameter to one group."));
+        }
+      }
+      new_offsets.push_back(total);
+      total += p.numel();
+    }
+    const auto options = now.empty() ? torch::TensorOptions(torch::kFloat)
+                                     : torch::TensorOptions(torch::kFloat).device(now.front().device());
+    torch::Tensor new_params = torch::empty({total}, options);
+    torch::Tensor new_grads = torch::zeros({total}, options);  // filled as gradients appear
+    torch::Tensor new_state1 = uses_state1() ? torch::zeros({total}, options) : torch::Tensor();
+    torch::Tensor new_state2 = uses_state2() ? torch::zeros({total}, options) : torch::Tensor();
+    torch::Tensor new_steps = torch::zeros({static_cast<int64_t>(now.size())}, options.dtype(torch::kDouble));
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < now.size(); ++i) {
+      torch::Tensor& p = now[i];
+      const int64_t n = p.numel();
+      new_params.narrow(0, new_offsets[i], n).copy_(p.detach().reshape({-1}));
+      auto old = before.find(p.unsafeGetTensorImpl());
+      if (old != before.end()) {
+        const size_t j = old->second;
+        auto carry = [&](torch::Tensor& into, const torch::Tensor& from) {
+          if (into.defined() && from.defined()) {
+            into.narrow(0, new_offsets[i], n).copy_(from.narrow(0, offsets[j], n));
+          }
+        };
+        carry(new_state1, state1);
+        carry(new_state2, state2);
+        new_steps[static_cast<int64_t>(i)].copy_(steps[static_cast<int64_t>(j)]);
+      }
+      const torch::Tensor& grad = p.grad();
+      if (grad.defined() && old != before.end() && detail::aliases(grad, grad_arena, offsets[old->second])) {
+        adopt_gradient(p, new_grads, new_offsets[i]);
+      }
+      p.set_data(detail::alias_into(new_params, new_offsets[i], p.sizes()));
+    }
+    params = std::move(now);
+    group_of = std::move(groups);
+    offsets = std::move(new_offsets);
+    numels.clear();
+    for (const auto& p : params) numels.push_back(p.numel());
+    param_arena = new_params, grad_arena = new_grads, state1 = new_state1, state2 = new_state2, steps = new_steps;
+    layouts.clear();
+  }
+
+  // Gradients are bound into the arena once they exist (an unset .grad stays unset, so a
+  // parameter without gradients is skipped as torch::optim skips it). A gradient that is a slice
+  // of a larger buffer (the reducer's bucket) stays where it is and is read in place.
+  static bool standalone(const torch::Tensor& grad) {
+    return grad.defined() && grad.layout() == torch::kStrided && grad.storage_offset() == 0 &&
+           grad.storage().nbytes() == static_cast<size_t>(grad.numel()) * grad.element_size();
+  }
+
+  static void adopt_gradient(torch::Tensor& param, const torch::Tensor& arena, int64_t offset) {
+    torch::Tensor bound = detail::alias_into(arena, offset, param.sizes());
+    bound.copy_(param.grad());
+    param.mutable_grad() = bound;
+  }
+
+  void adopt_new_gradients() {
+    for (size_t i = 0; i < params.size(); ++i) {
+      const torch::Tensor& grad = params[i].grad();
+      if (standalone(grad) && grad.scalar_type() == torch::kFloat && grad.device() == grad_arena.device() &&
+          !detail::aliases(grad, grad_arena, offsets[i])) {
+        adopt_gradient(params[i], grad_arena, offsets[i]);
+      }
+    }
+  }
+
+  void ensure_packed() {
+    if (!packed()) pack();
+    if (uses_state1() && !state1.defined()) state1 = torch::zeros_like(param_arena);  // momentum turned on
+  }
+
+  // A gradient as fp32 contiguous memory on the arena's device: itself when it already is.
+  static torch::Tensor usable_grad(const torch::Tensor& grad, const torch::Tensor& param) {
+    if (grad.is_sparse()) {
+      throw Error("The fused optimizers take dense gradients; a parameter has a sparse one. Fix: use dense "
+                  "gradients (e.g. Embedding without sparse=true) or torch::optim.");
+    }
+    if (grad.scalar_type() == torch::kFloat && grad.is_contiguous() && grad.device() == param.device()) return grad;
+    return grad.to(param.device(), torch::kFloat).contiguous();
+  }
+
+  void step_on_cpu() {
+    std::vector<FusedSegment> segments;
+    std::vector<torch::Tensor> converted;  // keeps converted gradients alive during the update
+    auto* step_counts = steps.data_ptr<double>();
+    auto& groups = optimizer->param_groups();
+    std::vector<GroupConstants> constants;
+    for (size_t g = 0; g < groups.size(); ++g) constants.push_back(constants_of(kind, groups[g].options(), g));
+    for (size_t i = 0; i < params.size(); ++i) {
+      const torch::Tensor& grad = params[i].grad();
+      if (!grad.defined() || numels[i] == 0) continue;
+      torch::Tensor g = usable_grad(grad, params[i]);
+      if (!g.is_same(grad)) converted.push_back(g);
+      const GroupConstants& c = constants[group_of[i]];
+      FusedSegment s;
+      s.param = param_arena.data_ptr<float>() + offsets[i];
+      s.grad = g.data_ptr<float>();
+      s.numel = numels[i];
+      s.weight_decay = static_cast<float>(c.weight_decay);
+      const double step = step_counts[i] + 1;
+      if (kind == FusedKind::kSGD) {
+        s.state1 = state1.defined() ? state1.data_ptr<float>() + offsets[i] : nullptr;
+        s.momentum = static_cast<float>(c.momentum);
+        s.one_minus_dampening = static_cast<float>(1 - c.dampening);
+        s.nesterov = c.nesterov;
+        s.first_step = step_counts[i] == 0;
+        s.neg_lr = static_cast<float>(-c.lr);
+      } else {
+        s.state1 = state1.data_ptr<float>() + offsets[i];
+        s.state2 = state2.data_ptr<float>() + offsets[i];
+        s.decay = static_cast<float>(kind == FusedKind::kAdamW ? 1 - c.lr * c.weight_decay : 1.0);
+        s.beta1 = static_cast<float>(c.beta1), s.one_minus_beta1 = static_cast<float>(1 - c.beta1);
+        s.beta2 = static_cast<float>(c.beta2), s.one_minus_beta2 = static_cast<float>(1 - c.beta2);
+        s.sqrt_bias_correction2 = static_cast<float>(std::sqrt(1 - std::pow(c.beta2, step)));
+        s.eps = static_cast<float>(c.eps);
+        s.neg_step_size = static_cast<float>(-c.lr / (1 - std::pow(c.beta1, step)));
+      }
+      segments.push_back(s);
+      step_counts[i] = step;
+    }
+    detail::run_fused_update(kind, segments);
+  }
+
+  // What the device path needs to know of a parameter group, kept from one step to the next so
+  // that a step issues no host-to-device copy (and so no synchronisation) while nothing changes.
+  struct GroupLayout {
+    std::vector<int64_t> members;  // parameters with elements, in arena order
+    int64_t first = 0, last = 0;   // first and last member
+    int64_t begin = 0, end = 0;    // their elements in the arena
+    torch::Tensor sizes;           // int64 [members] on the device
+    std::vector<bool> has_grad;    // the pattern `keep` was made for
+    torch::Tensor keep;            // float [members] on the device: 1 where a gradient exists
+    torch::Tensor neg_lr;          // float 0-dim on the device: -lr, what the update reads
+    double lr_in_tensor = 0;       // the lr neg_lr holds
+  };
+  std::vector<GroupLayout> layouts;  // rebuilt after every packing
+
+  void build_layouts() {
+    layouts.clear();
+    const auto& groups = optimizer->param_groups();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      GroupLayout layout;
+      std::vector<int64_t> sizes;
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (group_of[i] == g && numels[i] > 0) {
+          layout.members.push_back(static_cast<int64_t>(i));
+          sizes.push_back(numels[i]);
+        }
+      }
+      if (!layout.members.empty()) {
+        layout.first = layout.members.front(), layout.last = layout.members.back();
+        layout.begin = offsets[layout.first], layout.end = offsets[layout.last] + numels[layout.last];
+        layout.sizes = torch::tensor(sizes, torch::kLong).to(param_arena.device());
+      }
+      layouts.push_back(std::move(layout));
+    }
+  }
+
+  // -lr of group g as a device tensor. A scheduler changes the lr on the host between steps;
+  // the update reads it from this tensor, so that a captured step reads each replay's value
+  // instead of a constant frozen at the capture. Filled here in an eager step; while a step is
+  // recorded it is filled before every replay instead (a fill inside the capture would be
+  // replayed too, overwriting the refreshed value with the captured one).
+  const torch::Tensor& neg_lr(size_t g, double lr) {
+    GroupLayout& layout = layouts[g];
+    const bool created = !layout.neg_lr.defined();
+    if (created) layout.neg_lr = torch::empty({}, param_arena.options());
+    if (detail::recording_step()) {
+      detail::before_replay([this, g] { refresh_lr(g); });
+      // The CPU emulation runs this step at once, with no replay to refresh it first.
+      if (created && detail::recorded_work_runs_now()) refresh_lr(g);
+    } else if (created || layout.lr_in_tensor != lr) {
+      refresh_lr(g);
+    }
+    return layout.neg_lr;
+  }
+
+  void refresh_lr(size_t g) {
+    if (g >= layouts.size() || !layouts[g].neg_lr.defined()) return;  // packed again since: the graph is stale
+    GroupLayout& layout = layouts[g];
+    const double lr = constants_of(kind, optimizer->param_groups()[g].options(), g).lr;
+    layout.neg_lr.fill_(-lr);
+    layout.lr_in_tensor = lr;
+  }
+
+  // The device path: per group, whole-slice tensor operations whose count does not grow with the
+  // number of parameters. `keep` (per parameter, 1 = update) folds in both "has a gradient" and
+  // the skip flag, so nothing is read on the host.
+  void step_with_tensor_ops(const torch::Tensor& skip) {
+    auto& groups = optimizer->param_groups();
+    const auto float_options = param_arena.options();
+    if (layouts.size() != groups.size()) build_layouts();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const GroupConstants c = constants_of(kind, groups[g].options(), g);
+      GroupLayout& layout = layouts[g];
+      if (layout.members.empty()) continue;
+      const int64_t begin = layout.begin, end = layout.end, elements = end - begin;
+      // Gradients: the arena slice itself when every one lives there (the usual case), else
+      // gathered into one buffer.
+      std::vector<bool> has_grad;
+      bool in_arena = true;
+      for (int64_t i : layout.members) {
+        const torch::Tensor& grad = params[i].grad();
+        has_grad.push_back(grad.defined());
+        in_arena = in_arena && (!grad.defined() || detail::aliases(grad, grad_arena, offsets[i]));
+      }
+      torch::Tensor G;
+      if (in_arena) {
+        G = grad_arena.slice(0, begin, end);  // undefined gradients: their slots hold zeros
+      } else {
+        std::vector<torch::Tensor> grads;
+        for (int64_t i : layout.members) {
+          const torch::Tensor& grad = params[i].grad();
+          grads.push_back(grad.defined() ? usable_grad(grad, params[i]).reshape({-1})
+                                         : torch::zeros({numels[i]}, float_options));
+        }
+        G = torch::cat(grads);
+      }
+      if (has_grad != layout.has_grad || !layout.keep.defined()) {
+        std::vector<float> ones(has_grad.begin(), has_grad.end());
+        layout.keep = torch::tensor(ones).to(float_options.device());
+        layout.has_grad = has_grad;
+      }
+      torch::Tensor P = param_arena.slice(0, begin, end);
+      const torch::Tensor& lr_neg = neg_lr(g, c.lr);
+      torch::Tensor keep = layout.keep;
+      if (skip.defined()) keep = keep * (1 - skip.to(float_options).reshape({}));
+      const torch::Tensor& sizes = layout.sizes;
+      // output_size: without it repeat_interleave reads the sizes' sum on the host.
+      auto per_element = [&](const torch::Tensor& per_param) {
+        return torch::repeat_interleave(per_param, sizes, 0, elements);
+      };
+      torch::Tensor group_steps = steps.slice(0, layout.first, layout.last + 1);
+      torch::Tensor was_first = group_steps == 0;
+      group_steps.add_(keep.to(torch::kDouble));
+      torch::Tensor k = per_element(keep);
+      // Where nothing may change, the gradient becomes 0: an overflowed (inf / nan) gradient of a
+      // skipped step would otherwise leak through the zero weights (0 * inf is nan).
+      G = torch::where(k > 0, G, torch::zeros({}, float_options));
+      if (kind == FusedKind::kSGD) {
+        torch::Tensor d = c.weight_decay != 0 ? G + c.weight_decay * P : G;
+        if (c.momentum != 0) {
+          torch::Tensor B = state1.slice(0, begin, end);
+          torch::Tensor first_e = per_element(was_first);
+          torch::Tensor updated = torch::where(first_e, d, B * c.momentum + (1 - c.dampening) * d);
+          B.copy_(torch::where(k > 0, updated, B));
+          d = c.nesterov ? d + c.momentum * B : B;
+        }
+        P.addcmul_(d, k * lr_neg);
+        continue;
+      }
+      torch::Tensor M = state1.slice(0, begin, end), V = state2.slice(0, begin, end);
+      torch::Tensor counted = group_steps.clamp_min(1);  // never-stepped parameters: k is 0 there
+      torch::Tensor bc1 = per_element((1 - torch::pow(c.beta1, counted)).to(torch::kFloat));
+      torch::Tensor bc2 = per_element((1 - torch::pow(c.beta2, counted)).to(torch::kFloat));
+      torch::Tensor grad = G;
+      if (kind == FusedKind::kAdamW) {
+        P.mul_(1 + (lr_neg * c.weight_decay) * k);
+      } else if (c.weight_decay != 0) {
+        grad = G + c.weight_decay * P;
+      }
+      M.lerp_(grad, (1 - c.beta1) * k);
+      V.lerp_(grad * grad, (1 - c.beta2) * k);
+      torch::Tensor denom = V.sqrt() / bc2.sqrt() + c.eps;
+      P.addcmul_(M / denom, (k / bc1) * lr_neg);
+    }
+  }
+
+  void step(const torch::Tensor& skip) {
+    torch::NoGradGuard no_grad;
+    ensure_packed();
+    adopt_new_gradients();
+    // A recorded step takes the device path on the CPU too: the CPU loop reads the skip flag and
+    // computes the step sizes on the host, which a replay would not repeat.
+    if (param_arena.is_cpu() && !options.tensor_ops_on_cpu() && !detail::recording_step()) {
+      if (skip.defined() && skip.item<double>() != 0) return;  // on the CPU reading it costs nothing
+      step_on_cpu();
+    } else {
+      step_with_tensor_ops(skip);
+    }
+  }
+};
+
+FusedUpdater::FusedUpdater(torch::optim::Optimizer& optimizer, FusedUpdaterOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->optimizer = &optimizer;
+  impl_->kind = kind_of(optimizer);
+  impl_->options = options;
+  for (size_t g = 0; g < optimizer.param_groups().size(); ++g) {
+    constants_of(impl_->kind, optimizer.param_groups()[g].options(), g);  // refuses amsgrad now, not at step 1
+  }
+  if (!optimizer.state().empty()) {
+    throw Error(detail::str("This ", kind_name(impl_->kind), " already has state (it has stepped or loaded a ",
+                            "checkpoint), which the fused update would not continue from. Fix: create the ",
+                            "fused update before the first step, and load checkpoints through it."));
+  }
+  impl_->pack();
+}
+
+FusedUpdater::~FusedUpdater() = default;
+
+void FusedUpdater::step() { impl_->step(torch::Tensor()); }
+
+void FusedUpdater::step_unless(const torch::Tensor& skip) {
+  if (!skip.defined() || skip.numel() != 1) {
+    throw Error(detail::str("step_unless needs a one-element skip flag (e.g. GradScaler::found_inf()); got ",
+                            skip.defined() ? detail::str("shape ", skip.sizes()) : std::string("an undefined tensor"),
+                            "."));
+  }
+  impl_->step(skip);
+}
+
+namespace {
+const char* kKind = "accelerant_fused_kind";
+const char* kNumels = "accelerant_fused_numels";
+const char* kSteps = "accelerant_fused_steps";
+const char* kState1 = "accelerant_fused_state1";
+const char* kState2 = "accelerant_fused_state2";
+}  // namespace
+
+void FusedUpdater::save(torch::serialize::OutputArchive& archive) const {
+  impl_->ensure_packed();
+  archive.write(kKind, torch::tensor(static_cast<int64_t>(impl_->kind)));
+  archive.write(kNumels, torch::tensor(impl_->numels));
+  archive.write(kSteps, impl_->steps);
+  if (impl_->state1.defined()) archive.write(kState1, impl_->state1);
+  if (impl_->state2.defined()) archive.write(kState2, impl_->state2);
+}
+
+void FusedUpdater::load(torch::serialize::InputArchive& archive) {
+  Impl& s = *impl_;
+  s.ensure_packed();
+  torch::Tensor kind, numels, steps, state1, state2;
+  archive.read(kKind, kind);
+  archive.read(kNumels, numels);
+  archive.read(kSteps, steps);
+  const auto saved_kind = static_cast<FusedKind>(kind.item<int64_t>());
+  if (saved_kind != s.kind) {
+    throw Error(detail::str("The saved state is a fused ", kind_name(saved_kind), "'s, this is a fused ",
+                            kind_name(s.kind), ". Fix: build the optimizer the saved run used."));
+  }
+  const std::vector<int64_t> saved(numels.data_ptr<int64_t>(), numels.data_ptr<int64_t>() + numels.numel());
+  if (saved != s.numels) {
+    throw Error(detail::str("The saved fused state is for ", saved.size(), " parameters of sizes [",
+                            detail::join(saved, ", "), "], this optimizer has ", s.numels.size(), " of sizes [",
+                            detail::join(s.numels, ", "), "]. Fix: build the model and parameter groups as ",
+                            "the saved run did."));
+  }
+  const bool has1 = archive.try_read(kState1, state1), has2 = archive.try_read(kState2, state2);
+  torch::NoGradGuard no_grad;
+  s.steps.copy_(steps);
+  if (s.uses_state2()) {
+    if (!has1 || !has2) throw Error("The saved fused Adam state lacks its moments. Fix: save it again.");
+    s.state2.copy_(state2);
+  }
+  if (has1) {
+    if (!s.state1.defined()) s.state1 = torch::zeros_like(s.param_arena);
+    s.state1.copy_(state1);
+  } else if (s.state1.defined()) {
+    s.state1.zero_();
+  }
+}
+
+int64_t FusedUpdater::numel() const { return impl_->param_arena.numel(); }
+
+bool FusedUpdater::parameters_packed() const { return impl_->packed(); }
+
+torch::optim::Optimizer& FusedUpdater::optimizer() const { return *impl_->optimizer; }
+
+FusedUpdater* fused_updater_of(torch::optim::Optimizer& optimizer) {
+  auto* fused = dynamic_cast<FusedOptimizerBase*>(&optimizer);
+  return fused ? &fused->updater() : nullptr;
+}
+
+}  // namespace accelerant

@@ -1,0 +1,134 @@
+#include "accelerant/grad_scaler.h"
+
+#include "accelerant/fused_optimizer.h"
+
+#include "accelerant/error.h"
+#include "base/step_recording.h"
+#include "base/text.h"
+
+namespace accelerant {
+namespace {
+
+std::vector<torch::Tensor> optimizer_params(torch::optim::Optimizer& optimizer) {
+  std::vector<torch::Tensor> params;
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& p : group.params()) params.push_back(p);
+  }
+  return params;
+}
+
+}  // namespace
+
+GradScaler::GradScaler(GradScalerOptions options, torch::Device device) : options_(options) {
+  if (options_.init_scale() <= 0 || options_.growth_factor() <= 1 || options_.backoff_factor() <= 0 ||
+      options_.backoff_factor() >= 1 || options_.growth_interval() < 1) {
+    throw Error(detail::str("GradScaler options out of range: init_scale ", options_.init_scale(),
+                            ", growth_factor ", options_.growth_factor(), ", backoff_factor ",
+                            options_.backoff_factor(), ", growth_interval ", options_.growth_interval(),
+                            ". Fix: init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1, "
+                            "growth_interval >= 1."));
+  }
+  auto f = torch::TensorOptions().dtype(torch::kFloat).device(device);
+  scale_ = torch::full({}, options_.init_scale(), f);
+  growth_tracker_ = torch::zeros({}, f.dtype(torch::kInt));
+  found_inf_ = torch::zeros({}, f);
+}
+
+torch::Tensor GradScaler::scale(const torch::Tensor& loss) const {
+  if (!enabled()) return loss;
+  return loss * scale_.to(loss.device()).to(loss.scalar_type());
+}
+
+void GradScaler::unscale_(const std::vector<torch::Tensor>& params) {
+  if (!enabled()) return;
+  if (unscaled_) {
+    throw Error("GradScaler::unscale_ was called twice in one step. Fix: call it at most once "
+                "between update() calls (step() unscales only when you have not).");
+  }
+  torch::NoGradGuard no_grad;
+  const auto inverse = scale_.reciprocal();
+  std::vector<torch::Tensor> non_finite;  // one 0-dim flag per gradient, reduced once below
+  for (const auto& p : params) {
+    const auto& g = p.grad();
+    if (!g.defined()) continue;
+    g.mul_(inverse.to(g.scalar_type()));
+    non_finite.push_back(torch::isfinite(g).logical_not().any());
+  }
+  // Stays on the device: no .item() here. In place, as all of the scaler's state: a captured
+  // step reads and writes the tensors it was captured with.
+  if (!non_finite.empty()) found_inf_.copy_(torch::stack(non_finite).any());
+  unscaled_ = true;
+}
+
+void GradScaler::unscale_(torch::optim::Optimizer& optimizer) { unscale_(optimizer_params(optimizer)); }
+
+bool GradScaler::step(torch::optim::Optimizer& optimizer) {
+  if (FusedUpdater* fused = fused_updater_of(optimizer)) return step(*fused);
+  if (!enabled()) {
+    optimizer.step();
+    return true;
+  }
+  if (detail::recording_step()) {
+    throw Error("GradScaler::step(torch::optim optimizer) inside a graph step: deciding whether to skip the "
+                "update means reading found_inf on the host, which a captured step cannot do. Fix: use a fused "
+                "optimizer (accelerant::FusedAdamW / FusedSGD, or AcceleratorOptions::fused_optimizers(true)) "
+                "and step_on_device().");
+  }
+  if (!unscaled_) unscale_(optimizer);
+  // The one host read: torch::optim cannot take a device-side skip flag.
+  if (found_inf_.item<float>() != 0.0f) return false;
+  optimizer.step();
+  return true;
+}
+
+void GradScaler::step_on_device(FusedUpdater& updater) {
+  if (!enabled()) {
+    updater.step();
+    return;
+  }
+  if (!unscaled_) unscale_(updater.optimizer());
+  updater.step_unless(found_inf_);  // queued on the device with the flag: no sync before it
+}
+
+bool GradScaler::step(FusedUpdater& updater) {
+  if (detail::recording_step()) {
+    throw Error("GradScaler::step() inside a graph step: its result is read on the host, which a captured "
+                "step cannot do. Fix: call step_on_device() and read found_inf() after the step, e.g. in "
+                "a step closure (PreparedOptimizer does this for you).");
+  }
+  step_on_device(updater);
+  // Read only after the step was queued, for the caller's step counters.
+  return !enabled() || found_inf_.item<float>() == 0.0f;
+}
+
+void GradScaler::update() {
+  if (!enabled()) return;
+  torch::NoGradGuard no_grad;
+  const auto overflow = found_inf_ > 0;
+  const auto clean_steps = torch::where(overflow, torch::zeros_like(growth_tracker_), growth_tracker_ + 1);
+  const auto grow = clean_steps >= options_.growth_interval();
+  scale_.copy_(torch::where(overflow, scale_ * options_.backoff_factor(),
+                            torch::where(grow, scale_ * options_.growth_factor(), scale_)));
+  growth_tracker_.copy_(torch::where(grow, torch::zeros_like(clean_steps), clean_steps));
+  found_inf_.zero_();
+  unscaled_ = false;
+}
+
+double GradScaler::current_scale() const { return scale_.item<double>(); }
+
+void GradScaler::save(torch::serialize::OutputArchive& archive) const {
+  archive.write("scale", scale_.cpu());
+  archive.write("growth_tracker", growth_tracker_.cpu());
+}
+
+void GradScaler::load(torch::serialize::InputArchive& archive) {
+  torch::Tensor scale, tracker;
+  archive.read("scale", scale);
+  archive.read("growth_tracker", tracker);
+  scale_.copy_(scale);
+  growth_tracker_.copy_(tracker);
+  found_inf_.zero_();
+  unscaled_ = false;
+}
+
+}  // namespace accelerant

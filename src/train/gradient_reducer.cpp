@@ -1,0 +1,259 @@
+#include "accelerant/gradient_reducer.h"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <chrono>
+#include <mutex>
+
+#include "accelerant/error.h"
+#include "accelerant/gradient_buckets.h"
+#include "base/tensor_alias.h"
+#include "base/text.h"
+
+namespace accelerant {
+
+namespace {
+
+// Gloo cannot reduce bf16, so bf16 gradients travel in an fp32 bucket (also the more exact sum).
+torch::ScalarType wire_dtype(const GradientBucket& bucket) {
+  return bucket.dtype == torch::kBFloat16 && bucket.device.is_cpu() ? torch::kFloat : bucket.dtype;
+}
+
+}  // namespace
+
+struct GradientReducer::State {
+  Communicator* communicator = nullptr;
+  GradientReducerOptions options;
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> params;
+  std::vector<GradientBucket> plan;
+  std::vector<torch::Tensor> flat;                 // one buffer per bucket
+  std::vector<std::vector<torch::Tensor>> views;   // per bucket, per packed parameter
+  std::vector<int> bucket_of;                      // parameter index -> bucket, -1 when frozen
+  std::vector<size_t> slot_of;                     // parameter index -> position in its bucket
+  // Parameter index -> whether its .grad can live in the bucket itself (same dtype and device as
+  // the bucket): then autograd accumulates straight into the bucket and nothing is copied.
+  std::vector<bool> bindable;
+  // Grad accumulators keep our post-hooks firing only while these references live.
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+
+  mutable std::mutex mutex;
+  bool sync = true;
+  bool in_backward = false;         // a backward pass has started reducing and not finished
+  std::vector<bool> ready;          // per parameter, this pass
+  std::vector<int64_t> waiting;     // per bucket: gradients still to come this pass
+  size_t next_bucket = 0;           // buckets start strictly in plan order
+  size_t ready_count = 0;
+  size_t trainable = 0;
+  std::vector<PendingCollective> in_flight;
+  GradientReducerStats stats;
+
+  void start_pass() {
+    std::fill(ready.begin(), ready.end(), false);
+    for (size_t b = 0; b < plan.size(); ++b) waiting[b] = static_cast<int64_t>(plan[b].params.size());
+    next_bucket = 0;
+    ready_count = 0;
+    stats.buckets_started_during_backward = 0;
+    stats.gradient_copies = 0;
+    in_backward = true;
+  }
+
+  // Starts every bucket that is full and whose predecessors have started.
+  void start_full_buckets() {
+    while (next_bucket < plan.size() && waiting[next_bucket] == 0) {
+      const size_t b = next_bucket++;
+      flat[b].div_(communicator->size());  // average = sum of (grad / N): no pass after the wait
+      in_flight[b] = communicator->all_reduce_async_(flat[b], ReduceOp::kSum);
+      if (ready_count < trainable) ++stats.buckets_started_during_backward;
+    }
+  }
+
+  bool in_bucket(size_t i) const {
+    const int b = bucket_of[i];
+    return detail::aliases(params[i].grad(), flat[b], plan[b].offsets[slot_of[i]]);
+  }
+
+  // The gradient of parameter i becomes its bucket slot's alias (autograd then accumulates into
+  // the bucket), keeping the value it has.
+  void bind_to_bucket(size_t i) {
+    const int b = bucket_of[i];
+    torch::Tensor& param = params[i];
+    torch::Tensor alias = detail::alias_into(flat[b], plan[b].offsets[slot_of[i]], param.sizes());
+    if (param.grad().defined()) {
+      alias.copy_(param.grad());
+    } else {
+      alias.zero_();
+    }
+    param.mutable_grad() = alias;
+  }
+
+  void mark_ready(size_t i) {
+    const int b = bucket_of[i];
+    const torch::Tensor& grad = params[i].grad();
+    torch::Tensor& view = views[b][slot_of[i]];
+    if (grad.defined() && grad.is_sparse()) {
+      throw Error(detail::str("Parameter '", names[i], "' has a sparse gradient, which the gradient ",
+                              "reducer cannot bucket. Fix: use dense gradients (e.g. Embedding ",
+                              "without sparse=true)."));
+    }
+    if (in_bucket(i)) {
+      // Already there: autograd accumulated into the bucket.
+    } else if (bindable[i]) {
+      ++stats.gradient_copies;  // e.g. zero_grad set it to none, or a new .grad was assigned
+      bind_to_bucket(i);
+    } else if (grad.defined()) {
+      ++stats.gradient_copies;
+      view.copy_(grad.reshape({-1}));
+    } else {
+      view.zero_();
+    }
+    ready[i] = true;
+    ++ready_count;
+    --waiting[b];
+  }
+
+  void on_gradient(size_t i) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!sync) return;
+    // A parameter seen twice means the previous pass never finished (its backward threw).
+    if (!in_backward || ready[i]) {
+      start_pass();
+      std::weak_ptr<State> weak = self;
+      torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+        if (auto state = weak.lock()) state->finish_pass();
+      });
+    }
+    mark_ready(i);
+    start_full_buckets();
+  }
+
+  // End of backward: reduce what never became ready (or refuse), wait, write back.
+  void finish_pass() {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!in_backward) return;
+    in_backward = false;
+    std::vector<std::string> unused;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (bucket_of[i] >= 0 && !ready[i]) unused.push_back(names[i]);
+    }
+    if (!unused.empty() && !options.allow_unused_parameters()) {
+      throw Error(detail::str(
+          "[rank ", communicator->rank(), "/", communicator->size(), "] ", unused.size(), " of ",
+          trainable, " trainable parameters got no gradient in this backward pass: ",
+          detail::join(unused, ", "),
+          ". Their gradients cannot be averaged across processes, and the other ranks would wait "
+          "for them. Likely cause: forward() did not use them (a branch not taken, a head not "
+          "called). Fix: freeze them before prepare (requires_grad false), make forward use them, "
+          "or set AcceleratorOptions::allow_unused_parameters(true) to treat them as zero "
+          "gradients."));
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (bucket_of[i] >= 0 && !ready[i]) mark_ready(i);
+    }
+    start_full_buckets();
+    const auto wait_start = std::chrono::steady_clock::now();
+    for (auto& pending : in_flight) pending.wait();
+    stats.exposed_wait_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
+    torch::NoGradGuard no_grad;
+    for (size_t b = 0; b < plan.size(); ++b) {
+      for (size_t k = 0; k < plan[b].params.size(); ++k) {
+        const size_t i = plan[b].params[k];
+        torch::Tensor& param = params[i];
+        const torch::Tensor& averaged = views[b][k];
+        if (in_bucket(i)) continue;  // averaged in place
+        if (param.grad().defined()) {
+          param.mutable_grad().copy_(averaged.view(param.grad().sizes()));
+        } else {  // unused here (allowed): the other ranks' average
+          param.mutable_grad() = averaged.view(param.sizes()).to(param.scalar_type()).clone();
+        }
+      }
+    }
+    ++stats.reductions;
+  }
+
+  std::weak_ptr<State> self;
+};
+
+GradientReducer::GradientReducer(const torch::OrderedDict<std::string, torch::Tensor>& named_parameters,
+                                 Communicator& communicator, GradientReducerOptions options)
+    : state_(std::make_shared<State>()) {
+  State& s = *state_;
+  s.self = state_;
+  s.communicator = &communicator;
+  s.options = options;
+  for (const auto& item : named_parameters) {
+    s.names.push_back(item.key());
+    s.params.push_back(item.value());
+  }
+  s.plan = plan_buckets(s.params, BucketPlanOptions()
+                                      .bucket_cap_bytes(options.bucket_cap_bytes())
+                                      .first_bucket_cap_bytes(options.first_bucket_cap_bytes()));
+  s.bucket_of.assign(s.params.size(), -1);
+  s.slot_of.assign(s.params.size(), 0);
+  for (size_t b = 0; b < s.plan.size(); ++b) {
+    const GradientBucket& bucket = s.plan[b];
+    s.flat.push_back(torch::zeros({bucket.numel}, torch::TensorOptions(wire_dtype(bucket)).device(bucket.device)));
+    s.views.emplace_back();
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      const size_t i = bucket.params[k];
+      s.bucket_of[i] = static_cast<int>(b);
+      s.slot_of[i] = k;
+      s.views[b].push_back(s.flat[b].narrow(0, bucket.offsets[k], s.params[i].numel()));
+      ++s.trainable;
+    }
+  }
+  s.bindable.assign(s.params.size(), false);
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    const int b = s.bucket_of[i];
+    s.bindable[i] = b >= 0 && options.gradient_as_bucket_view() && s.flat[b].scalar_type() == s.params[i].scalar_type();
+  }
+  s.ready.assign(s.params.size(), false);
+  s.waiting.assign(s.plan.size(), 0);
+  s.in_flight.resize(s.plan.size());
+  s.stats.buckets = static_cast<int64_t>(s.plan.size());
+  if (communicator.size() == 1) return;  // nothing to average: no hooks, no cost
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < s.params.size(); ++i) {
+      if (s.bindable[i]) s.bind_to_bucket(i);
+    }
+  }
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    if (s.bucket_of[i] < 0) continue;
+    auto accumulator = torch::autograd::impl::grad_accumulator(s.params[i]);
+    if (!accumulator) {
+      throw Error(detail::str("Parameter '", s.names[i], "' requires grad but is not a leaf tensor, so ",
+                              "it has no gradient accumulator to hook. Fix: register parameters with ",
+                              "register_parameter (leaf tensors), or detach it first."));
+    }
+    std::weak_ptr<State> weak = state_;
+    accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [weak, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+          if (auto state = weak.lock()) state->on_gradient(i);
+          return outputs;
+        }));
+    s.accumulators.push_back(std::move(accumulator));
+  }
+}
+
+GradientReducer::~GradientReducer() = default;
+
+void GradientReducer::set_sync(bool enabled) {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->sync = enabled;
+}
+
+bool GradientReducer::sync() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->sync;
+}
+
+GradientReducerStats GradientReducer::stats() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->stats;
+}
+
+}  // namespace accelerant

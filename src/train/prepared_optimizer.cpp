@@ -1,0 +1,89 @@
+#include "accelerant/prepared_optimizer.h"
+
+#include "accelerant/error.h"
+#include "base/step_recording.h"
+#include "base/text.h"
+
+namespace accelerant {
+
+PreparedOptimizer::PreparedOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<TrainingState> state,
+                                     std::shared_ptr<FusedUpdater> fused)
+    : optimizer_(&optimizer), state_(std::move(state)), fused_(std::move(fused)) {
+  if (!state_) throw Error("PreparedOptimizer needs a TrainingState; got null. Fix: pass std::make_shared<TrainingState>().");
+  if (fused_ && &fused_->optimizer() != optimizer_) {
+    throw Error("PreparedOptimizer: the fused update is bound to another optimizer. Fix: bind it to this one.");
+  }
+}
+
+bool PreparedOptimizer::step() {
+  if (!state_->sync_gradients) return false;
+  if (detail::recording_step()) return step_in_graph();
+  bool stepped = true;
+  if (state_->scaler && state_->scaler->enabled()) {
+    stepped = fused_ ? state_->scaler->step(*fused_) : state_->scaler->step(*optimizer_);
+    state_->scaler->update();
+  } else if (fused_) {
+    fused_->step();
+  } else {
+    optimizer_->step();
+  }
+  state_->last_step_skipped = !stepped;
+  if (stepped) ++state_->optimizer_steps;
+  return stepped;
+}
+
+// Inside a captured step nothing is read on the host: the update is queued with the skip
+// decision on the device, and the step counters become a host effect that runs after every
+// replay and reads the flag then, once the step's work has been queued in full.
+bool PreparedOptimizer::step_in_graph() {
+  if (!fused_) {
+    throw Error(detail::str("PreparedOptimizer::step() inside a graph step with an unfused torch::optim optimizer: "
+                            "its step sizes (bias corrections, the learning rate) are computed on the host, so a "
+                            "replay would repeat the captured step's values. Fix: ",
+                            "AcceleratorOptions::fused_optimizers(true), or build the optimizer as "
+                            "accelerant::FusedAdamW / FusedAdam / FusedSGD."));
+  }
+  auto state = state_;
+  if (state_->scaler && state_->scaler->enabled()) {
+    GradScaler& scaler = *state_->scaler;
+    scaler.step_on_device(*fused_);
+    // update() resets found_inf, and the effect runs after the whole step: keep this step's flag,
+    // in one tensor that every step (and replay) writes in place.
+    if (!skip_flag_->defined()) *skip_flag_ = torch::empty_like(scaler.found_inf());
+    skip_flag_->copy_(scaler.found_inf());
+    scaler.update();
+    detail::host_effect([state, flag = skip_flag_] {
+      state->last_step_skipped = flag->item<float>() != 0.0f;
+      if (!state->last_step_skipped) ++state->optimizer_steps;
+    });
+  } else {
+    fused_->step();
+    detail::host_effect([state] {
+      state->last_step_skipped = false;
+      ++state->optimizer_steps;
+    });
+  }
+  return true;  // queued; whether it was skipped is known after the step (step_was_skipped)
+}
+
+void PreparedOptimizer::zero_grad() {
+  if (state_->sync_gradients) optimizer_->zero_grad();
+}
+
+PreparedScheduler::PreparedScheduler(torch::optim::LRScheduler& scheduler, std::shared_ptr<TrainingState> state)
+    : scheduler_(&scheduler), state_(std::move(state)) {
+  if (!state_) throw Error("PreparedScheduler needs a TrainingState; got null. Fix: pass std::make_shared<TrainingState>().");
+  seen_optimizer_steps_ = std::make_shared<int64_t>(state_->optimizer_steps);
+}
+
+void PreparedScheduler::step() {
+  // A host effect: inside a captured step it runs after every replay, after the optimizer's
+  // counters (recorded before it), and the new lr reaches the fused update before the next one.
+  detail::host_effect([scheduler = scheduler_, state = state_, seen = seen_optimizer_steps_] {
+    if (state->optimizer_steps == *seen) return;
+    *seen = state->optimizer_steps;
+    scheduler->step();
+  });
+}
+
+}  // namespace accelerant
