@@ -1,12 +1,13 @@
 # Two commands from a fresh Debian 12 machine:
 #   make demo   install what is missing, build, train Fashion-MNIST on 2 processes
 #   make test   install what is missing, build, run every test
-# Also: make build, make bench (rewrites docs/benchmarks.md), make fuzz (libFuzzer on the file
-# parsers, FUZZ_SECONDS each), make clean.
+# Also: make build, make package (accelerant_<version>_amd64.deb in build/), make docs (the API
+# reference from the public headers), make bench (rewrites docs/benchmarks.md), make fuzz
+# (libFuzzer on the file parsers, FUZZ_SECONDS each), make clean.
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: deps configure build demo test bench fuzz clean
+.PHONY: deps configure build demo test package docs bench fuzz clean
 
 deps:
 	@scripts/install-deps
@@ -17,11 +18,20 @@ configure: deps
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-demo: build
+# Only what the demo needs: the library, the CLI and the example.
+demo: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target fashion_mnist accelerant_cli
 	$(BUILD_DIR)/bin/fashion_mnist --num_processes 2 --epochs 2
 
 test: build
 	ctest --test-dir $(BUILD_DIR) -j $(JOBS) --output-on-failure
+
+package: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target accelerant accelerant_cli
+	cd $(BUILD_DIR) && cpack -G DEB
+
+docs: configure
+	cmake --build $(BUILD_DIR) --target docs
 
 bench: build
 	bench/run $(BUILD_DIR)

@@ -166,7 +166,7 @@ TEST(Launch, TheExampleTrainsIdenticallyUnderTorchrun) {
   const std::string example = cli_path().substr(0, cli_path().rfind('/')) + "/fashion_mnist";
   std::string ours, theirs;
   ASSERT_EQ(run({"-n", "2", "--main_process_port", "0", example, "--epochs", "1"}, ours), 0) << ours;
-  // Debian's torchrun 1.13 needs --redirects/--tee on Python 3.11 (../shared/DESIGN.md).
+  // Debian's torchrun 1.13 crashes on Python 3.11 in its redirect parsing unless given --redirects/--tee.
   auto torchrun = start_program({"/usr/bin/python3", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
                                  "2", "--redirects", "1", "--tee", "1", "--no_python", example, "--epochs", "1"});
   ASSERT_EQ(finish_program(torchrun, theirs, std::chrono::seconds(120)), 0) << theirs;
