@@ -50,12 +50,4 @@ std::string metrics_report();
 /// Forgets everything recorded so far (e.g. after warm-up).
 void reset_metrics();
 
-namespace detail {
-void record_capture(const std::string& step, const std::string& mode, const std::string& signature, double seconds);
-void record_step(const std::string& step, bool cache_hit, bool replayed, double seconds);
-void record_transfer(bool to_device, int64_t bytes);
-/// Prints the report to stderr when ACCELERANT_METRICS=1, once per process (the exit paths call it).
-void print_metrics_if_requested();
-}  // namespace detail
-
 }  // namespace accelerant

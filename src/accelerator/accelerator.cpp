@@ -12,6 +12,7 @@
 
 #include "accelerant/error.h"
 #include "accelerant/metrics.h"
+#include "graph/metrics_recording.h"
 #include "accelerant/process_state.h"
 #include "base/cpu_settings.h"
 #include "base/step_recording.h"

@@ -11,6 +11,7 @@
 #include "accelerant/distributed_env.h"
 #include "accelerant/error.h"
 #include "accelerant/metrics.h"
+#include "graph/metrics_recording.h"
 #include "base/step_recording.h"
 #include "base/text.h"
 

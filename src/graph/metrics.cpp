@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "base/exit_hooks.h"
+#include "graph/metrics_recording.h"
 #include "base/text.h"
 
 namespace accelerant {
