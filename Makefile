@@ -26,8 +26,9 @@ demo: configure
 test: build
 	ctest --test-dir $(BUILD_DIR) -j $(JOBS) --output-on-failure
 
+# docs too: the package installs the API reference when it has been built.
 package: configure
-	cmake --build $(BUILD_DIR) -j $(JOBS) --target accelerant accelerant_cli
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target accelerant accelerant_cli docs
 	cd $(BUILD_DIR) && cpack -G DEB
 
 docs: configure

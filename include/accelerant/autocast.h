@@ -11,12 +11,16 @@
 
 namespace accelerant {
 
+/// Turns LibTorch's autocast on for one scope and restores what was there before when it ends:
+/// matmuls and convolutions run in the lower precision, ops that need the range stay in fp32
+/// (LibTorch's autocast lists). Accelerator::autocast() returns one set from its mixed precision.
 class AutocastGuard {
  public:
   /// Enables autocast to `dtype` for `device`'s type while the guard lives (or leaves it as it
   /// is when `enabled` is false). CPU: bf16 only (LibTorch's CPU autocast rejects fp16), so fp16
   /// on the CPU throws accelerant::Error saying so. CUDA: fp16 or bf16.
   AutocastGuard(torch::Device device, torch::ScalarType dtype, bool enabled = true);
+  /// Restores the autocast state (on or off, and its dtype) that was in force when the guard opened.
   ~AutocastGuard();
   AutocastGuard(const AutocastGuard&) = delete;
   AutocastGuard& operator=(const AutocastGuard&) = delete;

@@ -13,6 +13,8 @@
 
 namespace accelerant {
 
+/// How shard_epoch() cuts an epoch into batches for each process. A DataLoader builds one from its
+/// DataLoaderOptions, and prepare() adds the Accelerator's even_batches and split_batches.
 struct ShardingOptions {
   /// Samples per batch on each process (with split_batches: per step across all processes).
   /// Default: 1.

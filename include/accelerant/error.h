@@ -17,6 +17,7 @@ class Error : public std::runtime_error {
 /// The distributed environment (RANK, WORLD_SIZE, SLURM_*, OMPI_COMM_WORLD_*, ...) is invalid.
 class EnvironmentError : public Error {
  public:
+  /// `variable` is at fault with `value` ("" when it is missing); `message` is the whole text.
   EnvironmentError(std::string variable, std::string value, const std::string& message)
       : Error(message), variable_(std::move(variable)), value_(std::move(value)) {}
   /// The offending variable, e.g. "RANK".
@@ -33,6 +34,7 @@ class EnvironmentError : public Error {
 /// ranks disagreed about what they were doing. The communicator cannot be used afterwards.
 class CollectiveError : public Error {
  public:
+  /// `message` is the whole text; `missing_ranks` as missing_ranks() returns them.
   CollectiveError(const std::string& message, std::vector<int> missing_ranks)
       : Error(message), missing_ranks_(std::move(missing_ranks)) {}
   /// Ranks that never reported reaching the failed collective (empty when all did).
@@ -45,6 +47,7 @@ class CollectiveError : public Error {
 /// Debug mode found that ranks entered the same collective with different shapes, dtypes or ops.
 class CollectiveMismatchError : public CollectiveError {
  public:
+  /// `message` is the whole text, naming both ranks' collectives.
   explicit CollectiveMismatchError(const std::string& message) : CollectiveError(message, {}) {}
 };
 
@@ -52,7 +55,7 @@ class CollectiveMismatchError : public CollectiveError {
 struct WorkerExit {
   int rank = -1;           ///< global rank
   int local_rank = -1;     ///< index on its node
-  int pid = -1;
+  int pid = -1;            ///< its process id (on its own machine)
   int exit_code = -1;      ///< valid when signal == 0
   int signal = 0;          ///< the signal that killed it, 0 when it exited
   std::string error_text;  ///< the uncaught exception's text, when the worker recorded one
@@ -62,10 +65,12 @@ struct WorkerExit {
 /// accelerant::launch gave up: a worker failed after all restarts were used, or setup failed.
 class LaunchError : public Error {
  public:
+  /// `message` is the whole text; the rest as the getters below return it.
   LaunchError(const std::string& message, WorkerExit first_failure = {}, int restarts_used = 0)
       : Error(message), first_failure_(std::move(first_failure)), restarts_used_(restarts_used) {}
   /// The first worker that failed in the last attempt (rank -1 when no worker had failed).
   const WorkerExit& first_failure() const noexcept { return first_failure_; }
+  /// How many times the workers were restarted before giving up (at most LaunchOptions::max_restarts).
   int restarts_used() const noexcept { return restarts_used_; }
 
  private:
@@ -78,6 +83,7 @@ class LaunchError : public Error {
 /// changed: a failed save keeps the previous checkpoint, a failed load leaves every object as it was.
 class CheckpointError : public Error {
  public:
+  /// `message` is the whole text; `path` as path() returns it ("" when no one file is at fault).
   CheckpointError(const std::string& message, std::string path = {}) : Error(message), path_(std::move(path)) {}
   /// The file or directory at fault, when one is.
   const std::string& path() const noexcept { return path_; }

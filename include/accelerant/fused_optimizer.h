@@ -5,9 +5,10 @@
 // The parameters are packed into one contiguous arena at construction (each parameter keeps its
 // identity; its storage moves), the optimizer state lives in arenas of the same layout, and
 // gradients are bound into a gradient arena at the first step that sees them, unless something
-// else (the gradient reducer's buckets) already holds them: autograd then accumulates in place. On the CPU the update is one vectorised loop over the arena split
-// across LibTorch's threads; on other devices it is a fixed handful of whole-arena tensor
-// operations, whatever the number of parameters. Results equal torch::optim's within rounding.
+// else (the gradient reducer's buckets) already holds them: autograd then accumulates in place.
+// On the CPU the update is one vectorised loop over the arena split across LibTorch's threads;
+// on other devices it is a fixed handful of whole-arena tensor operations, whatever the number
+// of parameters. Results equal torch::optim's within rounding.
 //
 // Sync-free: step_unless(flag) leaves everything unchanged when the 0-dim `flag` (the
 // GradScaler's found_inf) is non-zero, without reading it on the host when it lives on a GPU.
@@ -34,6 +35,7 @@
 
 namespace accelerant {
 
+/// How a FusedUpdater runs its update.
 struct FusedUpdaterOptions {
   /// Run the whole-arena tensor operations (the path other devices take) on the CPU too, instead
   /// of the CPU loop: for tests that check both paths. Default: false.
@@ -62,6 +64,8 @@ class FusedUpdater {
   /// The optimizer state (step counts, moments or momentum buffers) with the parameter sizes it
   /// belongs to; load refuses state saved for other parameters.
   void save(torch::serialize::OutputArchive& archive) const;
+  /// Replaces the state with what save() wrote. Throws Error, changing nothing, when it was saved
+  /// by another kind of optimizer (SGD vs Adam) or for parameters of other sizes.
   void load(torch::serialize::InputArchive& archive);
 
   /// Elements in the arena (all parameters of all groups).
@@ -82,6 +86,7 @@ class FusedUpdater {
 class FusedOptimizerBase {
  public:
   virtual ~FusedOptimizerBase() = default;
+  /// The fused update that this optimizer's step() runs.
   virtual FusedUpdater& updater() = 0;
 };
 
@@ -90,12 +95,17 @@ class FusedOptimizerBase {
 template <class TorchOptimizer, class Options>
 class FusedOptimizer : public TorchOptimizer, public FusedOptimizerBase {
  public:
+  /// As TorchOptimizer's constructor over parameter groups; `fused` for the update. Throws Error
+  /// for parameters the fused update cannot take (see FusedUpdater).
   FusedOptimizer(std::vector<torch::optim::OptimizerParamGroup> param_groups, Options defaults,
                  FusedUpdaterOptions fused = {})
       : TorchOptimizer(std::move(param_groups), std::move(defaults)), updater_(*this, fused) {}
+  /// As TorchOptimizer's constructor over one list of parameters; `fused` for the update.
   FusedOptimizer(std::vector<torch::Tensor> params, Options defaults, FusedUpdaterOptions fused = {})
       : TorchOptimizer(std::move(params), std::move(defaults)), updater_(*this, fused) {}
 
+  /// Evaluates `closure` (with gradients on) when given, then runs the fused update. Returns the
+  /// closure's loss, or an undefined tensor without one.
   torch::Tensor step(torch::optim::Optimizer::LossClosure closure = nullptr) override {
     torch::Tensor loss;
     if (closure) {
@@ -107,16 +117,22 @@ class FusedOptimizer : public TorchOptimizer, public FusedOptimizerBase {
   }
   /// See FusedUpdater::step_unless.
   void step_unless(const torch::Tensor& skip) { updater_.step_unless(skip); }
+  /// Saves the fused state (FusedUpdater::save), not torch::optim's per-parameter state.
   void save(torch::serialize::OutputArchive& archive) const override { updater_.save(archive); }
+  /// Loads what save() wrote (FusedUpdater::load, which says what it throws).
   void load(torch::serialize::InputArchive& archive) override { updater_.load(archive); }
+  /// The fused update this optimizer's step() runs.
   FusedUpdater& updater() override { return updater_; }
 
  private:
   FusedUpdater updater_;
 };
 
+/// torch::optim::SGD with a fused update: momentum, dampening, Nesterov, weight decay.
 using FusedSGD = FusedOptimizer<torch::optim::SGD, torch::optim::SGDOptions>;
+/// torch::optim::Adam with a fused update (amsgrad is refused).
 using FusedAdam = FusedOptimizer<torch::optim::Adam, torch::optim::AdamOptions>;
+/// torch::optim::AdamW with a fused update (amsgrad is refused).
 using FusedAdamW = FusedOptimizer<torch::optim::AdamW, torch::optim::AdamWOptions>;
 
 /// The FusedUpdater behind `optimizer` when it is one of the types above, else null.

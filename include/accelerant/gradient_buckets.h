@@ -16,6 +16,7 @@
 
 namespace accelerant {
 
+/// How large plan_buckets() makes the buckets.
 struct BucketPlanOptions {
   /// Largest bucket in bytes; a single larger parameter gets a bucket of its own.
   /// Default: 25 MiB (c10d's default).
@@ -26,18 +27,20 @@ struct BucketPlanOptions {
 
 /// What the planner needs to know about one parameter.
 struct BucketParam {
-  int64_t numel = 0;
-  torch::ScalarType dtype = torch::kFloat;
-  torch::Device device = torch::kCPU;
-  bool requires_grad = true;
+  int64_t numel = 0;                        ///< elements
+  torch::ScalarType dtype = torch::kFloat;  ///< its gradient's dtype, which its bucket shares
+  torch::Device device = torch::kCPU;       ///< where it lives, which its bucket shares
+  bool requires_grad = true;                ///< false for a frozen parameter, which gets no bucket
 };
 
+/// One bucket of the plan: a flat buffer of one dtype on one device that holds the gradients of
+/// `params` side by side and is all-reduced as one tensor.
 struct GradientBucket {
   std::vector<size_t> params;   ///< indices into the parameter list, in the order they are packed
   std::vector<int64_t> offsets; ///< element offset of each parameter in the flat buffer
   int64_t numel = 0;            ///< elements in the flat buffer
-  torch::ScalarType dtype = torch::kFloat;
-  torch::Device device = torch::kCPU;
+  torch::ScalarType dtype = torch::kFloat;  ///< the buffer's dtype, that of every parameter in it
+  torch::Device device = torch::kCPU;       ///< the buffer's device, that of every parameter in it
 };
 
 /// Groups the trainable parameters into buckets (see the file comment for the rules).

@@ -26,6 +26,8 @@
 
 namespace accelerant {
 
+/// How a GradientReducer buckets and reduces. Accelerator::prepare sets the bucket sizes from
+/// AcceleratorOptions::bucket_cap_mb and passes allow_unused_parameters on.
 struct GradientReducerOptions {
   /// Largest bucket in bytes. Default: 25 MiB (DDP's default).
   TORCH_ARG(int64_t, bucket_cap_bytes) = 25 * 1024 * 1024;
@@ -59,6 +61,8 @@ struct GradientReducerStats {
   int64_t gradient_copies = 0;
 };
 
+/// Averages one model's gradients across the processes of a Communicator during backward (see
+/// the file comment). Not copyable; one per model.
 class GradientReducer {
  public:
   /// Hooks every parameter with requires_grad (frozen ones are left alone). `communicator` must
@@ -72,8 +76,10 @@ class GradientReducer {
   /// With sync off, backward only accumulates local gradients (gradient accumulation); the next
   /// backward with sync on averages everything accumulated so far.
   void set_sync(bool enabled);
+  /// Whether backward averages gradients now (set_sync); true when the reducer is made.
   bool sync() const;
 
+  /// What the reducer has done so far (a copy).
   GradientReducerStats stats() const;
 
   struct State;

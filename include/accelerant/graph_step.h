@@ -46,11 +46,12 @@
 
 namespace accelerant {
 
+/// How a GraphStep captures, names and checks its step.
 struct GraphStepOptions {
   /// What GraphStepOptions::phase returns: a key for this step's kind, a scope held while it runs.
   struct Phase {
-    std::string key;
-    std::shared_ptr<void> scope;
+    std::string key;              ///< joins the cache key: steps with different keys are different graphs
+    std::shared_ptr<void> scope;  ///< held until the step ends, then released; may be null
   };
 
   /// Names the step in warnings and in the metrics report. Default: "step".
@@ -76,18 +77,27 @@ struct GraphStepOptions {
   TORCH_ARG(std::function<Phase()>, phase);
 
  public:
+  /// emulate_replays' default: whether the environment variable ACCELERANT_EMULATE_REPLAYS is "1".
   static bool default_emulate_replays();
 };
 
+/// A training step run through a cache of captures, one per input signature (see the file
+/// comment). Made by Accelerator::compile, or directly; movable, not copyable.
 class GraphStep {
  public:
+  /// The step's input tensors, in the order the function expects them.
   using Inputs = std::vector<torch::Tensor>;
+  /// The tensors the step returns (after a CUDA graph replay: the graph's own, reused next step).
   using Outputs = std::vector<torch::Tensor>;
+  /// The step itself: forward, backward, optimizer step, returning what the loop needs to see.
   using Function = std::function<Outputs(const Inputs&)>;
 
+  /// Wraps `step`; nothing runs or is captured until the first call.
   explicit GraphStep(Function step, GraphStepOptions options = {});
   ~GraphStep();
+  /// Takes over the function and the captures; the moved-from step must not be called again.
   GraphStep(GraphStep&&) noexcept;
+  /// Takes over the function and the captures, dropping this step's own.
   GraphStep& operator=(GraphStep&&) noexcept;
 
   /// Runs one step, then the step closures it added (mark_step). On CUDA graph replays the
@@ -102,6 +112,7 @@ class GraphStep {
 
   /// Distinct input signatures seen so far.
   int64_t signatures() const;
+  /// The options it was made with.
   const GraphStepOptions& options() const;
 
   struct Impl;

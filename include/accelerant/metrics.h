@@ -12,7 +12,9 @@
 
 namespace accelerant {
 
+/// What one compiled step (one GraphStep, by its name) has done in this process so far.
 struct GraphStepMetrics {
+  /// The step's GraphStepOptions::name; steps that share a name share one record.
   std::string name;
   /// How the step runs: "CUDA graphs" or "eager" (CPU, or graphs turned off).
   std::string mode;
@@ -26,20 +28,37 @@ struct GraphStepMetrics {
   int64_t replays = 0;
   /// Seconds spent in the first step of each signature (capture, and on the CPU the eager run).
   double capture_seconds = 0;
-  /// Step time percentiles over the recorded steps (seconds), and how many were recorded.
-  double step_p50 = 0, step_p90 = 0, step_p99 = 0;
+  /// Median step time over the timed steps (seconds), captures included.
+  double step_p50 = 0;
+  /// 90th percentile of the step time (seconds).
+  double step_p90 = 0;
+  /// 99th percentile of the step time (seconds).
+  double step_p99 = 0;
+  /// Steps the percentiles are taken over: every step, up to the last 65536.
   int64_t timed_steps = 0;
   /// The signatures seen, in order ("Float[64, 128]; Long[64]").
   std::vector<std::string> signatures;
 };
 
+/// Copies between host and device that Accelerant made on the program's behalf (today: the
+/// prepared data loaders' batches moved to an accelerator). The program's own `.to()` calls are
+/// not counted.
 struct TransferMetrics {
-  int64_t host_to_device = 0, host_to_device_bytes = 0;
-  int64_t device_to_host = 0, device_to_host_bytes = 0;
+  /// Tensors copied from host to device.
+  int64_t host_to_device = 0;
+  /// Bytes copied from host to device.
+  int64_t host_to_device_bytes = 0;
+  /// Tensors copied from device to host.
+  int64_t device_to_host = 0;
+  /// Bytes copied from device to host.
+  int64_t device_to_host_bytes = 0;
 };
 
+/// Everything metrics() reports: a copy, unaffected by steps run after it was taken.
 struct MetricsSnapshot {
-  std::vector<GraphStepMetrics> steps;  // in the order the steps were first run
+  /// One entry per compiled step, in the order the steps were first run.
+  std::vector<GraphStepMetrics> steps;
+  /// Host <-> device copies made by Accelerant.
   TransferMetrics transfers;
 };
 

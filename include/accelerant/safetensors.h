@@ -23,7 +23,9 @@ namespace accelerant {
 
 /// A safetensors file's contents. Tensors are listed in file order.
 struct SafetensorsContents {
+  /// (name, tensor) pairs; names are unique, not empty and not "__metadata__".
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  /// The header's "__metadata__": free-form string pairs (transformers writes {"format": "pt"}).
   std::map<std::string, std::string> metadata;
 };
 
@@ -37,8 +39,12 @@ std::string encode_safetensors(const SafetensorsContents& contents);
 /// shape, no overlaps or gaps). `where` names the file in errors. Throws CheckpointError.
 SafetensorsContents decode_safetensors(const std::string& bytes, const std::string& where);
 
-/// File versions of the two above; writing is durable (fsync) and atomic (temporary file renamed).
+/// encode_safetensors into the file `path`, durably (fsynced) and atomically (a temporary file
+/// renamed over it: readers see the old file or the new one). Throws Error as encode_safetensors
+/// does, and CheckpointError naming `path` when it cannot be written (full disk, no directory).
 void write_safetensors(const std::string& path, const SafetensorsContents& contents);
+/// decode_safetensors of the file `path`. Throws CheckpointError when there is no file at `path`
+/// or it is not a valid safetensors file.
 SafetensorsContents read_safetensors(const std::string& path);
 
 /// "10GB", "500MB", "2GiB", "1048576" -> bytes (KB, MB, GB are powers of 1000; KiB, MiB, GiB of

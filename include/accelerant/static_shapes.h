@@ -17,6 +17,7 @@
 
 namespace accelerant {
 
+/// A batch of sequences padded to one length, as the pad_to_* functions return it.
 struct PaddedSequences {
   torch::Tensor values;   ///< [batch, length]: the sequences, then pad_value
   torch::Tensor mask;     ///< bool [batch, length]: true at real positions
