@@ -46,7 +46,9 @@ std::string source_dir(const std::string& requested_dir, const std::string& chec
 void check_counts(const CheckpointManifest& m, const CheckpointedState& s, const std::string& dir) {
   std::vector<std::string> problems;
   auto count = [&](const char* noun, int saved, size_t here) {
-    if (static_cast<size_t>(saved) != here) problems.push_back(str("it has ", saved, " ", noun, ", this run prepared ", here));
+    if (static_cast<size_t>(saved) != here) {
+      problems.push_back(str("it has ", saved, " ", noun, ", this run prepared ", here));
+    }
   };
   count("model(s)", m.models, s.models.size());
   count("optimizer(s)", m.optimizers, s.optimizers.size());
@@ -180,10 +182,13 @@ CheckpointTrainingState training_state_now(const CheckpointedState& s) {
   CheckpointTrainingState state;
   state.optimizer_steps = s.state->optimizer_steps;
   state.micro_steps = s.state->micro_steps;
-  for (const auto& scheduler : s.schedulers) state.scheduler_steps.push_back(scheduler_step_count(scheduler.scheduler()));
+  for (const auto& scheduler : s.schedulers) {
+    state.scheduler_steps.push_back(scheduler_step_count(scheduler.scheduler()));
+  }
   for (const auto& l : s.loaders) {
     const DataPosition p = l.position();
-    state.data_loaders.push_back({p.epoch, p.samples_done, l.dataset_size(), l.sharding().seed(), l.sharding().shuffle()});
+    state.data_loaders.push_back(
+        {p.epoch, p.samples_done, l.dataset_size(), l.sharding().seed(), l.sharding().shuffle()});
   }
   return state;
 }

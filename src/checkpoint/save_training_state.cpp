@@ -197,7 +197,8 @@ std::string save_training_state(const CheckpointedState& state, const Checkpoint
     make_directories(partial);
   });
   auto files = write_every_part(state, ranks, dir, partial);
-  on_every_process_or_clean_up(": finishing", [&] { seal(manifest_now(state, ranks, std::move(files)), partial, dir); });
+  on_every_process_or_clean_up(": finishing",
+                               [&] { seal(manifest_now(state, ranks, std::move(files)), partial, dir); });
   // Only now that the new checkpoint is complete may old ones go.
   if (request.dir.empty() && ranks.is_main()) prune_automatic_checkpoints(request.checkpoints_dir, request.total_limit);
   return dir;
