@@ -40,8 +40,8 @@ ShardingOptions sharding_of(const DataLoader& loader, bool even_batches) {
 // What Accelerator::prepare does to a loader, without an Accelerator.
 DataLoader sharded(const DataLoader& loader, int rank, int world, ShardingOptions sharding,
                    std::shared_ptr<TrainingState> state, std::function<Batch(Batch)> transform,
-                   std::shared_ptr<detail::ResumeHook> resume = nullptr) {
-  return detail::DataLoaderAccess::sharded(
+                   std::shared_ptr<accelerant::detail::ResumeHook> resume = nullptr) {
+  return accelerant::detail::DataLoaderAccess::sharded(
       loader, {rank, world, std::move(sharding), std::move(state), std::move(transform), std::move(resume)});
 }
 
@@ -163,7 +163,7 @@ TEST(DataLoader, SplitBatchesThatDoNotDivideAreRefusedAtPrepare) {
 // auto_resume's hook (train/resume_hook.h): only begin() fires it, once, for every loader that
 // shares it; the getters never do, so they never load a checkpoint or talk to other ranks.
 TEST(DataLoader, OnlyBeginFiresTheResumeHookAndOnlyOnce) {
-  auto hook = std::make_shared<detail::ResumeHook>();
+  auto hook = std::make_shared<accelerant::detail::ResumeHook>();
   int resumes = 0;
   auto first = indexed_loader(8, DataLoaderOptions().batch_size(2));
   auto second = indexed_loader(8, DataLoaderOptions().batch_size(4));
