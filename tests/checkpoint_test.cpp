@@ -236,6 +236,49 @@ TEST(Checkpoint, AutoResumeAfterARestartEndsBitIdenticalToTheUninterruptedRun) {
   EXPECT_EQ(verify_checkpoint(kept[1]).step, 15);
 }
 
+// auto_resume loads at the loop's begin(), through one hook: the loader's getters before the
+// first batch read the fresh position and run nothing (no load, no collective).
+TEST(Checkpoint, AutoResumeRunsAtTheFirstBeginNotInTheLoadersGetters) {
+  ScratchDir scratch;
+  const std::string project = scratch.path;
+  // 96 samples in global steps of 2 x 8: 6 steps per epoch; the checkpoint is taken after 5.
+  launch(
+      [project](int) {
+        return run_training(AcceleratorOptions().seed(11).project_dir(project), 1, [](Accelerator&) {},
+                            [](Accelerator& acc) {
+                              if (acc.state()->optimizer_steps != 5) return false;
+                              acc.save_state();
+                              return true;
+                            });
+      },
+      ranks(2));
+  auto seen = launch(
+      [project](int) {
+        Accelerator acc(AcceleratorOptions().seed(11).project_dir(project).auto_resume(true));
+        auto net = make_net();
+        torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+        torch::optim::StepLR schedule(sgd, 4, 0.5);
+        auto x = torch::randn({kSamples, 8});
+        auto y = torch::randint(0, 3, {kSamples}, torch::kLong);
+        auto [model, opt, sched, loader] =
+            acc.prepare(net, sgd, schedule, make_data_loader(x, y, DataLoaderOptions().batch_size(8).shuffle(true)));
+        const DataPosition before = loader.position();
+        const int64_t epoch_before = loader.epoch();
+        const int64_t batches_per_epoch = loader.size();
+        const int64_t steps_before = acc.state()->optimizer_steps;
+        int64_t batches_left = 0;
+        for (auto it = loader.begin(); it != loader.end(); ++it) ++batches_left;  // resumes at begin()
+        return torch::tensor({before.epoch, before.samples_done, epoch_before, batches_per_epoch, steps_before,
+                              acc.state()->optimizer_steps, batches_left},
+                             torch::kLong);
+      },
+      ranks(2));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(torch::equal(seen[r], torch::tensor({0, 0, 0, 6, 0, 5, 1}, torch::kLong))) << "rank " << r << ": "
+                                                                                          << seen[r];
+  }
+}
+
 TEST(Checkpoint, ResumingOnOneProcessContinuesAtTheSampleTwoProcessesStoppedAt) {
   ScratchDir scratch;
   const std::string dir = scratch.path + "/reshard";

@@ -7,6 +7,8 @@
 #include <set>
 #include <thread>
 
+#include "train/data_loader_internal.h"  // the sharded copy Accelerator::prepare makes
+
 using namespace accelerant;
 
 namespace {
@@ -33,6 +35,14 @@ ShardingOptions sharding_of(const DataLoader& loader, bool even_batches) {
       .seed(loader.options().seed().value_or(0))
       .drop_last(loader.options().drop_last())
       .even_batches(even_batches);
+}
+
+// What Accelerator::prepare does to a loader, without an Accelerator.
+DataLoader sharded(const DataLoader& loader, int rank, int world, ShardingOptions sharding,
+                   std::shared_ptr<TrainingState> state, std::function<Batch(Batch)> transform,
+                   std::shared_ptr<accelerant::detail::ResumeHook> resume = nullptr) {
+  return accelerant::detail::DataLoaderAccess::sharded(
+      loader, {rank, world, std::move(sharding), std::move(state), std::move(transform), std::move(resume)});
 }
 
 // A torch dataset, to check the generic make_data_loader path.
@@ -117,7 +127,7 @@ TEST(DataLoader, RanksShareEachEpochWithEveryTheSamplesOnceAndPaddingReported) {
   int64_t batches = -1;
   for (int rank = 0; rank < world; ++rank) {
     auto state = std::make_shared<TrainingState>();
-    auto shard = loader.sharded(rank, world, sharding_of(loader, true), state, nullptr);
+    auto shard = sharded(loader, rank, world, sharding_of(loader, true), state, nullptr);
     if (batches >= 0) EXPECT_EQ(shard.size(), batches) << "even_batches: every rank the same count";
     batches = shard.size();
     int64_t seen_batches = 0;
@@ -134,7 +144,7 @@ TEST(DataLoader, RanksShareEachEpochWithEveryTheSamplesOnceAndPaddingReported) {
 
 TEST(DataLoader, TransformRunsOnEveryBatch) {
   auto loader = indexed_loader(6, DataLoaderOptions().batch_size(3).num_workers(1));
-  auto shard = loader.sharded(0, 1, sharding_of(loader, true), nullptr, [](Batch b) {
+  auto shard = sharded(loader, 0, 1, sharding_of(loader, true), nullptr, [](Batch b) {
     return Batch{b.data.to(torch::kBFloat16), b.target};
   });
   for (auto& batch : shard) EXPECT_EQ(batch.data.scalar_type(), torch::kBFloat16);
@@ -143,11 +153,37 @@ TEST(DataLoader, TransformRunsOnEveryBatch) {
 TEST(DataLoader, SplitBatchesThatDoNotDivideAreRefusedAtPrepare) {
   auto loader = indexed_loader(20, DataLoaderOptions().batch_size(5));
   try {
-    loader.sharded(0, 2, sharding_of(loader, true).split_batches(true), nullptr, nullptr);
+    sharded(loader, 0, 2, sharding_of(loader, true).split_batches(true), nullptr, nullptr);
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("cannot be split evenly over 2"), std::string::npos) << e.what();
   }
+}
+
+// auto_resume's hook (train/resume_hook.h): only begin() fires it, once, for every loader that
+// shares it; the getters never do, so they never load a checkpoint or talk to other ranks.
+TEST(DataLoader, OnlyBeginFiresTheResumeHookAndOnlyOnce) {
+  auto hook = std::make_shared<accelerant::detail::ResumeHook>();
+  int resumes = 0;
+  auto first = indexed_loader(8, DataLoaderOptions().batch_size(2));
+  auto second = indexed_loader(8, DataLoaderOptions().batch_size(4));
+  auto a = sharded(first, 0, 1, sharding_of(first, false), nullptr, nullptr, hook);
+  auto b = sharded(second, 0, 1, sharding_of(second, false), nullptr, nullptr, hook);
+  hook->arm([&] {
+    ++resumes;
+    a.set_position({1, 4});  // as a load_state would
+  });
+  EXPECT_EQ(a.epoch(), 0);
+  EXPECT_EQ(a.position().epoch, 0);
+  EXPECT_EQ(a.position().samples_done, 0);
+  EXPECT_EQ(a.size(), 4);
+  EXPECT_EQ(b.epoch(), 0);
+  EXPECT_EQ(resumes, 0) << "a getter ran the resume";
+  auto it = a.begin();  // the resume runs first, then the epoch starts where it put the loader
+  EXPECT_EQ(resumes, 1);
+  EXPECT_EQ(it->target[0].item<int64_t>(), 4);
+  for (auto& batch : b) (void)batch;
+  EXPECT_EQ(resumes, 1) << "the hook is shared and fires once";
 }
 
 TEST(DataLoader, BadOptionsAreRefused) {

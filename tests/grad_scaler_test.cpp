@@ -1,6 +1,8 @@
 // GradScaler: scaling, unscaling to the true gradients, a skipped step on inf, backoff and growth.
 #include <accelerant/error.h>
+#include <accelerant/fused_optimizer.h>
 #include <accelerant/grad_scaler.h>
+#include <accelerant/prepared_optimizer.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -85,4 +87,49 @@ TEST(GradScaler, DisabledPassesThroughAndBadOptionsAreErrors) {
   scaler.scale(f.loss()).backward();
   scaler.unscale_(f.optimizer);
   EXPECT_THROW(scaler.unscale_(f.optimizer), Error);  // twice in one step
+}
+
+// A fused optimizer passed as a torch::optim optimizer: step() reads the skip decision on the
+// host and calls its step() (its fused update); through its updater the decision stays on the
+// device. Both update alike and both skip an overflowed step.
+TEST(GradScaler, AFusedOptimizerStepsAlikeThroughEitherEntryPoint) {
+  auto run = [](bool through_updater, bool overflow) {
+    torch::manual_seed(0);
+    torch::nn::Linear model(4, 2);
+    FusedSGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    const auto x = torch::rand({8, 4});
+    GradScaler scaler;
+    scaler.scale(model->forward(x).pow(2).mean()).backward();
+    if (overflow) model->bias.grad()[0] = std::numeric_limits<float>::infinity();
+    const bool stepped = through_updater ? scaler.step(optimizer.updater()) : scaler.step(optimizer);
+    EXPECT_EQ(stepped, !overflow);
+    scaler.update();
+    return torch::cat({model->weight.detach().reshape({-1}), model->bias.detach().reshape({-1})});
+  };
+  torch::manual_seed(0);
+  torch::nn::Linear fresh(4, 2);
+  const auto initial = torch::cat({fresh->weight.detach().reshape({-1}), fresh->bias.detach().reshape({-1})});
+  EXPECT_TRUE(torch::equal(run(false, false), run(true, false)));
+  EXPECT_FALSE(torch::equal(run(false, false), initial));
+  EXPECT_TRUE(torch::equal(run(false, true), initial));
+  EXPECT_TRUE(torch::equal(run(true, true), initial));
+}
+
+// PreparedOptimizer decides once which update runs: a fused optimizer's own updater, without
+// one bound by prepare; under fp16-style scaling an overflow skips it and is counted.
+TEST(GradScaler, APreparedFusedOptimizerUsesItsOwnUpdater) {
+  torch::manual_seed(0);
+  torch::nn::Linear model(4, 2);
+  FusedSGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
+  auto state = std::make_shared<TrainingState>();
+  state->scaler = std::make_shared<GradScaler>();
+  PreparedOptimizer prepared(optimizer, state);
+  EXPECT_EQ(prepared.fused_updater(), &optimizer.updater());
+  state->scaler->scale(model->forward(torch::rand({8, 4})).pow(2).mean()).backward();
+  model->bias.grad()[1] = std::numeric_limits<float>::quiet_NaN();
+  const auto before = model->weight.detach().clone();
+  EXPECT_FALSE(prepared.step());
+  EXPECT_TRUE(prepared.step_was_skipped());
+  EXPECT_EQ(state->optimizer_steps, 0);
+  EXPECT_TRUE(torch::equal(model->weight, before));
 }

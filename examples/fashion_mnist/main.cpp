@@ -93,6 +93,8 @@ double train(const fashion_mnist::Split& train_split, const fashion_mnist::Split
   auto test_loader = accelerant::make_data_loader(test_split.images, test_split.labels,
                                                   accelerant::DataLoaderOptions().batch_size(500));
   auto [net, opt, train_batches, test_batches] = acc.prepare(model, optimizer, train_loader, test_loader);
+  // The loop below reads the epoch before its first batch: resume now rather than at that batch.
+  acc.auto_resume_now();
   acc.print("Training on ", acc.num_processes(), " process", acc.num_processes() == 1 ? "" : "es", " x ",
             acc.threads(), " thread", acc.threads() == 1 ? "" : "s", ", mixed precision ",
             accelerant::to_string(acc.mixed_precision()), ", ", train_batches.size(), " steps per epoch");

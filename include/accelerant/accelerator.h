@@ -46,6 +46,10 @@
 namespace accelerant {
 
 namespace detail {
+struct CheckpointRanks;
+struct CheckpointedState;
+class ResumeHook;
+
 template <class T>
 struct is_shared_module : std::false_type {};
 template <class M>
@@ -222,6 +226,11 @@ class Accelerator {
   void load_model(M& model, const std::string& dir) {
     load_model_module(*detail::module_ptr(model), dir);
   }
+  /// Under AcceleratorOptions::auto_resume: resumes from the newest complete checkpoint now,
+  /// instead of at the first begin() of a prepared loader, e.g. to read the resumed epoch before
+  /// the loop. Call it on every process (a collective), after prepare. Does nothing when
+  /// auto_resume is off, when it ran already or when load_state replaced it.
+  void auto_resume_now();
   /// The directory of automatic checkpoints, <project_dir>/checkpoints ("" without project_dir).
   std::string checkpoints_dir() const;
 
@@ -255,21 +264,8 @@ class Accelerator {
   void load_model_module(torch::nn::Module& module, const std::string& dir);
   void register_checkpoint_object(std::function<void(torch::serialize::OutputArchive&)> save,
                                   std::function<void(torch::serialize::InputArchive&)> load);
-  /// What `step` returned on each process, by rank (empty where it threw), and the errors it
-  /// threw anywhere as "[rank r] what": the same on every process.
-  struct ProcessOutcomes {
-    std::vector<std::string> results;
-    std::vector<std::string> failures;
-  };
-  ProcessOutcomes outcomes_everywhere(const std::function<std::string()>& step);
-  /// Runs `step` on every process and throws CheckpointError on all of them if it threw on any.
-  void on_every_process(const std::string& what, const std::function<void()>& step);
-  struct LoadedCheckpoint;
-  void apply_checkpoint(const LoadedCheckpoint& loaded);
-  /// The counters and data positions now, as state.json holds them.
-  CheckpointTrainingState training_state_now() const;
-  /// This process's state now, as load_state would apply it: what a failed load rolls back to.
-  LoadedCheckpoint snapshot_for_rollback() const;
+  /// This process's place among the processes a checkpoint is saved or loaded by.
+  detail::CheckpointRanks checkpoint_ranks() const;
   GradientReducer& reducer_for(const torch::nn::Module& module) const;
   AccumulationGuard accumulate_modules(std::vector<std::shared_ptr<torch::nn::Module>> modules);
   Communicator& communicator() const;
@@ -291,19 +287,13 @@ class Accelerator {
   bool ended_ = false;
   std::shared_ptr<TrainingState> state_;
   std::vector<PreparedModel> models_;
-  std::vector<torch::optim::Optimizer*> optimizers_;
-  std::vector<std::shared_ptr<FusedUpdater>> fused_updaters_;  // per optimizer; null: its own step()
-  std::vector<PreparedScheduler> schedulers_;
-  std::vector<DataLoader> loaders_;  // share their position with the user's copies
-  struct CheckpointObject {
-    std::function<void(torch::serialize::OutputArchive&)> save;
-    std::function<void(torch::serialize::InputArchive&)> load;
-  };
-  std::vector<CheckpointObject> checkpoint_objects_;
-  /// Loaders of a loaded checkpoint that were not prepared yet (auto_resume): they get their
-  /// position when they are.
-  std::vector<CheckpointLoaderState> pending_loaders_;
-  bool resume_checked_ = false;
+  /// What prepare gave it (optimizers, schedulers, loaders, registered objects): what a
+  /// checkpoint holds (checkpoint/training_checkpoint.h).
+  std::unique_ptr<detail::CheckpointedState> checkpointed_;
+  /// AcceleratorOptions::auto_resume, armed by the first prepared loader, fired by a loader's
+  /// begin() (train/resume_hook.h). Shared with the loaders, which may outlive the Accelerator.
+  std::shared_ptr<detail::ResumeHook> resume_hook_;
+  bool resume_armed_ = false;
   void resume_from_latest();
 };
 

@@ -62,9 +62,12 @@ struct AcceleratorOptions {
   /// Default: 0.
   TORCH_ARG(int, checkpoint_total_limit) = 0;
   /// Resume from the newest complete checkpoint in project_dir, if there is one, before the first
-  /// batch: when a prepared loader is first asked for its epoch, position or batches. With
-  /// max_restarts this is elastic recovery: a restarted group continues where the last checkpoint
-  /// left it. Default: false.
+  /// batch: at the first begin() of a prepared loader (the start of an epoch's `for`), the only
+  /// loader call that may load or talk to other ranks; its getters (epoch, position, size) never
+  /// do, and before that begin() they tell the fresh position. Accelerator::auto_resume_now()
+  /// resumes earlier, e.g. to read the resumed epoch before the loop. With max_restarts this is
+  /// elastic recovery: a restarted group continues where the last checkpoint left it.
+  /// Default: false.
   TORCH_ARG(bool, auto_resume) = false;
   /// The config file to read; unset = the default location (see the file comment).
   TORCH_ARG(std::optional<std::string>, config_file) = std::nullopt;

@@ -28,9 +28,11 @@
 #include "accelerant/batch.h"
 #include "accelerant/data_sharding.h"
 #include "accelerant/error.h"
-#include "accelerant/training_state.h"
 
 namespace accelerant {
+namespace detail {
+struct DataLoaderAccess;
+}
 
 /// Where a loader is in its data: the epoch in progress and how many positions of that epoch's
 /// order (across all processes) its batches have covered so far. It does not depend on the world
@@ -70,14 +72,18 @@ class DataLoader {
   DataLoader(BatchMaker make_batch, int64_t dataset_size, DataLoaderOptions options);
 
   class Iterator;
-  /// Starts an epoch (the current epoch number, then advances it).
+  /// Starts an epoch (the current epoch number, then advances it). On a prepared loader under
+  /// AcceleratorOptions::auto_resume, the first begin() of any of the Accelerator's loaders
+  /// loads the newest checkpoint first (a collective): the only call here that may.
   Iterator begin();
   Iterator end();
 
   /// Batches this process gets in the current epoch.
   int64_t size() const;
-  int64_t dataset_size() const { return shared_->dataset_size; }
-  /// The epoch the next `for` runs.
+  int64_t dataset_size() const;
+  /// The epoch the next `for` runs. Getters read this process's copy only: they never resume,
+  /// load or talk to other ranks (before the first begin() under auto_resume they tell the
+  /// position before the resume).
   int64_t epoch() const;
   void set_epoch(int64_t epoch);
   /// The batches handed out so far count as done: after the k-th batch of an epoch the position
@@ -90,41 +96,22 @@ class DataLoader {
   /// skip_first_batches), e.g. to continue an epoch that was interrupted.
   void skip_first_batches(int64_t batches);
   /// The shuffle seed of the epochs to come (save_state keeps it with the position).
-  void set_seed(uint64_t seed) { shared_->sharding.seed(seed); }
+  void set_seed(uint64_t seed);
   /// Samples every global step takes from the epoch's order (per-process batch × processes).
   int64_t samples_per_step() const;
-  const DataLoaderOptions& options() const { return shared_->options; }
+  const DataLoaderOptions& options() const;
   /// This loader's sharding: rank, world size and the options prepare chose.
-  const ShardingOptions& sharding() const { return shared_->sharding; }
-  int rank() const { return shared_->rank; }
-  int world_size() const { return shared_->world_size; }
+  const ShardingOptions& sharding() const;
+  int rank() const;
+  int world_size() const;
 
   /// A copy of this loader (same position) whose batches are built by `num_workers` threads.
   DataLoader with_workers(int num_workers) const;
 
-  /// A copy of this loader that yields rank `rank`'s share of each epoch, reports its progress
-  /// to `state` and passes every batch through `transform` (device move, dtype). Used by
-  /// Accelerator::prepare.
-  DataLoader sharded(int rank, int world_size, ShardingOptions sharding,
-                     std::shared_ptr<TrainingState> state,
-                     std::function<Batch(Batch)> transform) const;
-
-  struct Shared {
-    BatchMaker make_batch;
-    int64_t dataset_size = 0;
-    DataLoaderOptions options;
-    ShardingOptions sharding;
-    int rank = 0;
-    int world_size = 1;
-    int64_t epoch = 0;
-    /// position(); its samples_done is where the next epoch starts when its epoch is the next.
-    DataPosition position;
-    std::shared_ptr<TrainingState> state;
-    std::function<Batch(Batch)> transform;
-  };
-  struct EpochRun;
-
  private:
+  friend struct detail::DataLoaderAccess;  // Accelerator::prepare's sharded copy
+  struct Shared;                           // src/train/data_loader_internal.h
+  struct EpochRun;
   explicit DataLoader(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
   std::shared_ptr<Shared> shared_;
 };

@@ -9,8 +9,9 @@
 //
 // Found-inf detection and the scale update are tensor operations on the gradients' device: no
 // host synchronisation. step() with a torch::optim optimizer reads the flag on the host, once,
-// to decide whether to call optimizer.step(); with a fused optimizer (fused_optimizer.h) the
+// to decide whether to call optimizer.step(); with a FusedUpdater (fused_optimizer.h) the
 // decision stays on the device, and step_on_device() reads nothing at all (graph mode).
+// PreparedOptimizer picks the entry point once, at construction.
 #pragma once
 
 #include <torch/arg.h>
@@ -49,7 +50,9 @@ class GradScaler {
   void unscale_(const std::vector<torch::Tensor>& params);
   void unscale_(torch::optim::Optimizer& optimizer);
   /// Unscales if needed, then runs optimizer.step() unless a gradient overflowed. Returns whether
-  /// it stepped.
+  /// it stepped. The skip decision is read on the host, whatever the optimizer: a FusedSGD /
+  /// FusedAdam / FusedAdamW passed here is stepped as any torch::optim optimizer (same result).
+  /// To keep the decision on the device, pass its updater: step(optimizer.updater()).
   bool step(torch::optim::Optimizer& optimizer);
   /// The same for a fused update: the skip decision stays on the device (step_unless); the
   /// returned flag is read after the step was queued.

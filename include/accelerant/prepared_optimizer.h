@@ -25,7 +25,9 @@ namespace accelerant {
 class PreparedOptimizer {
  public:
   /// Wraps `optimizer` (which must outlive this handle) under `state`. With `fused` (bound to
-  /// `optimizer`), step() runs the fused update instead of optimizer.step().
+  /// `optimizer`), step() runs the fused update instead of optimizer.step(); without, an
+  /// `optimizer` that is itself fused (FusedSGD / FusedAdam / FusedAdamW) runs its own updater.
+  /// Which update runs is decided here, once, and step() calls the scaler's matching entry.
   PreparedOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<TrainingState> state,
                     std::shared_ptr<FusedUpdater> fused = nullptr);
 
@@ -39,14 +41,16 @@ class PreparedOptimizer {
   /// The last step() that should have updated was skipped because of an fp16 overflow.
   bool step_was_skipped() const { return state_->last_step_skipped; }
   torch::optim::Optimizer& optimizer() const { return *optimizer_; }
-  /// The fused update step() runs, when prepare chose one (AcceleratorOptions::fused_optimizers).
-  FusedUpdater* fused_updater() const { return fused_.get(); }
+  /// The fused update step() runs: the one prepare bound (AcceleratorOptions::fused_optimizers)
+  /// or the optimizer's own when it is a fused type; null for a plain torch::optim step.
+  FusedUpdater* fused_updater() const { return updater_; }
   const std::shared_ptr<TrainingState>& state() const { return state_; }
 
  private:
   torch::optim::Optimizer* optimizer_;
   std::shared_ptr<TrainingState> state_;
-  std::shared_ptr<FusedUpdater> fused_;
+  std::shared_ptr<FusedUpdater> fused_;  // owned here when prepare bound it
+  FusedUpdater* updater_;                // fused_, the optimizer's own, or null: decided once
   // Graph steps under fp16: this step's skip flag, kept past the scaler's update(). Shared by
   // copies of the handle, written in place by every step and replay.
   std::shared_ptr<torch::Tensor> skip_flag_ = std::make_shared<torch::Tensor>();

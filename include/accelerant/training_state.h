@@ -3,7 +3,6 @@
 // read it instead of holding a pointer to the Accelerator, so each can also be built alone.
 #pragma once
 #include <cstdint>
-#include <functional>
 #include <memory>
 
 #include "accelerant/grad_scaler.h"
@@ -14,9 +13,8 @@ struct TrainingState {
   /// False on the micro-steps of gradient accumulation that only accumulate: the optimizer and
   /// scheduler wrappers then do nothing, and the gradient reducer does not communicate.
   bool sync_gradients = true;
-  /// Micro-steps per optimizer step (AcceleratorOptions::gradient_accumulation_steps).
-  int64_t gradient_accumulation_steps = 1;
-  /// Micro-steps counted by Accelerator::accumulate.
+  /// Micro-steps counted by Accelerator::accumulate (how many make an optimizer step is
+  /// Accelerator::gradient_accumulation_steps(), read from its settings).
   int64_t micro_steps = 0;
   /// The batch a prepared loader handed out last is the last of its epoch.
   bool end_of_dataloader = false;
@@ -29,16 +27,6 @@ struct TrainingState {
   int64_t optimizer_steps = 0;
   /// The last optimizer step was skipped because fp16 gradients overflowed.
   bool last_step_skipped = false;
-  /// Set by AcceleratorOptions::auto_resume until it ran: the prepared loaders call it (once)
-  /// before their first epoch, position or batch.
-  std::function<void()> pending_resume;
-  /// Runs pending_resume, if set, exactly once (it is cleared before it runs).
-  void run_pending_resume() {
-    if (!pending_resume) return;
-    auto resume = std::move(pending_resume);
-    pending_resume = nullptr;
-    resume();
-  }
 };
 
 }  // namespace accelerant

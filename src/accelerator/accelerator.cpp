@@ -19,6 +19,9 @@
 #include "base/file_io.h"
 #include "base/text.h"
 #include "base/torch_compat.h"
+#include "checkpoint/training_checkpoint.h"
+#include "train/data_loader_internal.h"
+#include "train/resume_hook.h"
 
 namespace accelerant {
 namespace {
@@ -76,7 +79,10 @@ void broadcast_from_main(Communicator& communicator, torch::nn::Module& module) 
 }  // namespace
 
 Accelerator::Accelerator(AcceleratorOptions options)
-    : options_(std::move(options)), state_(std::make_shared<TrainingState>()) {
+    : options_(std::move(options)),
+      state_(std::make_shared<TrainingState>()),
+      checkpointed_(std::make_unique<detail::CheckpointedState>()),
+      resume_hook_(std::make_shared<detail::ResumeHook>()) {
   const EnvLookup lookup = process_environment();
   const std::string config_path = options_.config_file().value_or(default_config_path(lookup));
   settings_ = resolve_accelerator_settings(options_, lookup, read_config_values(config_path), config_path);
@@ -105,14 +111,16 @@ Accelerator::Accelerator(AcceleratorOptions options)
     threads_ = detail::apply_cpu_defaults(cpu);
   }
   if (settings_.seed) set_seed(*settings_.seed);
-  state_->gradient_accumulation_steps = settings_.gradient_accumulation_steps;
   if (settings_.mixed_precision == MixedPrecision::kFp16) {
     state_->scaler = std::make_shared<GradScaler>(GradScalerOptions(), device_);
   }
+  checkpointed_->state = state_;
+  checkpointed_->device = device_;
+  checkpointed_->mixed_precision = settings_.mixed_precision;
 }
 
 Accelerator::~Accelerator() {
-  state_->pending_resume = nullptr;  // it points at this Accelerator; loaders may outlive it
+  resume_hook_->disarm();  // it points at this Accelerator; loaders may outlive it
 }
 
 Communicator& Accelerator::communicator() const {
@@ -144,26 +152,27 @@ void Accelerator::prepare_model(const std::shared_ptr<torch::nn::Module>& model)
           .first_bucket_cap_bytes(std::min<int64_t>(cap, 1024 * 1024))
           .allow_unused_parameters(options_.allow_unused_parameters()));
   models_.push_back({model, std::move(reducer)});
+  checkpointed_->models.push_back(model);
 }
 
 PreparedOptimizer Accelerator::prepare_optimizer(torch::optim::Optimizer& optimizer) {
-  auto known = std::find(optimizers_.begin(), optimizers_.end(), &optimizer);
-  if (known == optimizers_.end()) {
-    optimizers_.push_back(&optimizer);
-    // A fused type already steps fused; a torch::optim one gets an updater bound to it.
-    const bool wrap = options_.fused_optimizers() && fused_updater_of(optimizer) == nullptr;
-    fused_updaters_.push_back(wrap ? std::make_shared<FusedUpdater>(optimizer) : nullptr);
-    known = optimizers_.end() - 1;
+  auto& optimizers = checkpointed_->optimizers;
+  for (const auto& prepared : optimizers) {
+    if (prepared.optimizer == &optimizer) return PreparedOptimizer(optimizer, state_, prepared.fused);
   }
-  return PreparedOptimizer(optimizer, state_, fused_updaters_[static_cast<size_t>(known - optimizers_.begin())]);
+  // A fused type already steps fused; a torch::optim one gets an updater bound to it.
+  const bool wrap = options_.fused_optimizers() && fused_updater_of(optimizer) == nullptr;
+  optimizers.push_back({&optimizer, wrap ? std::make_shared<FusedUpdater>(optimizer) : nullptr});
+  return PreparedOptimizer(optimizer, state_, optimizers.back().fused);
 }
 
 PreparedScheduler Accelerator::prepare_scheduler(torch::optim::LRScheduler& scheduler) {
-  for (const auto& prepared : schedulers_) {
+  auto& schedulers = checkpointed_->schedulers;
+  for (const auto& prepared : schedulers) {
     if (&prepared.scheduler() == &scheduler) return prepared;
   }
-  schedulers_.emplace_back(scheduler, state_);
-  return schedulers_.back();
+  schedulers.emplace_back(scheduler, state_);
+  return schedulers.back();
 }
 
 DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
@@ -196,16 +205,17 @@ DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
   const DataLoader& source = !device.is_cpu() && o.num_workers() == 0 ? loader.with_workers(1) : loader;
   DataLoader prepared = [&] {
     try {
-      return source.sharded(process_index(), num_processes(), sharding, state_, std::move(transform));
+      return detail::DataLoaderAccess::sharded(
+          source, {process_index(), num_processes(), sharding, state_, std::move(transform), resume_hook_});
     } catch (const Error& e) {
       throw Error(detail::str(rank_prefix_, "prepare(data loader): ", e.what()));
     }
   }();
-  const size_t index = loaders_.size();
-  loaders_.push_back(prepared);
+  const size_t index = checkpointed_->loaders.size();
+  checkpointed_->loaders.push_back(prepared);
   // A checkpoint loaded before this loader existed (auto_resume) still knows where it was.
-  if (index < pending_loaders_.size()) {
-    const CheckpointLoaderState& saved = pending_loaders_[index];
+  if (index < checkpointed_->loaded_loaders.size()) {
+    const CheckpointLoaderState& saved = checkpointed_->loaded_loaders[index];
     if (saved.dataset_size != prepared.dataset_size()) {
       throw CheckpointError(detail::str(
           rank_prefix_, "prepare(data loader ", index, "): the checkpoint loaded by auto_resume saved this loader ",
@@ -215,9 +225,9 @@ DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
     prepared.set_seed(saved.seed);
     prepared.set_position({saved.epoch, saved.samples_done});
   }
-  if (options_.auto_resume() && !resume_checked_) {  // armed once, by the first loader
-    resume_checked_ = true;
-    state_->pending_resume = [this] { resume_from_latest(); };
+  if (options_.auto_resume() && !resume_armed_) {  // armed once, by the first loader
+    resume_armed_ = true;
+    resume_hook_->arm([this] { resume_from_latest(); });
   }
   return prepared;
 }
@@ -243,7 +253,7 @@ Accelerator::AccumulationGuard Accelerator::accumulate_modules(std::vector<std::
   }
   TrainingState& s = *state_;
   ++s.micro_steps;
-  s.sync_gradients = s.micro_steps % s.gradient_accumulation_steps == 0 || s.end_of_dataloader;
+  s.sync_gradients = s.micro_steps % settings_.gradient_accumulation_steps == 0 || s.end_of_dataloader;
   std::vector<GradientReducer*> reducers;
   if (modules.empty()) {
     for (auto& prepared : models_) reducers.push_back(prepared.reducer.get());

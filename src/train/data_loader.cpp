@@ -1,5 +1,7 @@
 #include "accelerant/data_loader.h"
 
+#include "train/data_loader_internal.h"
+
 #include <condition_variable>
 #include <exception>
 #include <mutex>
@@ -113,35 +115,27 @@ DataLoader DataLoader::with_workers(int num_workers) const {
   return DataLoader(std::move(copy));
 }
 
-DataLoader DataLoader::sharded(int rank, int world_size, ShardingOptions sharding,
-                               std::shared_ptr<TrainingState> state,
-                               std::function<Batch(Batch)> transform) const {
-  auto copy = std::make_shared<Shared>(*shared_);
-  per_process_batch_size(sharding, world_size);  // validates split_batches before the first epoch
-  copy->rank = rank;
-  copy->world_size = world_size;
-  copy->sharding = sharding;
-  copy->state = std::move(state);
-  copy->transform = std::move(transform);
+DataLoader detail::DataLoaderAccess::sharded(const DataLoader& loader, LoaderSharding how) {
+  auto copy = std::make_shared<DataLoader::Shared>(*loader.shared_);
+  per_process_batch_size(how.sharding, how.world_size);  // validates split_batches before the first epoch
+  copy->rank = how.rank;
+  copy->world_size = how.world_size;
+  copy->sharding = std::move(how.sharding);
+  copy->state = std::move(how.state);
+  copy->transform = std::move(how.transform);
+  copy->resume = std::move(how.resume);
   return DataLoader(std::move(copy));
 }
 
-namespace {
-// AcceleratorOptions::auto_resume: the checkpoint is loaded before the loader is first used.
-void run_pending_resume(const std::shared_ptr<TrainingState>& state) {
-  if (state) state->run_pending_resume();
-}
-}  // namespace
-
-int64_t DataLoader::epoch() const {
-  run_pending_resume(shared_->state);
-  return shared_->epoch;
-}
-
-DataPosition DataLoader::position() const {
-  run_pending_resume(shared_->state);
-  return shared_->position;
-}
+// The getters read this process's copy and nothing else (resume_hook.h).
+int64_t DataLoader::epoch() const { return shared_->epoch; }
+DataPosition DataLoader::position() const { return shared_->position; }
+int64_t DataLoader::dataset_size() const { return shared_->dataset_size; }
+const DataLoaderOptions& DataLoader::options() const { return shared_->options; }
+const ShardingOptions& DataLoader::sharding() const { return shared_->sharding; }
+int DataLoader::rank() const { return shared_->rank; }
+int DataLoader::world_size() const { return shared_->world_size; }
+void DataLoader::set_seed(uint64_t seed) { shared_->sharding.seed(seed); }
 
 void DataLoader::set_epoch(int64_t epoch) {
   shared_->epoch = epoch;
@@ -178,7 +172,8 @@ int64_t DataLoader::size() const {
 }
 
 DataLoader::Iterator DataLoader::begin() {
-  run_pending_resume(shared_->state);
+  // AcceleratorOptions::auto_resume: the checkpoint is loaded before the first epoch starts.
+  if (shared_->resume) shared_->resume->fire();
   auto run = std::make_shared<EpochRun>();
   run->shared = shared_;
   const int64_t epoch = shared_->epoch++;

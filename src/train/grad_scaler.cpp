@@ -1,6 +1,6 @@
 #include "accelerant/grad_scaler.h"
 
-#include "accelerant/fused_optimizer.h"
+#include "accelerant/fused_optimizer.h"  // the FusedUpdater entry points
 
 #include "accelerant/error.h"
 #include "base/step_recording.h"
@@ -63,7 +63,6 @@ void GradScaler::unscale_(const std::vector<torch::Tensor>& params) {
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) { unscale_(optimizer_params(optimizer)); }
 
 bool GradScaler::step(torch::optim::Optimizer& optimizer) {
-  if (FusedUpdater* fused = fused_updater_of(optimizer)) return step(*fused);
   if (!enabled()) {
     optimizer.step();
     return true;
@@ -72,7 +71,7 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
     throw Error("GradScaler::step(torch::optim optimizer) inside a graph step: deciding whether to skip the "
                 "update means reading found_inf on the host, which a captured step cannot do. Fix: use a fused "
                 "optimizer (accelerant::FusedAdamW / FusedSGD, or AcceleratorOptions::fused_optimizers(true)) "
-                "and step_on_device().");
+                "and step_on_device(its updater()).");
   }
   if (!unscaled_) unscale_(optimizer);
   // The one host read: torch::optim cannot take a device-side skip flag.

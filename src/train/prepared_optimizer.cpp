@@ -8,7 +8,10 @@ namespace accelerant {
 
 PreparedOptimizer::PreparedOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<TrainingState> state,
                                      std::shared_ptr<FusedUpdater> fused)
-    : optimizer_(&optimizer), state_(std::move(state)), fused_(std::move(fused)) {
+    : optimizer_(&optimizer),
+      state_(std::move(state)),
+      fused_(std::move(fused)),
+      updater_(fused_ ? fused_.get() : fused_updater_of(optimizer)) {
   if (!state_) throw Error("PreparedOptimizer needs a TrainingState; got null. Fix: pass std::make_shared<TrainingState>().");
   if (fused_ && &fused_->optimizer() != optimizer_) {
     throw Error("PreparedOptimizer: the fused update is bound to another optimizer. Fix: bind it to this one.");
@@ -20,10 +23,10 @@ bool PreparedOptimizer::step() {
   if (detail::recording_step()) return step_in_graph();
   bool stepped = true;
   if (state_->scaler && state_->scaler->enabled()) {
-    stepped = fused_ ? state_->scaler->step(*fused_) : state_->scaler->step(*optimizer_);
+    stepped = updater_ ? state_->scaler->step(*updater_) : state_->scaler->step(*optimizer_);
     state_->scaler->update();
-  } else if (fused_) {
-    fused_->step();
+  } else if (updater_) {
+    updater_->step();
   } else {
     optimizer_->step();
   }
@@ -36,7 +39,7 @@ bool PreparedOptimizer::step() {
 // decision on the device, and the step counters become a host effect that runs after every
 // replay and reads the flag then, once the step's work has been queued in full.
 bool PreparedOptimizer::step_in_graph() {
-  if (!fused_) {
+  if (!updater_) {
     throw Error(detail::str("PreparedOptimizer::step() inside a graph step with an unfused torch::optim optimizer: "
                             "its step sizes (bias corrections, the learning rate) are computed on the host, so a "
                             "replay would repeat the captured step's values. Fix: ",
@@ -46,7 +49,7 @@ bool PreparedOptimizer::step_in_graph() {
   auto state = state_;
   if (state_->scaler && state_->scaler->enabled()) {
     GradScaler& scaler = *state_->scaler;
-    scaler.step_on_device(*fused_);
+    scaler.step_on_device(*updater_);
     // update() resets found_inf, and the effect runs after the whole step: keep this step's flag,
     // in one tensor that every step (and replay) writes in place.
     if (!skip_flag_->defined()) *skip_flag_ = torch::empty_like(scaler.found_inf());
@@ -57,7 +60,7 @@ bool PreparedOptimizer::step_in_graph() {
       if (!state->last_step_skipped) ++state->optimizer_steps;
     });
   } else {
-    fused_->step();
+    updater_->step();
     detail::host_effect([state] {
       state->last_step_skipped = false;
       ++state->optimizer_steps;

@@ -1,0 +1,222 @@
+// load_training_state: the loading half of the protocol (training_checkpoint.h), one step per
+// function: find the checkpoint, check that it fits, read every piece, then apply everywhere or
+// nowhere (a snapshot taken first is what a failed apply rolls back to).
+#include <cstdio>
+
+#include "accelerant/error.h"
+#include "base/file_io.h"
+#include "base/text.h"
+#include "checkpoint/checkpoint_layout.h"
+#include "checkpoint/state_pieces.h"
+#include "checkpoint/training_checkpoint.h"
+
+namespace accelerant::detail {
+namespace {
+
+// Everything one process read from a checkpoint, checked, ready to apply.
+struct LoadedCheckpoint {
+  std::string dir;
+  CheckpointManifest manifest;
+  CheckpointTrainingState state;
+  std::vector<std::string> models, optimizers, custom_objects;  // archives, as bytes
+  std::string scaler;
+  std::string rng;  // empty: this rank did not exist when it was saved
+};
+
+std::string source_dir(const std::string& requested_dir, const std::string& checkpoints_dir,
+                       const CheckpointRanks& ranks) {
+  std::string dir = requested_dir;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  if (!dir.empty()) return dir;
+  if (checkpoints_dir.empty()) {
+    throw CheckpointError(str(ranks.rank_prefix, "load_state() without a directory needs a project ",
+                              "directory to find the newest checkpoint in. Fix: pass the checkpoint's ",
+                              "directory, or set AcceleratorOptions().project_dir(...)."));
+  }
+  auto latest = latest_checkpoint(checkpoints_dir);
+  if (!latest) {
+    throw CheckpointError(str(ranks.rank_prefix, "load_state(): no complete checkpoint in ", checkpoints_dir,
+                              ". Fix: save one first (save_state()), or check project_dir."),
+                          checkpoints_dir);
+  }
+  return *latest;
+}
+
+// Whether the manifest's counts fit what this run prepared.
+void check_counts(const CheckpointManifest& m, const CheckpointedState& s, const std::string& dir) {
+  std::vector<std::string> problems;
+  auto count = [&](const char* noun, int saved, size_t here) {
+    if (static_cast<size_t>(saved) != here) {
+      problems.push_back(str("it has ", saved, " ", noun, ", this run prepared ", here));
+    }
+  };
+  count("model(s)", m.models, s.models.size());
+  count("optimizer(s)", m.optimizers, s.optimizers.size());
+  count("scheduler(s)", m.schedulers, s.schedulers.size());
+  count("registered object(s)", m.custom_objects, s.objects.size());
+  if (static_cast<size_t>(m.data_loaders) < s.loaders.size()) {
+    problems.push_back(str("it has ", m.data_loaders, " data loader(s), this run prepared ", s.loaders.size()));
+  }
+  if (m.scaler != (s.state->scaler != nullptr)) {
+    problems.push_back(str("it was saved ", m.scaler ? "with" : "without", " the fp16 loss scaler, this run has ",
+                           "mixed_precision ", to_string(s.mixed_precision)));
+  }
+  if (!problems.empty()) {
+    throw CheckpointError(str(dir, " does not fit this run: ", join(problems, "; "),
+                              ". Fix: prepare the same objects, in the same order, with the same ",
+                              "mixed precision as the run that saved it."),
+                          dir);
+  }
+}
+
+// Whether state.json fits the manifest and this run's datasets.
+void check_positions(const LoadedCheckpoint& loaded, const CheckpointedState& s) {
+  const std::string& dir = loaded.dir;
+  if (loaded.state.scheduler_steps.size() != s.schedulers.size() ||
+      loaded.state.data_loaders.size() != static_cast<size_t>(loaded.manifest.data_loaders)) {
+    throw CheckpointError(str(dir, "/", layout::kStateFile, " disagrees with the manifest about the schedulers ",
+                              "or data loaders. Fix: use another checkpoint."),
+                          dir + "/" + layout::kStateFile);
+  }
+  for (size_t i = 0; i < s.loaders.size(); ++i) {
+    if (loaded.state.data_loaders[i].dataset_size != s.loaders[i].dataset_size()) {
+      throw CheckpointError(str("data loader ", i, " was saved over ", loaded.state.data_loaders[i].dataset_size,
+                                " samples, this run's has ", s.loaders[i].dataset_size(),
+                                ". Fix: prepare the same datasets, in the same order, as the run that ",
+                                "saved it."),
+                            dir + "/" + layout::kStateFile);
+    }
+  }
+}
+
+// Reads and checks everything this process will apply; nothing changes yet.
+LoadedCheckpoint read_and_check(const std::string& dir, const CheckpointedState& s, const CheckpointRanks& ranks) {
+  LoadedCheckpoint loaded;
+  loaded.dir = dir;
+  loaded.manifest = verify_checkpoint(dir);
+  check_counts(loaded.manifest, s, dir);
+  auto read = [&](const std::string& name) { return read_file(dir + "/" + name); };
+  for (size_t i = 0; i < s.models.size(); ++i) {
+    const std::string file = layout::model_file(i);
+    loaded.models.push_back(read(file));
+    auto mismatches = module_state_mismatches(*s.models[i], loaded.models.back(), dir + "/" + file);
+    if (!mismatches.empty()) {
+      throw CheckpointError(str("model ", i, " does not match ", dir, "/", file, ": ", join(mismatches, "; "),
+                                ". Fix: build the model as the run that saved it did (same layers and sizes)."),
+                            dir + "/" + file);
+    }
+  }
+  for (size_t i = 0; i < s.optimizers.size(); ++i) loaded.optimizers.push_back(read(layout::optimizer_file(i)));
+  for (size_t i = 0; i < s.objects.size(); ++i) loaded.custom_objects.push_back(read(layout::custom_file(i)));
+  if (loaded.manifest.scaler) loaded.scaler = read(layout::kScalerFile);
+  if (ranks.rank < loaded.manifest.world_size) loaded.rng = read(layout::rng_file(ranks.rank));
+  loaded.state = read_checkpoint_state(dir);
+  check_positions(loaded, s);
+  return loaded;
+}
+
+// This process's state now, as a load would apply it: what a failed load rolls back to.
+LoadedCheckpoint snapshot_for_rollback(const CheckpointedState& s) {
+  LoadedCheckpoint now;
+  now.dir = "(the state before load_state)";
+  now.state = training_state_now(s);
+  for (const auto& m : s.models) now.models.push_back(module_state_bytes(*m));
+  for (const auto& o : s.optimizers) now.optimizers.push_back(optimizer_state_bytes(*o.optimizer, o.fused.get()));
+  for (const auto& o : s.objects) now.custom_objects.push_back(archive_to_bytes(o.save));
+  if (s.state->scaler) {
+    now.scaler = archive_to_bytes([&](torch::serialize::OutputArchive& a) { s.state->scaler->save(a); });
+  }
+  now.rng = rng_state_bytes();
+  return now;
+}
+
+void apply(const LoadedCheckpoint& loaded, CheckpointedState& s, int rank) {
+  for (size_t i = 0; i < s.models.size(); ++i) {
+    load_module_state(*s.models[i], loaded.models[i], loaded.dir + "/" + layout::model_file(i));
+  }
+  for (size_t i = 0; i < s.optimizers.size(); ++i) {
+    load_optimizer_state(*s.optimizers[i].optimizer, loaded.optimizers[i],
+                         loaded.dir + "/" + layout::optimizer_file(i), s.optimizers[i].fused.get());
+  }
+  for (size_t i = 0; i < s.objects.size(); ++i) {
+    auto archive = archive_from_bytes(loaded.custom_objects[i], loaded.dir + "/" + layout::custom_file(i));
+    s.objects[i].load(archive);
+  }
+  if (s.state->scaler && !loaded.scaler.empty()) {
+    auto archive = archive_from_bytes(loaded.scaler, loaded.dir + "/" + layout::kScalerFile, s.device);
+    s.state->scaler->load(archive);
+  }
+  const CheckpointTrainingState& state = loaded.state;
+  for (size_t i = 0; i < s.schedulers.size(); ++i) {
+    set_scheduler_step_count(s.schedulers[i].scheduler(), state.scheduler_steps[i]);
+  }
+  s.state->optimizer_steps = state.optimizer_steps;
+  s.state->micro_steps = state.micro_steps;
+  for (auto& scheduler : s.schedulers) scheduler.resync();
+  for (size_t i = 0; i < s.loaders.size(); ++i) {
+    s.loaders[i].set_seed(state.data_loaders[i].seed);
+    s.loaders[i].set_position({state.data_loaders[i].epoch, state.data_loaders[i].samples_done});
+  }
+  s.loaded_loaders = state.data_loaders;
+  if (!loaded.rng.empty()) load_rng_state(loaded.rng, loaded.dir + "/" + layout::rng_file(rank));
+}
+
+// Applies `loaded` on every process, or, when that failed anywhere, puts every object back.
+void apply_everywhere_or_nowhere(const LoadedCheckpoint& loaded, CheckpointedState& s, const CheckpointRanks& ranks) {
+  const LoadedCheckpoint before = snapshot_for_rollback(s);
+  const auto failures = outcomes_everywhere(ranks, [&] {
+                          apply(loaded, s, ranks.rank);
+                          return std::string();
+                        }).failures;
+  if (failures.empty()) return;
+  apply(before, s, ranks.rank);
+  throw CheckpointError(str(ranks.rank_prefix, "load_state(", loaded.dir, ") failed while applying it on ",
+                            failures.size(), " of ", ranks.world_size,
+                            " process(es); every object was put back as it was:\n  ", join(failures, "\n  ")),
+                        loaded.dir);
+}
+
+}  // namespace
+
+CheckpointTrainingState training_state_now(const CheckpointedState& s) {
+  CheckpointTrainingState state;
+  state.optimizer_steps = s.state->optimizer_steps;
+  state.micro_steps = s.state->micro_steps;
+  for (const auto& scheduler : s.schedulers) {
+    state.scheduler_steps.push_back(scheduler_step_count(scheduler.scheduler()));
+  }
+  for (const auto& l : s.loaders) {
+    const DataPosition p = l.position();
+    state.data_loaders.push_back(
+        {p.epoch, p.samples_done, l.dataset_size(), l.sharding().seed(), l.sharding().shuffle()});
+  }
+  return state;
+}
+
+std::string load_training_state(CheckpointedState& state, const CheckpointRanks& ranks, const std::string& dir,
+                                const std::string& checkpoints_dir) {
+  const std::string source = source_dir(dir, checkpoints_dir, ranks);
+  LoadedCheckpoint loaded;
+  on_every_process(ranks, "load_state(" + source + "): checking the checkpoint",
+                   [&] { loaded = read_and_check(source, state, ranks); });
+  apply_everywhere_or_nowhere(loaded, state, ranks);
+  if (ranks.is_main() && loaded.manifest.world_size != ranks.world_size) {
+    std::printf("load_state: %s was saved by %d process(es), this run has %d: the data positions continue at the "
+                "same sample, re-sharded over %d; ranks without a saved generator keep their own.\n",
+                source.c_str(), loaded.manifest.world_size, ranks.world_size, ranks.world_size);
+    std::fflush(stdout);
+  }
+  return source;
+}
+
+std::string agreed_latest_checkpoint(const CheckpointRanks& ranks, const std::string& checkpoints_dir) {
+  if (checkpoints_dir.empty()) {
+    throw CheckpointError(str(ranks.rank_prefix, "auto_resume needs a project directory to find checkpoints in. ",
+                              "Fix: set AcceleratorOptions().project_dir(...)."));
+  }
+  // Every process must take the same decision: the main process looks, the others follow.
+  const std::string latest = ranks.is_main() ? latest_checkpoint(checkpoints_dir).value_or("") : "";
+  return ranks.communicator->broadcast_bytes(latest, 0);
+}
+
+}  // namespace accelerant::detail

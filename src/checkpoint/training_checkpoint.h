@@ -1,0 +1,100 @@
+// The save/load protocol of a whole training state between processes, apart from the Accelerator
+// (as Accelerate keeps checkpointing.py apart from accelerator.py): the Accelerator fills a
+// CheckpointedState with what it prepared and calls these functions; they know nothing of it.
+// The directory layout is in accelerant/checkpoint.h, the pieces' formats in state_pieces.h.
+//
+// Saving: the main process makes a hidden temporary directory beside the target; every process
+// writes and fsyncs its files into it and reports their sizes and checksums; the main process
+// writes manifest.json last and renames the directory into place. Every step ends with an
+// exchange of outcomes (every_process.h), so a failure on any process fails the save on all of
+// them, and the target is only ever replaced by a complete checkpoint.
+//
+// Loading: every process reads and checks everything it will use before changing anything, the
+// processes agree that all of them can load, then each applies the state with a snapshot to
+// roll back to if applying fails anywhere.
+#pragma once
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "accelerant/accelerator_options.h"
+#include "accelerant/checkpoint.h"
+#include "accelerant/data_loader.h"
+#include "accelerant/fused_optimizer.h"
+#include "accelerant/prepared_optimizer.h"
+#include "accelerant/training_state.h"
+#include "checkpoint/every_process.h"
+
+namespace accelerant::detail {
+
+/// An object registered with register_for_checkpointing: saved by the main process, loaded on all.
+struct RegisteredObject {
+  std::function<void(torch::serialize::OutputArchive&)> save;
+  std::function<void(torch::serialize::InputArchive&)> load;
+};
+
+/// One optimizer and the fused update prepare bound to it (null: it steps by itself).
+struct CheckpointedOptimizer {
+  torch::optim::Optimizer* optimizer = nullptr;
+  std::shared_ptr<FusedUpdater> fused;
+};
+
+/// Everything a checkpoint holds, in prepare order; the objects behind the pointers outlive
+/// every call that is given this. The Accelerator keeps one and adds to it as it prepares.
+struct CheckpointedState {
+  std::vector<std::shared_ptr<torch::nn::Module>> models;
+  std::vector<CheckpointedOptimizer> optimizers;
+  std::vector<PreparedScheduler> schedulers;  // copies share their counters with the user's
+  std::vector<DataLoader> loaders;            // copies share their position with the user's
+  std::vector<RegisteredObject> objects;
+  /// The step counters and the fp16 scaler (when there is one).
+  std::shared_ptr<TrainingState> state;
+  /// Where the scaler's tensors live.
+  torch::Device device = torch::kCPU;
+  /// Named when a checkpoint's scaler does not fit this run.
+  MixedPrecision mixed_precision = MixedPrecision::kNo;
+  /// The loaders of the checkpoint loaded last: one prepared after the load takes its position
+  /// from here (auto_resume loads before every loader is prepared).
+  std::vector<CheckpointLoaderState> loaded_loaders;
+};
+
+/// The counters and data positions now, as state.json holds them.
+CheckpointTrainingState training_state_now(const CheckpointedState& state);
+
+/// Where a save goes.
+struct SaveRequest {
+  /// The checkpoint directory; empty: checkpoint_<n> under `checkpoints_dir`, n one past the newest.
+  std::string dir;
+  /// checkpoints_dir_of(project_dir); empty without a project directory.
+  std::string checkpoints_dir;
+  /// Automatic checkpoints kept (older ones removed after a save succeeded); 0 keeps all.
+  int total_limit = 0;
+};
+
+/// <project_dir>/checkpoints, or "" without a project directory.
+std::string checkpoints_dir_of(const std::string& project_dir);
+
+/// Saves `state` (a collective: call on every process, between steps). Returns the directory
+/// written. Throws CheckpointError on every process when any could not write its part; the
+/// previous checkpoint at the target, if any, is then as it was.
+std::string save_training_state(const CheckpointedState& state, const CheckpointRanks& ranks,
+                                const SaveRequest& request);
+
+/// Loads the checkpoint in `dir` (empty: the newest complete one in `checkpoints_dir`) into
+/// `state` (a collective). Checks everything on every process first; a problem anywhere throws
+/// CheckpointError on every process and leaves every object as it was. Returns the directory.
+std::string load_training_state(CheckpointedState& state, const CheckpointRanks& ranks, const std::string& dir,
+                                const std::string& checkpoints_dir);
+
+/// The newest complete checkpoint in `checkpoints_dir` as the main process sees it, the same
+/// on every process (a collective); "" when there is none. Throws CheckpointError when
+/// `checkpoints_dir` is empty (no project directory).
+std::string agreed_latest_checkpoint(const CheckpointRanks& ranks, const std::string& checkpoints_dir);
+
+}  // namespace accelerant::detail
