@@ -101,7 +101,7 @@ TEST(ParseBool, RefusesOthersNamingTheVariableTheValueAndTheAcceptedValues) {
       EXPECT_EQ(e.variable(), "ACCELERANT_DEBUG_MODE");
       EXPECT_EQ(e.value(), bad);
       EXPECT_TRUE(contains(message, std::string("ACCELERANT_DEBUG_MODE=") + bad + " is not a boolean")) << message;
-      EXPECT_TRUE(contains(message, "1, true, yes, y, on or 0, false, no, n, off")) << message;
+      EXPECT_TRUE(contains(message, "Accepted: 1, true, yes, y, on or 0, false, no, n, off")) << message;
       EXPECT_TRUE(contains(message, "Fix:")) << message;
     }
   }
