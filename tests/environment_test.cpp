@@ -48,7 +48,8 @@ TEST(EnvironmentTable, DeclaresEveryVariableTheLaunchersSet) {
 }
 
 TEST(EnvironmentAccessor, RefusesAnUndeclaredNameNamingTheTable) {
-  const std::string message = accelerant::testing::error_message([] { environment_value("ACCELERANT_NOT_A_VARIABLE"); });
+  const std::string message =
+      accelerant::testing::error_message([] { environment_value("ACCELERANT_NOT_A_VARIABLE"); });
   EXPECT_TRUE(contains(message, "ACCELERANT_NOT_A_VARIABLE")) << message;
   EXPECT_TRUE(contains(message, "table of environment variables")) << message;
   EXPECT_TRUE(contains(message, "Fix:")) << message;
@@ -134,8 +135,9 @@ TEST(ParseMixedPrecision, RefusesOthersNamingTheVariableTheValueAndTheAcceptedVa
       EXPECT_TRUE(contains(message, "use no, fp16 or bf16")) << message;
     }
   }
-  EXPECT_TRUE(contains(accelerant::testing::error_message([] { parse_mixed_precision("fp32", "ACCELERANT_MIXED_PRECISION"); }),
-                       "full precision is written no"));
+  const std::string message =
+      accelerant::testing::error_message([] { parse_mixed_precision("fp32", "ACCELERANT_MIXED_PRECISION"); });
+  EXPECT_TRUE(contains(message, "full precision is written no")) << message;
 }
 
 // One rule for every source of the setting: fp32 is refused by each, BF16 accepted by each.

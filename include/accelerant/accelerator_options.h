@@ -2,7 +2,7 @@
 // first of these that sets it:
 //   1. the option set in code (AcceleratorOptions), like a command-line flag;
 //   2. the environment a launcher sets (ACCELERANT_MIXED_PRECISION, ...; table in
-//      docs/accelerator.md);
+//      docs/accelerator.md; every variable in docs/environment.md);
 //   3. the config file (accelerant config): $ACCELERANT_CONFIG_FILE, else
 //      $XDG_CACHE_HOME/accelerant/default_config.yaml, else ~/.cache/accelerant/default_config.yaml;
 //   4. the default.

@@ -54,7 +54,7 @@ namespace detail {
 void record_capture(const std::string& step, const std::string& mode, const std::string& signature, double seconds);
 void record_step(const std::string& step, bool cache_hit, bool replayed, double seconds);
 void record_transfer(bool to_device, int64_t bytes);
-/// Prints the report to stderr when ACCELERANT_METRICS=1, once per process (the exit paths call it).
+/// Prints the report to stderr when ACCELERANT_METRICS is true (parse_bool), once per process (the exit paths call it).
 void print_metrics_if_requested();
 }  // namespace detail
 

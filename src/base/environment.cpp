@@ -17,7 +17,8 @@ constexpr const char* kConfig = "settings (config.cpp: the config file's locatio
 
 const std::vector<EnvVariable> kTable = {
     // torchrun's contract, which Accelerant's launchers also set.
-    {"RANK", "integer ≥ 0", "unset (one process)", "This process's index in the job, 0 ≤ RANK < WORLD_SIZE.", kContract},
+    {"RANK", "integer ≥ 0", "unset (one process)", "This process's index in the job, 0 ≤ RANK < WORLD_SIZE.",
+     kContract},
     {"WORLD_SIZE", "integer ≥ 1", "unset (one process)", "The number of processes in the job.", kContract},
     {"LOCAL_RANK", "integer ≥ 0", "RANK", "This process's index on its machine.", kContract},
     {"LOCAL_WORLD_SIZE", "integer ≥ 1", "WORLD_SIZE", "The number of processes on this machine.", kContract},

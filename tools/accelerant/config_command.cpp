@@ -61,7 +61,9 @@ Config ask_questions() {
   c.num_processes = ask("How many processes in total, across all machines?", c.num_machines,
                         [](const std::string& t) { return parse_int(t, 1, 1000000); });
   c.mixed_precision = ask(std::string("Mixed precision (no, fp16 on CUDA, bf16)?"), c.mixed_precision,
-                          [](const std::string& t) { return std::string(to_string(parse_mixed_precision(t, "the answer"))); });
+                          [](const std::string& t) {
+                            return std::string(to_string(parse_mixed_precision(t, "the answer")));
+                          });
   if (c.mixed_precision == "bf16") {
     c.downcast_bf16 = ask(std::string("Store the weights in bf16 too (downcast_bf16)? yes/no"), std::string("no"),
                           [](const std::string& t) { return parse_yes_no(t) ? std::string("yes") : std::string("no"); }) == "yes";
