@@ -32,7 +32,7 @@ Field field(const char* key, const char* type, T Config::*member) {
   return {key, type,
           [member, key](const YAML::Node& node, Config& c) {
             if constexpr (std::is_same_v<T, bool>) {
-              c.*member = parse_bool(node.Scalar(), key);  // the one bool parser, not YAML 1.1's y/n
+              c.*member = parse_bool(node.Scalar(), key);  // the one bool parser (it takes YAML 1.1 spellings too)
             } else {
               c.*member = node.as<T>();
             }
@@ -50,7 +50,7 @@ Field field(const char* key, const char* type, T Config::*member) {
           }};
 }
 
-constexpr const char* kBoolType = "true or false (also 1/0, yes/no, on/off)";
+constexpr const char* kBoolType = "true or false (also 1/0, yes/no, y/n, on/off)";
 
 const std::vector<Field>& fields() {
   static const std::vector<Field> all = {
