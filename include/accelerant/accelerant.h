@@ -11,6 +11,7 @@
 #include "accelerant/data_loader.h"
 #include "accelerant/data_sharding.h"
 #include "accelerant/distributed_env.h"
+#include "accelerant/environment.h"
 #include "accelerant/error.h"
 #include "accelerant/fused_optimizer.h"
 #include "accelerant/grad_scaler.h"

@@ -2,7 +2,7 @@
 // first of these that sets it:
 //   1. the option set in code (AcceleratorOptions), like a command-line flag;
 //   2. the environment a launcher sets (ACCELERANT_MIXED_PRECISION, ...; table in
-//      docs/accelerator.md);
+//      docs/accelerator.md; every variable in docs/environment.md);
 //   3. the config file (accelerant config): $ACCELERANT_CONFIG_FILE, else
 //      $XDG_CACHE_HOME/accelerant/default_config.yaml, else ~/.cache/accelerant/default_config.yaml;
 //   4. the default.
@@ -16,16 +16,13 @@
 
 #include "accelerant/config.h"
 #include "accelerant/distributed_env.h"
+#include "accelerant/environment.h"  // MixedPrecision and its parser
 
 namespace accelerant {
 
-enum class MixedPrecision { kNo, kFp16, kBf16 };
-/// "no", "fp16" or "bf16".
-const char* to_string(MixedPrecision precision);
-
 struct AcceleratorOptions {
-  /// "no", "fp16" (CUDA only, with loss scaling) or "bf16" (CPU and CUDA autocast).
-  /// Default: "no".
+  /// "no", "fp16" (CUDA only, with loss scaling) or "bf16" (CPU and CUDA autocast), in any case;
+  /// "fp32" and "none" are refused (parse_mixed_precision, docs/environment.md). Default: "no".
   TORCH_ARG(std::optional<std::string>, mixed_precision) = std::nullopt;
   /// Keep the model's weights in bf16 (converted at prepare) while gradient all-reduces, reduce()
   /// and gather() of bf16 values run in fp32. See docs/mixed_precision.md. Default: false.

@@ -51,7 +51,8 @@ struct DistributedEnv {
 /// Looks one variable up; std::nullopt when it is unset.
 using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
 
-/// This process's environment (getenv) as an EnvLookup.
+/// This process's environment as an EnvLookup, through environment_value(): a name missing from
+/// the table of variables (environment.h) throws. Tests pass their own EnvLookup instead.
 EnvLookup process_environment();
 
 /// Parses and validates. Throws EnvironmentError naming the variable, its value and the fix.

@@ -68,7 +68,7 @@ struct GraphStepOptions {
   /// bookkeeping it does through Accelerant is not run inline: what was recorded at the
   /// signature's first step runs instead, and the capture rules apply (no host reads of device
   /// values, fused optimizers only). Slower: the fused optimizers take their device path.
-  /// Default: true when ACCELERANT_EMULATE_REPLAYS=1, else false.
+  /// Default: ACCELERANT_EMULATE_REPLAYS (a bool, parse_bool), else false.
   TORCH_ARG(bool, emulate_replays) = default_emulate_replays();
   /// Runs before every step, outside any capture, and returns a key that joins the cache key
   /// and a scope held until the step ends. Accelerator::compile uses it for gradient

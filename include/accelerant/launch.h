@@ -46,7 +46,7 @@ struct LaunchOptions {
   TORCH_ARG(int, max_restarts) = 0;
   /// How often the agent checks its workers. Default: 100 ms.
   TORCH_ARG(std::chrono::milliseconds, monitor_interval) = std::chrono::milliseconds(100);
-  /// Passed to workers as ACCELERANT_MIXED_PRECISION: no, fp16 or bf16. Default: "no".
+  /// Passed to workers as ACCELERANT_MIXED_PRECISION: no, fp16 or bf16 (parse_mixed_precision). Default: "no".
   TORCH_ARG(std::string, mixed_precision) = "no";
   /// Intra-op threads per worker. 0 = cores / num_processes (at least 1). When this process has
   /// already started threads (LibTorch's OpenMP pool, OpenBLAS), forked workers cannot use thread

@@ -3,10 +3,9 @@
 #include <limits.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <fstream>
 
-#include "accelerant/error.h"
+#include "accelerant/environment.h"
 #include "base/text.h"
 
 namespace accelerant::detail {
@@ -18,17 +17,14 @@ std::string machine_identity() {
   ::gethostname(host, sizeof host - 1);
   char netns[128] = {0};
   const ssize_t length = ::readlink("/proc/self/ns/net", netns, sizeof netns - 1);
-  const char* group = std::getenv("ACCELERANT_SHM_GROUP");
+  const std::string group = environment_value("ACCELERANT_SHM_GROUP").value_or("");
   return str(boot_id, "|", host, "|", length > 0 ? std::string(netns, static_cast<size_t>(length)) : "",
-             group && *group ? str("|group ", group) : std::string());
+             group.empty() ? std::string() : str("|group ", group));
 }
 
 bool shm_all_reduce_enabled() {
-  const char* value = std::getenv("ACCELERANT_SHM_ALLREDUCE");
-  if (value == nullptr || *value == '\0' || std::string(value) == "1") return true;
-  if (std::string(value) == "0") return false;
-  throw Error(str("ACCELERANT_SHM_ALLREDUCE is \"", value, "\"; expected 0 (all-reduce through Gloo only) or 1 ",
-                  "(through shared memory between the ranks of one machine, the default). Fix: set it to 0 or 1."));
+  // Unset: on (false: all-reduce through Gloo only).
+  return environment_flag("ACCELERANT_SHM_ALLREDUCE").value_or(true);
 }
 
 }  // namespace accelerant::detail

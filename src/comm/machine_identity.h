@@ -12,8 +12,9 @@ namespace accelerant::detail {
 /// machines (tests stand for nodes this way; it can also keep groups of ranks apart).
 std::string machine_identity();
 
-/// ACCELERANT_SHM_ALLREDUCE: "0" turns the shared-memory all-reduce off (Gloo carries every
-/// all-reduce); unset or "1" leaves it on. Anything else throws Error naming the accepted values.
+/// ACCELERANT_SHM_ALLREDUCE, a bool (parse_bool): false turns the shared-memory all-reduce off
+/// (Gloo carries every all-reduce); unset or true leaves it on. Anything else throws
+/// EnvironmentError naming the accepted values.
 bool shm_all_reduce_enabled();
 
 }  // namespace accelerant::detail

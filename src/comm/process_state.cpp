@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "accelerant/environment.h"
 #include "accelerant/error.h"
 #include "comm/shared_memory_plan.h"
 #include "comm/communicator_impl.h"
@@ -69,8 +70,8 @@ std::string local_address_towards(const std::string& host) {
 // namespaces, /etc/hosts mapping it to 127.0.1.1).
 std::vector<std::shared_ptr<gloo::transport::Device>> gloo_devices(const std::string& master_addr) {
   std::vector<std::shared_ptr<gloo::transport::Device>> devices;
-  if (const char* ifnames = std::getenv("GLOO_SOCKET_IFNAME"); ifnames && *ifnames) {
-    std::stringstream list(ifnames);
+  if (const auto ifnames = environment_value("GLOO_SOCKET_IFNAME"); ifnames && !ifnames->empty()) {
+    std::stringstream list(*ifnames);
     for (std::string name; std::getline(list, name, ',');) {
       if (!name.empty()) devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(name));
     }

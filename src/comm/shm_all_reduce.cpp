@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "accelerant/environment.h"
 #include "comm/shared_memory_segment.h"
 #include "comm/store_exchange.h"
 #include "base/text.h"
@@ -55,8 +56,9 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be p
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 size_t chunk_bytes_from_env() {
-  const char* text = std::getenv("ACCELERANT_SHM_CHUNK_BYTES");
-  if (text == nullptr || *text == '\0') return kDefaultChunkBytes;
+  const std::string setting = environment_value("ACCELERANT_SHM_CHUNK_BYTES").value_or("");
+  if (setting.empty()) return kDefaultChunkBytes;
+  const char* text = setting.c_str();
   char* end = nullptr;
   const unsigned long long value = std::strtoull(text, &end, 10);
   if (*end != '\0' || value < 4096 || value > (1ull << 30)) {

@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "accelerant/distributed_env.h"
+#include "accelerant/environment.h"
 #include "accelerant/error.h"
 #include "accelerant/metrics.h"
 #include "graph/metrics_recording.h"
@@ -86,8 +87,7 @@ std::string shape_signature(const std::vector<torch::Tensor>& inputs) {
 }
 
 bool GraphStepOptions::default_emulate_replays() {
-  const char* value = std::getenv("ACCELERANT_EMULATE_REPLAYS");
-  return value && std::string(value) == "1";
+  return environment_flag("ACCELERANT_EMULATE_REPLAYS").value_or(false);
 }
 
 void add_step_closure(std::function<void()> closure) {

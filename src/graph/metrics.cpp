@@ -7,6 +7,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "accelerant/environment.h"
 #include "base/exit_hooks.h"
 #include "graph/metrics_recording.h"
 #include "base/text.h"
@@ -46,8 +47,7 @@ Registry& registry() {
 std::atomic<bool> exit_hook_installed{false};
 
 bool metrics_requested() {
-  const char* value = std::getenv("ACCELERANT_METRICS");
-  return value && std::string(value) == "1";
+  return environment_flag("ACCELERANT_METRICS").value_or(false);
 }
 
 void install_exit_hook() {

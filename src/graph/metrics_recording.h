@@ -12,7 +12,8 @@ void record_capture(const std::string& step, const std::string& mode, const std:
 void record_step(const std::string& step, bool cache_hit, bool replayed, double seconds);
 /// A copy Accelerant made between the host and a device.
 void record_transfer(bool to_device, int64_t bytes);
-/// Prints the report to stderr when ACCELERANT_METRICS=1, once per process (an exit hook).
+/// Prints the report to stderr when ACCELERANT_METRICS is true (parse_bool), once per process
+/// (an exit hook).
 void print_metrics_if_requested();
 
 }  // namespace accelerant::detail

@@ -16,6 +16,7 @@
 #include "base/cpu_settings.h"
 #include "base/torch_compat.h"
 #include "accelerant/distributed_env.h"
+#include "accelerant/environment.h"
 #include "accelerant/launch.h"
 #include "launch/failure_report.h"
 #include "launch/node_group.h"
@@ -51,8 +52,10 @@ void validate(const LaunchOptions& o) {
                "pick a port, e.g. 29500, and pass it to every machine's launch");
   }
   if (o.max_restarts() < 0) bad_option(str("max_restarts is ", o.max_restarts()), "use 0 or more");
-  if (o.mixed_precision() != "no" && o.mixed_precision() != "fp16" && o.mixed_precision() != "bf16") {
-    bad_option(str("mixed_precision \"", o.mixed_precision(), "\" is unknown"), "use no, fp16 or bf16");
+  try {
+    parse_mixed_precision(o.mixed_precision(), "LaunchOptions::mixed_precision");
+  } catch (const Error&) {
+    bad_option(str("mixed_precision \"", o.mixed_precision(), "\" is unknown"), "use no, fp16 or bf16 (any case)");
   }
   if (o.monitor_interval().count() <= 0 || o.timeout().count() <= 0 || o.join_timeout().count() <= 0) {
     bad_option("monitor_interval, timeout and join_timeout must be positive", "give durations above zero");

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "accelerant/environment.h"
 #include "accelerant/launch.h"
 #include "base/text.h"
 
@@ -21,8 +22,7 @@ std::string cannot_run(const std::string& program, const std::string& why) {
 // Whether execvp would find an executable `program` (a path, or a name looked up on PATH).
 bool runnable(const std::string& program) {
   if (program.find('/') != std::string::npos) return ::access(program.c_str(), X_OK) == 0;
-  const char* path = std::getenv("PATH");
-  std::string dirs = path ? path : "/usr/bin:/bin";
+  const std::string dirs = environment_value("PATH").value_or("/usr/bin:/bin");
   for (size_t start = 0; start <= dirs.size();) {
     size_t end = dirs.find(':', start);
     if (end == std::string::npos) end = dirs.size();

@@ -1,18 +1,10 @@
 #include "accelerant/accelerator_options.h"
 
+#include "accelerant/environment.h"
 #include "accelerant/error.h"
 #include "base/text.h"
 
 namespace accelerant {
-
-const char* to_string(MixedPrecision precision) {
-  switch (precision) {
-    case MixedPrecision::kNo: return "no";
-    case MixedPrecision::kFp16: return "fp16";
-    case MixedPrecision::kBf16: return "bf16";
-  }
-  return "unknown";
-}
 
 namespace {
 
@@ -59,23 +51,6 @@ class Resolver {
   AcceleratorSettings& out_;
 };
 
-MixedPrecision parse_precision(const std::string& text, const std::string& from) {
-  const std::string v = detail::lower(text);
-  if (v == "no" || v == "fp32" || v == "none") return MixedPrecision::kNo;
-  if (v == "fp16") return MixedPrecision::kFp16;
-  if (v == "bf16") return MixedPrecision::kBf16;
-  throw Error(detail::str("mixed_precision \"", text, "\" (from ", from, ") is not a known precision. ",
-                          "Fix: use no, fp16 (CUDA) or bf16 (CPU or CUDA)."));
-}
-
-bool parse_bool(const std::string& text, const std::string& from) {
-  const std::string v = detail::lower(text);
-  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
-  if (v == "0" || v == "false" || v == "no" || v == "off") return false;
-  throw Error(detail::str("\"", text, "\" (from ", from, ") is not a yes/no value. ",
-                          "Fix: use true or false (also accepted: yes/no, 1/0, on/off)."));
-}
-
 int64_t parse_positive(const std::string& text, const std::string& from) {
   try {
     size_t used = 0;
@@ -105,9 +80,9 @@ AcceleratorSettings resolve_accelerator_settings(const AcceleratorOptions& o, co
   AcceleratorSettings s;
   Resolver r(env, config, config_path, s);
   std::optional<MixedPrecision> precision_option;
-  if (o.mixed_precision()) precision_option = parse_precision(*o.mixed_precision(), "AcceleratorOptions");
+  if (o.mixed_precision()) precision_option = parse_mixed_precision(*o.mixed_precision(), "AcceleratorOptions::mixed_precision");
   r.resolve("mixed_precision", precision_option, "ACCELERANT_MIXED_PRECISION", "mixed_precision",
-            parse_precision, s.mixed_precision);
+            parse_mixed_precision, s.mixed_precision);
   r.resolve("downcast_bf16", o.downcast_bf16(), "ACCELERANT_DOWNCAST_BF16", "downcast_bf16", parse_bool,
             s.downcast_bf16);
   if (o.gradient_accumulation_steps() && *o.gradient_accumulation_steps() < 1) {

@@ -11,6 +11,7 @@
 #include <map>
 #include <sstream>
 
+#include "accelerant/environment.h"
 #include "accelerant/error.h"
 #include "base/file_io.h"
 #include "base/text.h"
@@ -28,7 +29,14 @@ struct Field {
 
 template <class T>
 Field field(const char* key, const char* type, T Config::*member) {
-  return {key, type, [member](const YAML::Node& node, Config& c) { c.*member = node.as<T>(); },
+  return {key, type,
+          [member, key](const YAML::Node& node, Config& c) {
+            if constexpr (std::is_same_v<T, bool>) {
+              c.*member = parse_bool(node.Scalar(), key);  // the one bool parser (it takes YAML 1.1 spellings too)
+            } else {
+              c.*member = node.as<T>();
+            }
+          },
           [member](const Config& c) {
             std::ostringstream out;
             if constexpr (std::is_same_v<T, std::string>) {
@@ -42,6 +50,8 @@ Field field(const char* key, const char* type, T Config::*member) {
           }};
 }
 
+constexpr const char* kBoolType = "true or false (also 1/0, yes/no, y/n, on/off)";
+
 const std::vector<Field>& fields() {
   static const std::vector<Field> all = {
       field("config_version", "a whole number", &Config::config_version),
@@ -51,9 +61,9 @@ const std::vector<Field>& fields() {
       field("main_process_port", "a port number", &Config::main_process_port),
       field("num_processes", "a whole number", &Config::num_processes),
       field("mixed_precision", "no, fp16 or bf16", &Config::mixed_precision),
-      field("downcast_bf16", "true or false", &Config::downcast_bf16),
-      field("use_cpu", "true or false", &Config::use_cpu),
-      field("debug", "true or false", &Config::debug),
+      field("downcast_bf16", kBoolType, &Config::downcast_bf16),
+      field("use_cpu", kBoolType, &Config::use_cpu),
+      field("debug", kBoolType, &Config::debug),
       field("max_restarts", "a whole number", &Config::max_restarts),
       field("monitor_interval", "a number of seconds", &Config::monitor_interval),
       field("join_timeout", "a number of seconds", &Config::join_timeout),
@@ -143,7 +153,7 @@ Config load_config(const std::string& path) {
     try {
       if (!item.second.IsScalar()) throw YAML::BadConversion(item.second.Mark());
       it->read(item.second, config);
-    } catch (const YAML::Exception&) {
+    } catch (const std::exception&) {  // YAML::Exception, or Error from the one bool parser
       const std::string shown = item.second.IsScalar() ? item.second.Scalar() : "a list or mapping";
       problems.push_back(detail::str("'", key, "' is '", shown, "' at ", position(item.second.Mark()),
                                      ", but it must be ", it->type));
@@ -185,10 +195,13 @@ void validate_config(const Config& c, const std::string& where) {
                        "know the port: choose one, e.g. 29500");
   }
   if (c.main_process_ip.empty()) problems.push_back("main_process_ip is empty; use the main machine's address");
-  if (c.mixed_precision != "no" && c.mixed_precision != "fp16" && c.mixed_precision != "bf16") {
+  std::optional<MixedPrecision> precision;
+  try {
+    precision = parse_mixed_precision(c.mixed_precision, "mixed_precision");
+  } catch (const Error&) {
     problems.push_back(detail::str("mixed_precision is '", c.mixed_precision, "'; use no, fp16 (CUDA) or bf16"));
   }
-  if (c.downcast_bf16 && c.mixed_precision != "bf16") {
+  if (c.downcast_bf16 && precision != MixedPrecision::kBf16) {
     problems.push_back("downcast_bf16 is true but mixed_precision is not bf16; set both or neither");
   }
   if (c.max_restarts < 0) problems.push_back(detail::str("max_restarts is ", c.max_restarts, "; it must be 0 or more"));
@@ -243,7 +256,7 @@ ConfigValues to_config_values(const Config& config) {
 }
 
 std::string default_config_path(const EnvLookup& lookup) {
-  auto non_empty = [&](const char* name) -> std::optional<std::string> {
+  auto non_empty = [&](const std::string& name) -> std::optional<std::string> {
     auto value = lookup(name);
     if (value && !value->empty()) return value;
     return std::nullopt;

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "accelerant/environment.h"
 #include "accelerant/error.h"
 #include "base/text.h"
 
@@ -59,11 +60,7 @@ class Reader {
 
   bool flag(const std::string& var) const {
     auto v = text(var);
-    if (!v) return false;
-    const std::string s = detail::lower(*v);
-    if (s == "1" || s == "true" || s == "yes" || s == "on") return true;
-    if (s == "0" || s == "false" || s == "no" || s == "off") return false;
-    fail(var, *v, "is not a boolean", "use 1/0, true/false, yes/no or on/off");
+    return v && parse_bool(*v, var);
   }
 
  private:
@@ -126,11 +123,7 @@ void read_accelerant_extras(const Reader& r, DistributedEnv& env) {
     env.timeout = std::chrono::milliseconds(*ms);
   }
   if (auto mp = r.text("ACCELERANT_MIXED_PRECISION")) {
-    const std::string v = detail::lower(*mp);
-    if (v != "no" && v != "fp16" && v != "bf16") {
-      fail("ACCELERANT_MIXED_PRECISION", *mp, "is not a known precision", "use no, fp16 or bf16");
-    }
-    env.mixed_precision = v;
+    env.mixed_precision = to_string(parse_mixed_precision(*mp, "ACCELERANT_MIXED_PRECISION"));
   }
   env.threads_per_process = static_cast<int>(
       r.integer("ACCELERANT_THREADS_PER_PROCESS", 0, 4096, "set the number of threads per worker")
@@ -218,11 +211,7 @@ DistributedEnv parse_distributed_env(const EnvLookup& lookup) {
 }
 
 EnvLookup process_environment() {
-  return [](const std::string& var) -> std::optional<std::string> {
-    const char* v = std::getenv(var.c_str());
-    if (v == nullptr) return std::nullopt;
-    return std::string(v);
-  };
+  return [](const std::string& var) { return environment_value(var); };
 }
 
 DistributedEnv read_distributed_env() { return parse_distributed_env(process_environment()); }

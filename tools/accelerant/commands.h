@@ -43,6 +43,10 @@ int run_launch(const LaunchFlags& flags, const std::vector<std::string>& command
 /// `accelerant env`.
 void add_env_command(CLI::App& app, Action& action);
 
+/// --mixed_precision's check: the one parser (accelerant::parse_mixed_precision); the value is
+/// rewritten to its canonical spelling (no, fp16, bf16).
+CLI::Validator mixed_precision_flag();
+
 /// The config file path: --config_file when given, else the default location.
 std::string config_path_or_default(const std::string& config_file);
 

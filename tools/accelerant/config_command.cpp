@@ -1,6 +1,7 @@
 // accelerant config: ask the questions and write the config file; `default` writes one without
 // questions; `show` prints it; `validate` checks it.
 #include <accelerant/config.h>
+#include <accelerant/environment.h>
 #include <accelerant/error.h>
 
 #include <fstream>
@@ -43,20 +44,7 @@ int parse_int(const std::string& text, int low, int high) {
   throw Error("'" + text + "' is not a whole number from " + std::to_string(low) + " to " + std::to_string(high) + ".");
 }
 
-bool parse_yes_no(const std::string& text) {
-  if (text == "y" || text == "yes" || text == "true") return true;
-  if (text == "n" || text == "no" || text == "false") return false;
-  throw Error("'" + text + "' is not yes or no.");
-}
-
-std::string parse_choice(const std::string& text, const std::vector<std::string>& choices) {
-  for (const auto& c : choices) {
-    if (text == c) return c;
-  }
-  std::string list;
-  for (const auto& c : choices) list += (list.empty() ? "" : ", ") + c;
-  throw Error("'" + text + "' is not one of " + list + ".");
-}
+bool parse_yes_no(const std::string& text) { return parse_bool(text, "the answer"); }
 
 Config ask_questions() {
   Config c;
@@ -73,7 +61,9 @@ Config ask_questions() {
   c.num_processes = ask("How many processes in total, across all machines?", c.num_machines,
                         [](const std::string& t) { return parse_int(t, 1, 1000000); });
   c.mixed_precision = ask(std::string("Mixed precision (no, fp16 on CUDA, bf16)?"), c.mixed_precision,
-                          [](const std::string& t) { return parse_choice(t, {"no", "fp16", "bf16"}); });
+                          [](const std::string& t) {
+                            return std::string(to_string(parse_mixed_precision(t, "the answer")));
+                          });
   if (c.mixed_precision == "bf16") {
     c.downcast_bf16 = ask(std::string("Store the weights in bf16 too (downcast_bf16)? yes/no"), std::string("no"),
                           [](const std::string& t) { return parse_yes_no(t) ? std::string("yes") : std::string("no"); }) == "yes";
@@ -88,6 +78,19 @@ Config ask_questions() {
 }
 
 }  // namespace
+
+CLI::Validator mixed_precision_flag() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        try {
+          text = to_string(parse_mixed_precision(text, "--mixed_precision"));
+          return "";
+        } catch (const Error& e) {
+          return e.what();
+        }
+      },
+      "no|fp16|bf16");
+}
 
 void add_config_command(CLI::App& app, Action& action) {
   auto* config = app.add_subcommand(
@@ -118,7 +121,7 @@ void add_config_command(CLI::App& app, Action& action) {
                  "Examples:\n  accelerant config default\n  accelerant config default --mixed_precision bf16");
   auto precision = std::make_shared<std::string>("no");
   defaults->add_option("--mixed_precision", *precision, "no, fp16 or bf16")
-      ->check(CLI::IsMember({"no", "fp16", "bf16"}))
+      ->transform(mixed_precision_flag())
       ->capture_default_str();
   defaults->add_option("--config_file", *file, "The config file to write");
   defaults->callback([&action, file, precision] {

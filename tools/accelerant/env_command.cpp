@@ -1,5 +1,6 @@
 // accelerant env: what a bug report needs about this machine and this installation.
 #include <accelerant/accelerant.h>
+#include <accelerant/environment.h>
 #include <dlfcn.h>
 #include <gloo/config.h>
 #include <sched.h>
@@ -43,9 +44,42 @@ std::string blas_in_use() {
   return text.empty() ? "none found" : text;
 }
 
-std::string variable(const char* name) {
-  const char* value = std::getenv(name);
-  return value ? value : "(unset)";
+std::string variable(const char* name) { return environment_value(name).value_or("(unset)"); }
+
+// Every variable of the table with its value here (the table is the list: nothing is left out).
+void print_environment() {
+  std::cout << "- Environment variables (docs/environment.md):\n";
+  for (const auto& v : environment_variables()) std::cout << "    " << v.name << "=" << variable(v.name) << "\n";
+}
+
+std::string cell(const std::string& text) {
+  std::string out;
+  for (char c : text) out += c == '|' ? std::string("\\|") : std::string(1, c);
+  return out;
+}
+
+// docs/environment.md, generated from the table (ctest environment.doc_matches_table compares).
+void print_markdown() {
+  std::cout << "# Environment variables\n\n"
+               "<!-- Generated from the table in src/base/environment.cpp by `accelerant env --markdown`;\n"
+               "     ctest environment.doc_matches_table fails when they differ. -->\n\n"
+               "Every environment variable Accelerant reads, and only those: the library reads them through one\n"
+               "accessor that refuses a name missing from the table, and ctest `environment` fails on a\n"
+               "variable read anywhere else. `accelerant env` prints each with its value. Precedence for a\n"
+               "setting that also has an option: option or command-line flag > environment > config file >\n"
+               "default. An empty variable counts as unset.\n\n"
+               "- **bool**: `1`, `true`, `yes`, `y`, `on` or `0`, `false`, `no`, `n`, `off`, in any case (the\n"
+               "  same parser reads the config file's booleans and `accelerant config`'s answers).\n"
+               "- **no | fp16 | bf16** (mixed precision): `no` (full fp32 precision), `fp16` (CUDA only, with\n"
+               "  loss scaling) or `bf16` (CPU and CUDA autocast), in any case. `fp32` and `none` are refused\n"
+               "  everywhere (environment, config file, AcceleratorOptions, LaunchOptions, `--mixed_precision`):\n"
+               "  write `no`.\n\n"
+               "| Variable | Type | Default | Meaning | Read by |\n"
+               "|---|---|---|---|---|\n";
+  for (const auto& v : environment_variables()) {
+    std::cout << "| `" << v.name << "` | " << cell(v.type) << " | " << cell(v.default_value) << " | "
+              << cell(v.meaning) << " | " << cell(v.read_by) << " |\n";
+  }
 }
 
 // Room for the shared-memory all-reduce's segments.
@@ -63,8 +97,16 @@ void add_env_command(CLI::App& app, Action& action) {
                                  "bug report.\n\nExamples:\n  accelerant env\n  accelerant env --config_file my.yaml");
   auto file = std::make_shared<std::string>();
   env->add_option("--config_file", *file, "The config file to show (default: the default location)");
-  env->callback([&action, file] {
-    action = [file] {
+  auto markdown = std::make_shared<bool>(false);
+  // Hidden (no group): it writes docs/environment.md, a maintainer's command.
+  env->add_flag("--markdown", *markdown, "Print the table of environment variables as docs/environment.md")
+      ->group("");
+  env->callback([&action, file, markdown] {
+    action = [file, markdown] {
+      if (*markdown) {
+        print_markdown();
+        return 0;
+      }
       std::cout << "- Accelerant: " << kVersion << "\n"
                 << "- LibTorch: " << torch_version() << "\n"
                 << "- Gloo: " << GLOO_VERSION_MAJOR << "." << GLOO_VERSION_MINOR << "." << GLOO_VERSION_PATCH << "\n"
@@ -72,15 +114,11 @@ void add_env_command(CLI::App& app, Action& action) {
                 << "- CPU: " << cpu_model() << ", " << usable_cpus() << " usable cores\n"
                 << "- BLAS: " << blas_in_use() << "\n"
                 << "- Threads: LibTorch intra-op " << torch::get_num_threads() << ", OpenBLAS " << openblas_threads()
-                << ", OMP_NUM_THREADS=" << variable("OMP_NUM_THREADS")
-                << ", OPENBLAS_NUM_THREADS=" << variable("OPENBLAS_NUM_THREADS") << "\n"
-                << "- All-reduce on one machine: ACCELERANT_SHM_ALLREDUCE=" << variable("ACCELERANT_SHM_ALLREDUCE")
-                << " (unset = shared memory), " << dev_shm_free() << "\n"
-                << "- Metrics at exit: ACCELERANT_METRICS=" << variable("ACCELERANT_METRICS") << "\n"
-                << "- Graph steps emulate GPU replays: ACCELERANT_EMULATE_REPLAYS="
-                << variable("ACCELERANT_EMULATE_REPLAYS") << "\n"
+                << "\n"
+                << "- Shared memory for the all-reduce on one machine: " << dev_shm_free() << "\n"
                 << "- GPUs: " << (torch::cuda::is_available() ? std::to_string(torch::cuda::device_count()) : "none (CUDA not available)")
                 << "\n";
+      print_environment();
       const std::string path = config_path_or_default(*file);
       std::cout << "- Config file: " << path;
       if (!std::ifstream(path)) {

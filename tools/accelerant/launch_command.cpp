@@ -80,7 +80,7 @@ void add_launch_command(CLI::App& app, Action& action) {
   launch->add_option("--join_timeout", flags->join_timeout,
                      "Seconds the machines' launchers wait for each other (default 600)");
   launch->add_option("--mixed_precision", flags->mixed_precision, "no, fp16 or bf16")
-      ->check(CLI::IsMember({"no", "fp16", "bf16"}));
+      ->transform(mixed_precision_flag());
   launch->add_option("--threads_per_process", flags->threads_per_process, "0 = cores / local processes");
   launch->add_flag("--cpu", flags->cpu, "Train on the CPU even when CUDA is available");
   launch->add_flag("--debug", flags->debug, "Check collectives across ranks; dry fork first");

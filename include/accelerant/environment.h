@@ -1,0 +1,59 @@
+// Every environment variable Accelerant reads, declared once, and the one parser of each kind of
+// value that variables (and the config file and options carrying the same settings) hold.
+//
+// The table (environment_variables()) is the only list: docs/environment.md is generated from it
+// (`accelerant env --markdown`, compared by ctest environment.doc_matches_table), `accelerant env`
+// prints its variables, and environment_value() refuses a name it does not declare. ctest
+// `environment` (scripts/check-environment) fails on a getenv() outside src/base/environment.cpp
+// and on a variable name in src/ or tools/ that the table lacks. To read a new variable: add its
+// row to the table in src/base/environment.cpp, then regenerate the page.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace accelerant {
+
+/// One row of the table: what a variable holds and who reads it.
+struct EnvVariable {
+  const char* name;           ///< e.g. "ACCELERANT_METRICS"
+  const char* type;           ///< the values it takes, e.g. "bool", "integer ≥ 0", "no | fp16 | bf16"
+  const char* default_value;  ///< what applies when it is unset
+  const char* meaning;        ///< what it does
+  const char* read_by;        ///< the layer and file (or outside program) that reads it
+};
+
+/// The table, in documentation order (launch contract first).
+const std::vector<EnvVariable>& environment_variables();
+
+/// The row of `name`, or nullptr when the table does not declare it.
+const EnvVariable* find_environment_variable(const std::string& name);
+
+/// The one accessor to this process's environment: getenv(name), or std::nullopt when unset (an
+/// empty value is returned as ""; callers that treat it as unset say so). Throws Error naming the
+/// table when `name` is not declared in it, so that an undeclared read fails in every test that
+/// reaches it.
+std::optional<std::string> environment_value(const std::string& name);
+
+/// environment_value(name) parsed by parse_bool; std::nullopt when unset or empty.
+std::optional<bool> environment_flag(const std::string& name);
+
+/// The one bool parser. Accepted, in any case: 1, true, yes, y, on (true) and 0, false, no, n, off (false):
+/// what the environment readers, YAML 1.1's booleans and the config questions took. `from` names where the
+/// text came from: a variable's name (then the error is an EnvironmentError for it, reading NAME=value), or a
+/// description such as "my.yaml (key use_cpu)". Anything else throws, naming `from`, the text and the accepted values.
+bool parse_bool(const std::string& text, const std::string& from);
+
+enum class MixedPrecision { kNo, kFp16, kBf16 };
+/// "no", "fp16" or "bf16".
+const char* to_string(MixedPrecision precision);
+
+/// The one mixed-precision parser. Accepted, in any case: no (full fp32 precision), fp16 (CUDA
+/// only, with loss scaling), bf16 (CPU and CUDA autocast). Nothing else: "fp32" and "none" are
+/// refused (with a hint to write no) so that every source of the setting (AcceleratorOptions,
+/// LaunchOptions, ACCELERANT_MIXED_PRECISION, the config file, --mixed_precision) takes the same
+/// spellings. `from` as for parse_bool.
+MixedPrecision parse_mixed_precision(const std::string& text, const std::string& from);
+
+}  // namespace accelerant

@@ -1,0 +1,52 @@
+// The one parser per kind of setting value (environment.h): the environment, the config file,
+// the options and the CLI's flags all call these, so a spelling accepted in one is accepted in all.
+#include "accelerant/environment.h"
+#include "accelerant/error.h"
+#include "base/text.h"
+
+namespace accelerant {
+namespace {
+
+// A variable reads NAME=value (and its error is an EnvironmentError for it); any other source
+// (a config key, an option) reads "value" (from SOURCE).
+[[noreturn]] void refuse(const std::string& text, const std::string& from, const std::string& what,
+                         const std::string& accepted, const std::string& fix) {
+  if (find_environment_variable(from) != nullptr) {
+    throw EnvironmentError(from, text,
+                           detail::str(from, "=", text, " is ", what, ". Accepted: ", accepted, ". Fix: ", fix,
+                                       " (or unset ", from, ")."));
+  }
+  throw Error(detail::str("\"", text, "\" (from ", from, ") is ", what, ". Accepted: ", accepted, ". Fix: ", fix,
+                          "."));
+}
+
+}  // namespace
+
+bool parse_bool(const std::string& text, const std::string& from) {
+  const std::string v = detail::lower(text);
+  if (v == "1" || v == "true" || v == "yes" || v == "y" || v == "on") return true;
+  if (v == "0" || v == "false" || v == "no" || v == "n" || v == "off") return false;
+  refuse(text, from, "not a boolean", "1, true, yes, y, on or 0, false, no, n, off, in any case",
+         "use one of them, e.g. 1 or 0");
+}
+
+const char* to_string(MixedPrecision precision) {
+  switch (precision) {
+    case MixedPrecision::kNo: return "no";
+    case MixedPrecision::kFp16: return "fp16";
+    case MixedPrecision::kBf16: return "bf16";
+  }
+  return "unknown";
+}
+
+MixedPrecision parse_mixed_precision(const std::string& text, const std::string& from) {
+  const std::string v = detail::lower(text);
+  if (v == "no") return MixedPrecision::kNo;
+  if (v == "fp16") return MixedPrecision::kFp16;
+  if (v == "bf16") return MixedPrecision::kBf16;
+  refuse(text, from, v == "fp32" || v == "none" ? "not a mixed precision (full precision is written no)"
+                                                : "not a known mixed precision",
+         "no (full precision), fp16 (CUDA only) or bf16 (CPU or CUDA), in any case", "use no, fp16 or bf16");
+}
+
+}  // namespace accelerant
