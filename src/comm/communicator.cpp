@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "accelerant/error.h"
-#include "comm/collective_guard.h"
+#include "comm/collective_diagnosis.h"
 #include "comm/communicator_impl.h"
 #include "comm/reduce_op.h"
 #include "base/text.h"

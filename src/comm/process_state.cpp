@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "accelerant/error.h"
-#include "comm/shared_memory_plan.h"
+#include "comm/shared_memory_connect.h"
 #include "comm/communicator_impl.h"
 #include "base/text.h"
 #include "base/torch_compat.h"
