@@ -19,7 +19,7 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "node" && argc == 4) {
     auto options = LaunchOptions()
-                       .num_processes(2)
+                       .processes_per_node(2)
                        .num_nodes(2)
                        .node_rank(std::stoi(argv[2]))
                        .master_port(std::stoi(argv[3]))
@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
           std::ofstream(dir + "/pid." + std::to_string(index)) << ::getpid() << "\n";
           std::this_thread::sleep_for(std::chrono::minutes(10));
         },
-        LaunchOptions().num_processes(2).stop_grace_period(std::chrono::seconds(1)));
+        LaunchOptions().processes_per_node(2).stop_grace_period(std::chrono::seconds(1)));
     return 0;
   }
   if (mode == "worker") {  // started by `accelerant launch`: join the group the environment names

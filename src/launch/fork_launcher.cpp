@@ -33,8 +33,8 @@ using Clock = std::chrono::steady_clock;
 }
 
 void validate(const LaunchOptions& o) {
-  if (o.num_processes() < 1) {
-    bad_option(str("num_processes is ", o.num_processes()), "ask for at least 1 process");
+  if (o.processes_per_node() < 1) {
+    bad_option(str("processes_per_node is ", o.processes_per_node()), "ask for at least 1 process");
   }
   if (o.num_nodes() < 1) bad_option(str("num_nodes is ", o.num_nodes()), "use 1 or more");
   if (o.node_rank() < 0 || o.node_rank() >= o.num_nodes()) {
@@ -73,7 +73,7 @@ void refuse_if_cuda_initialized() {
 int choose_threads(const LaunchOptions& o, bool verbose) {
   const int cores = usable_cpus();  // the affinity mask: a Slurm cpuset or taskset, not the machine
   int wanted = o.threads_per_process() > 0 ? o.threads_per_process()
-                                           : std::max(1, cores / o.num_processes());
+                                           : std::max(1, cores / o.processes_per_node());
   const int others = fork_unsafe_thread_count();
   if (wanted > 1 && others > 0) {
     if (verbose) {
@@ -227,9 +227,9 @@ class Agent {
 
   void print_banner() {
     const bool gpu = cuda_available();
-    const int world = o_.num_processes() * o_.num_nodes();
-    std::string line = str("Launching training on ", o_.num_processes(), gpu ? " GPU" : " CPU",
-                           o_.num_processes() == 1 ? "" : "s");
+    const int world = o_.processes_per_node() * o_.num_nodes();
+    std::string line = str("Launching training on ", o_.processes_per_node(), gpu ? " GPU" : " CPU",
+                           o_.processes_per_node() == 1 ? "" : "s");
     if (o_.num_nodes() > 1) {
       line += str(" (node ", o_.node_rank(), " of ", o_.num_nodes(), ", ", world, " processes in all)");
     }
@@ -241,13 +241,13 @@ class Agent {
     relay_.reset(attempt);
     workers_.clear();
     first_failure_ = WorkerExit{};
-    for (int local = 0; local < o_.num_processes(); ++local) {
+    for (int local = 0; local < o_.processes_per_node(); ++local) {
       DistributedEnv env;
       env.source = EnvSource::kAccelerant;
-      env.rank = o_.node_rank() * o_.num_processes() + local;
-      env.world_size = o_.num_processes() * o_.num_nodes();
+      env.rank = o_.node_rank() * o_.processes_per_node() + local;
+      env.world_size = o_.processes_per_node() * o_.num_nodes();
       env.local_rank = local;
-      env.local_world_size = o_.num_processes();
+      env.local_world_size = o_.processes_per_node();
       env.node_rank = o_.node_rank();
       env.num_nodes = o_.num_nodes();
       env.master_addr = o_.master_addr();

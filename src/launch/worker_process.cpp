@@ -67,7 +67,7 @@ WorkerProcess start_worker(const WorkerSpec& spec, const WorkerBody& body, Outpu
   if (pid < 0) {
     throw LaunchError(str("accelerant::launch: fork() failed for rank ", spec.rank, ": ",
                           std::strerror(errno), ". Likely cause: too many processes or too little "
-                          "memory. Fix: lower num_processes."));
+                          "memory. Fix: lower processes_per_node (accelerant launch: --num_processes)."));
   }
   if (pid == 0) {
     SignalGuard::reset_in_child();

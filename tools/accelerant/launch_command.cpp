@@ -40,7 +40,7 @@ int run_launch(const LaunchFlags& flags, const std::vector<std::string>& command
   ::setenv("ACCELERANT_USE_CPU", c.use_cpu ? "1" : "0", 1);
   ::setenv("ACCELERANT_GRADIENT_ACCUMULATION_STEPS", std::to_string(c.gradient_accumulation_steps).c_str(), 1);
   auto options = LaunchOptions()
-                     .num_processes(c.num_processes / c.num_machines)
+                     .processes_per_node(c.num_processes / c.num_machines)
                      .num_nodes(c.num_machines)
                      .node_rank(c.machine_rank)
                      .master_addr(c.main_process_ip)
