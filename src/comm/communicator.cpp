@@ -90,7 +90,9 @@ auto run_or_fail(Communicator::Impl& c, const detail::CollectiveCall& call, Desc
                  Body&& body) {
   try {
     return body();
-  } catch (const Error&) {
+  } catch (const detail::ShmTransportError& e) {
+    fail(c, call, describe(), e.what());
+  } catch (const Error&) {  // already explained, e.g. a CollectiveError of the debug-mode check
     throw;
   } catch (const c10::Error& e) {
     fail(c, call, describe(), e.what_without_backtrace());
