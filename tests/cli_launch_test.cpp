@@ -202,7 +202,7 @@ TEST(SelfTest, PassesEveryCheckOnTwoProcesses) {
   const int status = finish_program(program, out, std::chrono::seconds(60));
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
   EXPECT_EQ(count(out, "] PASS "), 10) << out;  // five checks on each of the two ranks
-  EXPECT_NE(out.find("[rank 0] all-reduce path: shared memory (2 ranks)"), std::string::npos) << out;
+  EXPECT_NE(out.find("[rank 0/2] all-reduce path: shared memory (2 ranks)"), std::string::npos) << out;
   EXPECT_EQ(count(out, "FAIL"), 0) << out;
   EXPECT_NE(out.find("accelerant test: all checks passed on 2 processes"), std::string::npos) << out;
 }

@@ -256,7 +256,7 @@ class Accelerator {
   void register_checkpoint_object(std::function<void(torch::serialize::OutputArchive&)> save,
                                   std::function<void(torch::serialize::InputArchive&)> load);
   /// What `step` returned on each process, by rank (empty where it threw), and the errors it
-  /// threw anywhere as "[rank r] what": the same on every process.
+  /// threw anywhere as "[rank r/N] what": the same on every process.
   struct ProcessOutcomes {
     std::vector<std::string> results;
     std::vector<std::string> failures;

@@ -64,7 +64,7 @@ struct LaunchOptions {
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(30);
   /// Time between SIGTERM and SIGKILL when the group is stopped. Default: 5 s.
   TORCH_ARG(std::chrono::milliseconds, stop_grace_period) = std::chrono::seconds(5);
-  /// Prefix every line a worker prints with "[rank r] ". Default: false.
+  /// Prefix every line a worker prints with "[rank r/N] " (rank_prefix). Default: false.
   TORCH_ARG(bool, prefix_output) = false;
   /// Directory for per-rank logs: attempt_<n>/rank_<r>.stdout and .stderr (one directory per
   /// restart attempt). Empty = no log files. Default: empty.

@@ -88,7 +88,10 @@ Accelerator::ProcessOutcomes Accelerator::outcomes_everywhere(const std::functio
   for (size_t rank = 0; rank < reports.size(); ++rank) {
     const bool ok = reports[rank].rfind("ok:", 0) == 0;
     all.results.push_back(ok ? reports[rank].substr(3) : "");
-    if (!ok) all.failures.push_back(detail::str("[rank ", rank, "] ", reports[rank].substr(6)));
+    if (!ok) {
+      const std::string prefix = rank_prefix(static_cast<int>(rank), static_cast<int>(reports.size()));
+      all.failures.push_back(prefix + reports[rank].substr(6));
+    }
   }
   return all;
 }

@@ -107,7 +107,7 @@ ProcessState::ProcessState(DistributedEnv env, const ProcessStateOptions& option
 ProcessState::~ProcessState() = default;
 
 std::string ProcessState::rank_prefix() const {
-  return distributed() ? detail::str("[rank ", env_.rank, "/", env_.world_size, "] ") : "";
+  return distributed() ? accelerant::rank_prefix(env_.rank, env_.world_size) : "";
 }
 
 void ProcessState::rendezvous() {

@@ -131,8 +131,10 @@ enum class Outcome { kSucceeded, kFailedHere, kFailedElsewhere, kAborted, kInter
 class Agent {
  public:
   Agent(const LaunchOptions& o, const WorkerBody& body)
-      : o_(o), body_(body), relay_(o.prefix_output(), static_cast<size_t>(std::max(0, o.stderr_tail_lines())), o.log_dir(),
-               o.tee()) {}
+      : o_(o),
+        body_(body),
+        relay_(o.prefix_output(), o.processes_per_node() * o.num_nodes(),
+               static_cast<size_t>(std::max(0, o.stderr_tail_lines())), o.log_dir(), o.tee()) {}
 
   std::vector<std::vector<char>> run() {
     validate(o_);
@@ -260,6 +262,7 @@ class Agent {
       env.threads_per_process = threads_;
       WorkerSpec spec;
       spec.rank = env.rank;
+      spec.world_size = env.world_size;
       spec.local_rank = local;
       spec.threads = threads_;
       spec.result_path = str(workdir_, "/result.", local);

@@ -13,6 +13,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "accelerant/error.h"
 #include "base/text.h"
 #include "base/cpu_settings.h"
 #include "accelerant/process_state.h"
@@ -31,8 +32,8 @@ void flush_all_output() {
 
 int report_uncaught(const WorkerSpec& spec, const std::string& text) {
   write_file_atomically(spec.error_path, text);
-  std::fprintf(stderr, "[rank %d] worker failed with an uncaught exception: %s\n", spec.rank,
-               text.c_str());
+  std::fprintf(stderr, "%sworker failed with an uncaught exception: %s\n",
+               rank_prefix(spec.rank, spec.world_size).c_str(), text.c_str());
   return 1;
 }
 
