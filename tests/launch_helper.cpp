@@ -55,6 +55,14 @@ int main(int argc, char** argv) {
               << " path=" << state.communicator().all_reduce_path() << std::endl;
     return 0;
   }
+  if (mode == "settings") {  // started by `accelerant launch`: the Accelerator's view of the launch
+    Accelerator accelerator;
+    const auto& s = accelerator.settings();
+    std::cout << "settings rank=" << accelerator.process_index()
+              << " gradient_accumulation_steps=" << s.gradient_accumulation_steps << " cpu=" << s.cpu
+              << " downcast_bf16=" << s.downcast_bf16 << std::endl;
+    return 0;
+  }
   if (mode == "park" && argc == 3) {  // started by `accelerant launch`: join, all-reduce, then wait
     auto& state = ProcessState::get();
     auto sum = state.communicator().all_reduce(torch::tensor({state.process_index() + 1}), ReduceOp::kSum);
@@ -68,6 +76,6 @@ int main(int argc, char** argv) {
     if (ProcessState::get().process_index() == 1) throw std::runtime_error("the data file shard-7 is corrupt");
     return 0;
   }
-  std::cerr << "usage: launch_helper node NODE_RANK PORT | sleepy DIR | worker | park DIR | throw\n";
+  std::cerr << "usage: launch_helper node NODE_RANK PORT | sleepy DIR | worker | settings | park DIR | throw\n";
   return 2;
 }

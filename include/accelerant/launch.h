@@ -18,6 +18,7 @@
 #include <torch/serialize.h>
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -49,6 +50,15 @@ struct LaunchOptions {
   TORCH_ARG(std::chrono::milliseconds, monitor_interval) = std::chrono::milliseconds(100);
   /// Passed to workers as ACCELERANT_MIXED_PRECISION: no, fp16 or bf16. Default: "no".
   TORCH_ARG(std::string, mixed_precision) = "no";
+  /// Passed to workers as ACCELERANT_DOWNCAST_BF16: the Accelerator keeps bf16 weights.
+  /// Default: unset (each worker resolves it: its environment, its config file, false).
+  TORCH_ARG(std::optional<bool>, downcast_bf16) = std::nullopt;
+  /// Passed to workers as ACCELERANT_USE_CPU: the Accelerator trains on the CPU even when CUDA is
+  /// available. Default: unset (each worker resolves it: its environment, its config file, false).
+  TORCH_ARG(std::optional<bool>, use_cpu) = std::nullopt;
+  /// Passed to workers as ACCELERANT_GRADIENT_ACCUMULATION_STEPS: micro-batches per optimizer
+  /// step, 1 or more. Default: unset (each worker resolves it: its environment, its config file, 1).
+  TORCH_ARG(std::optional<int64_t>, gradient_accumulation_steps) = std::nullopt;
   /// Intra-op threads per worker. 0 = cores / processes_per_node (at least 1). When this process has
   /// already started threads (LibTorch's OpenMP pool, OpenBLAS), forked workers cannot use thread
   /// pools safely, so they run single-threaded and launch says so. Default: 0.

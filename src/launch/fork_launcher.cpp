@@ -54,6 +54,10 @@ void validate(const LaunchOptions& o) {
   if (o.mixed_precision() != "no" && o.mixed_precision() != "fp16" && o.mixed_precision() != "bf16") {
     bad_option(str("mixed_precision \"", o.mixed_precision(), "\" is unknown"), "use no, fp16 or bf16");
   }
+  if (o.gradient_accumulation_steps() && *o.gradient_accumulation_steps() < 1) {
+    bad_option(str("gradient_accumulation_steps is ", *o.gradient_accumulation_steps()),
+               "use 1 or more micro-batches per optimizer step");
+  }
   if (o.monitor_interval().count() <= 0 || o.timeout().count() <= 0 || o.join_timeout().count() <= 0) {
     bad_option("monitor_interval, timeout and join_timeout must be positive", "give durations above zero");
   }
@@ -260,6 +264,9 @@ class Agent {
       env.timeout = o_.timeout();
       env.mixed_precision = o_.mixed_precision();
       env.threads_per_process = threads_;
+      env.downcast_bf16 = o_.downcast_bf16();
+      env.use_cpu = o_.use_cpu();
+      env.gradient_accumulation_steps = o_.gradient_accumulation_steps();
       WorkerSpec spec;
       spec.rank = env.rank;
       spec.world_size = env.world_size;
