@@ -66,7 +66,7 @@ std::vector<double> all_reduce_seconds(int ranks, bool shared_memory) {
         }
         return torch::tensor(medians, torch::kDouble);
       },
-      accelerant::LaunchOptions().num_processes(ranks).verbose(false));
+      accelerant::LaunchOptions().processes_per_node(ranks).verbose(false));
   ::unsetenv("ACCELERANT_SHM_ALLREDUCE");
   const auto& t = results[0];
   return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());

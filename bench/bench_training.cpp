@@ -238,7 +238,7 @@ int main(int argc, char** argv) {
       if (c.threads > 0) accelerant::set_compute_threads(c.threads);
       t = run_accelerated(c);
     } else {
-      auto options = accelerant::LaunchOptions().num_processes(c.processes).verbose(false);
+      auto options = accelerant::LaunchOptions().processes_per_node(c.processes).verbose(false);
       if (c.threads > 0) options.threads_per_process(c.threads);
       // Results travel as tensors (launch pickles them): {samples/s, median step ms} of rank 0.
       auto results = accelerant::launch(

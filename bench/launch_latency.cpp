@@ -30,6 +30,6 @@ int main(int argc, char** argv) {
     return 0;
   }
   const int n = argc > 1 ? std::atoi(argv[1]) : 2;
-  accelerant::launch(join_and_report_ready, accelerant::LaunchOptions().num_processes(n).verbose(false));
+  accelerant::launch(join_and_report_ready, accelerant::LaunchOptions().processes_per_node(n).verbose(false));
   return 0;
 }

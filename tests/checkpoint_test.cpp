@@ -22,7 +22,7 @@ using accelerant::testing::ScratchDir;
 
 namespace {
 
-LaunchOptions ranks(int n) { return LaunchOptions().num_processes(n).timeout(std::chrono::seconds(60)).verbose(false); }
+LaunchOptions ranks(int n) { return LaunchOptions().processes_per_node(n).timeout(std::chrono::seconds(60)).verbose(false); }
 
 using accelerant::testing::contains;
 

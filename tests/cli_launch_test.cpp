@@ -113,6 +113,27 @@ TEST(Launch, TheConfigFileIsReadAndFlagsOverrideIt) {
   EXPECT_EQ(count(out, "of 2"), 2) << out;
 }
 
+// The launcher hands the Accelerator settings to its workers through the launch contract: the
+// worker reads no config file of its own here, so only the launcher can have told it.
+TEST(Launch, AcceleratorSettingsFromTheConfigAndFlagsReachTheWorkers) {
+  ScratchDir dir;
+  const std::string config = dir.path + "/c.yaml";
+  std::ofstream(config) << "num_processes: 2\nmain_process_port: 0\ngradient_accumulation_steps: 3\n"
+                           "mixed_precision: bf16\ndowncast_bf16: true\n";
+  std::string out;
+  ASSERT_EQ(run({"--config_file", config, launch_helper_path(), "settings"}, out), 0) << out;
+  for (const char* rank : {"0", "1"}) {
+    const std::string line = std::string("settings rank=") + rank + " gradient_accumulation_steps=3 cpu=0 downcast_bf16=1";
+    EXPECT_NE(out.find(line), std::string::npos) << "missing '" << line << "' in:\n" << out;
+  }
+  ASSERT_EQ(run({"--config_file", config, "--gradient_accumulation_steps", "5", "--cpu", launch_helper_path(),
+                 "settings"},
+                out),
+            0)
+      << out;
+  EXPECT_EQ(count(out, "gradient_accumulation_steps=5 cpu=1 downcast_bf16=1"), 2) << out;
+}
+
 TEST(Launch, BadInputIsRefusedBeforeAnyWorkerStarts) {
   ScratchDir dir;
   std::string out;
@@ -202,7 +223,7 @@ TEST(SelfTest, PassesEveryCheckOnTwoProcesses) {
   const int status = finish_program(program, out, std::chrono::seconds(60));
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
   EXPECT_EQ(count(out, "] PASS "), 10) << out;  // five checks on each of the two ranks
-  EXPECT_NE(out.find("[rank 0] all-reduce path: shared memory (2 ranks)"), std::string::npos) << out;
+  EXPECT_NE(out.find("[rank 0/2] all-reduce path: shared memory (2 ranks)"), std::string::npos) << out;
   EXPECT_EQ(count(out, "FAIL"), 0) << out;
   EXPECT_NE(out.find("accelerant test: all checks passed on 2 processes"), std::string::npos) << out;
 }

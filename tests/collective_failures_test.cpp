@@ -28,7 +28,7 @@ TEST(CollectiveFailures, DebugModeMismatchListsEveryRanksShape) {
           return e.what();
         }
       },
-      LaunchOptions().num_processes(2).debug(true).timeout(std::chrono::seconds(20)).verbose(false));
+      LaunchOptions().processes_per_node(2).debug(true).timeout(std::chrono::seconds(20)).verbose(false));
   for (const auto& m : messages) {
     EXPECT_TRUE(contains(m, "disagree about collective #2")) << m;
     EXPECT_TRUE(contains(m, "rank 0: all_reduce(sum) Float [4]")) << m;
@@ -47,7 +47,7 @@ TEST(CollectiveFailures, GatherWithDifferentTrailingDimsIsAnErrorEvenWithoutDebu
           return e.what();
         }
       },
-      LaunchOptions().num_processes(2).timeout(std::chrono::seconds(20)).verbose(false));
+      LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(20)).verbose(false));
   for (const auto& m : messages) {
     EXPECT_TRUE(contains(m, "rank 0: Float [2, 3]")) << m;
     EXPECT_TRUE(contains(m, "rank 1: Float [2, 4]")) << m;
@@ -83,7 +83,7 @@ TEST(CollectiveFailures, ARankThatNeverArrivesIsNamedWithinTwiceTheTimeout) {
           return std::to_string(waited.count()) + "|" + missing + "|" + e.what() + "|" + refused;
         }
       },
-      LaunchOptions().num_processes(3).timeout(kTimeout).verbose(false));
+      LaunchOptions().processes_per_node(3).timeout(kTimeout).verbose(false));
   ASSERT_EQ(results.size(), 3u);
   EXPECT_EQ(results[kSleeper], "slept");
   for (int r : {0, 1}) {
@@ -114,7 +114,7 @@ TEST(CollectiveFailures, DebugModeNamesARankThatNeverArrives) {
           return e.what();
         }
       },
-      LaunchOptions().num_processes(2).debug(true).timeout(std::chrono::seconds(1)).verbose(false));
+      LaunchOptions().processes_per_node(2).debug(true).timeout(std::chrono::seconds(1)).verbose(false));
   EXPECT_TRUE(contains(results[0], "Rank 1 never reached it")) << results[0];
 }
 
@@ -132,6 +132,6 @@ TEST(CollectiveFailures, RendezvousNamesTheRanksThatNeverJoined) {
           return e.what();
         }
       },
-      LaunchOptions().num_processes(2).timeout(std::chrono::seconds(1)).verbose(false));
+      LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(1)).verbose(false));
   EXPECT_TRUE(contains(results[0], "rank(s) 1 of 2 never arrived")) << results[0];
 }

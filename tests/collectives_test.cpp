@@ -7,7 +7,7 @@ using namespace accelerant;
 namespace {
 
 LaunchOptions ranks(int n) {
-  return LaunchOptions().num_processes(n).timeout(std::chrono::seconds(60)).verbose(false);
+  return LaunchOptions().processes_per_node(n).timeout(std::chrono::seconds(60)).verbose(false);
 }
 
 }  // namespace

@@ -116,6 +116,9 @@ TEST(DistributedEnv, RoundTripsThroughLauncherVariables) {
   in.timeout = std::chrono::milliseconds(777);
   in.mixed_precision = "bf16";
   in.threads_per_process = 2;
+  in.downcast_bf16 = true;
+  in.use_cpu = false;
+  in.gradient_accumulation_steps = 4;
   auto vars = to_environment(in);
   auto out = parse(vars);
   EXPECT_EQ(out.source, EnvSource::kAccelerant);
@@ -132,6 +135,24 @@ TEST(DistributedEnv, RoundTripsThroughLauncherVariables) {
   EXPECT_EQ(out.mixed_precision, "bf16");
   EXPECT_EQ(out.threads_per_process, 2);
   EXPECT_EQ(vars.at("OMP_NUM_THREADS"), "2");
+  EXPECT_EQ(out.downcast_bf16, std::optional<bool>(true));
+  EXPECT_EQ(out.use_cpu, std::optional<bool>(false));
+  EXPECT_EQ(out.gradient_accumulation_steps, std::optional<int64_t>(4));
+}
+
+// The launcher passes an Accelerator setting only when it chose one: unset stays unset, so the
+// worker's own environment and config file still decide.
+TEST(DistributedEnv, UnchosenAcceleratorSettingsAreNotPassed) {
+  DistributedEnv in;
+  in.master_addr = "127.0.0.1";
+  auto vars = to_environment(in);
+  EXPECT_EQ(vars.count("ACCELERANT_DOWNCAST_BF16"), 0u);
+  EXPECT_EQ(vars.count("ACCELERANT_USE_CPU"), 0u);
+  EXPECT_EQ(vars.count("ACCELERANT_GRADIENT_ACCUMULATION_STEPS"), 0u);
+  auto out = parse(vars);
+  EXPECT_FALSE(out.downcast_bf16.has_value());
+  EXPECT_FALSE(out.use_cpu.has_value());
+  EXPECT_FALSE(out.gradient_accumulation_steps.has_value());
 }
 
 struct BadCase {

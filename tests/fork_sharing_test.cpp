@@ -37,7 +37,7 @@ double total_pss_kb(const torch::Tensor& weights) {
         const bool same = std::abs(sum - expected_sum) <= 1e-3 * std::abs(expected_sum);
         return torch::tensor({static_cast<double>(mine + parent), same ? 1.0 : 0.0}, torch::kDouble);
       },
-      std::cref(weights), LaunchOptions().num_processes(4).timeout(std::chrono::seconds(120)).verbose(false));
+      std::cref(weights), LaunchOptions().processes_per_node(4).timeout(std::chrono::seconds(120)).verbose(false));
   double total = 0;
   for (const auto& r : results) {
     EXPECT_EQ(r[1].item<double>(), 1.0) << "a worker read different values";

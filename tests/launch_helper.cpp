@@ -19,7 +19,7 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "node" && argc == 4) {
     auto options = LaunchOptions()
-                       .num_processes(2)
+                       .processes_per_node(2)
                        .num_nodes(2)
                        .node_rank(std::stoi(argv[2]))
                        .master_port(std::stoi(argv[3]))
@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
           std::ofstream(dir + "/pid." + std::to_string(index)) << ::getpid() << "\n";
           std::this_thread::sleep_for(std::chrono::minutes(10));
         },
-        LaunchOptions().num_processes(2).stop_grace_period(std::chrono::seconds(1)));
+        LaunchOptions().processes_per_node(2).stop_grace_period(std::chrono::seconds(1)));
     return 0;
   }
   if (mode == "worker") {  // started by `accelerant launch`: join the group the environment names
@@ -53,6 +53,14 @@ int main(int argc, char** argv) {
     std::cout << "worker rank=" << state.process_index() << " world=" << state.num_processes()
               << " local=" << state.local_process_index() << " sum=" << sum.item<int64_t>()
               << " path=" << state.communicator().all_reduce_path() << std::endl;
+    return 0;
+  }
+  if (mode == "settings") {  // started by `accelerant launch`: the Accelerator's view of the launch
+    Accelerator accelerator;
+    const auto& s = accelerator.settings();
+    std::cout << "settings rank=" << accelerator.process_index()
+              << " gradient_accumulation_steps=" << s.gradient_accumulation_steps << " cpu=" << s.cpu
+              << " downcast_bf16=" << s.downcast_bf16 << std::endl;
     return 0;
   }
   if (mode == "park" && argc == 3) {  // started by `accelerant launch`: join, all-reduce, then wait
@@ -68,6 +76,6 @@ int main(int argc, char** argv) {
     if (ProcessState::get().process_index() == 1) throw std::runtime_error("the data file shard-7 is corrupt");
     return 0;
   }
-  std::cerr << "usage: launch_helper node NODE_RANK PORT | sleepy DIR | worker | park DIR | throw\n";
+  std::cerr << "usage: launch_helper node NODE_RANK PORT | sleepy DIR | worker | settings | park DIR | throw\n";
   return 2;
 }

@@ -14,7 +14,7 @@ using namespace accelerant::testing;
 
 namespace {
 
-LaunchOptions quiet(int n) { return LaunchOptions().num_processes(n).timeout(std::chrono::seconds(30)).verbose(false); }
+LaunchOptions quiet(int n) { return LaunchOptions().processes_per_node(n).timeout(std::chrono::seconds(30)).verbose(false); }
 
 using accelerant::testing::contains;
 
@@ -148,7 +148,7 @@ TEST(Launch, RestartsExhaustedReportsTheLastAttempt) {
 TEST(Launch, BadOptionsAreRefusedWithTheValueAndAFix) {
   struct Case { LaunchOptions options; std::string phrase; };
   const std::vector<Case> cases = {
-      {quiet(0), "num_processes is 0"},
+      {quiet(0), "processes_per_node is 0"},
       {quiet(1).num_nodes(2).node_rank(2).master_port(29500), "node_rank 2 is outside 0..1"},
       {quiet(1).num_nodes(2), "master_port 0 (a free port) cannot be used with several machines"},
       {quiet(1).master_port(70000), "master_port 70000 is not a TCP port"},

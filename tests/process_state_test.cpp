@@ -42,7 +42,7 @@ TEST(ProcessState, MainProcessFirstRunsTheMainProcessBeforeTheOthers) {
         });
         return found;
       },
-      LaunchOptions().num_processes(3).verbose(false));
+      LaunchOptions().processes_per_node(3).verbose(false));
   EXPECT_EQ(saw_marker, std::vector<bool>({true, true, true}));
   accelerant::testing::remove_tree(dir);
 }
@@ -55,7 +55,7 @@ TEST(ProcessState, WorkersKnowTheirPlace) {
                               s.num_local_processes(), s.node_index(), s.num_nodes(),
                               static_cast<int>(s.is_main_process()), index});
       },
-      LaunchOptions().num_processes(2).verbose(false));
+      LaunchOptions().processes_per_node(2).verbose(false));
   EXPECT_TRUE(torch::equal(places[0], torch::tensor({0, 2, 0, 2, 0, 1, 1, 0})));
   EXPECT_TRUE(torch::equal(places[1], torch::tensor({1, 2, 1, 2, 0, 1, 0, 1})));
 }

@@ -52,7 +52,7 @@ torch::Tensor reduce_everything(int index) {
 
 std::vector<torch::Tensor> run_with_shm(bool on, int ranks) {
   ::setenv("ACCELERANT_SHM_ALLREDUCE", on ? "1" : "0", 1);
-  auto results = launch(reduce_everything, LaunchOptions().num_processes(ranks).timeout(std::chrono::seconds(60)).verbose(false));
+  auto results = launch(reduce_everything, LaunchOptions().processes_per_node(ranks).timeout(std::chrono::seconds(60)).verbose(false));
   ::unsetenv("ACCELERANT_SHM_ALLREDUCE");
   return results;
 }
@@ -102,7 +102,7 @@ TEST(ShmAllReduce, FourRanksSumInRankOrderAndAgreeBitForBit) {
         auto mine = torch::randn({n}) * std::pow(1000.0f, index);  // magnitudes make the order matter
         return ProcessState::get().communicator().all_reduce(mine);
       },
-      LaunchOptions().num_processes(4).timeout(std::chrono::seconds(60)).verbose(false));
+      LaunchOptions().processes_per_node(4).timeout(std::chrono::seconds(60)).verbose(false));
   torch::Tensor expected;
   for (int index = 0; index < 4; ++index) {
     torch::manual_seed(7 + index);
@@ -131,7 +131,7 @@ TEST(ShmAllReduce, APeerThatDiesIsNamedWithinSecondsAndNothingStaysInDevShm) {
               for (int i = 0; i < 1000; ++i) comm.all_reduce_(big);
             });
           },
-          LaunchOptions().num_processes(2).timeout(std::chrono::seconds(60)).verbose(false));
+          LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(60)).verbose(false));
   } catch (const LaunchError&) {
     // rank 1 returned no result; what matters is rank 0's report
   }
@@ -172,7 +172,7 @@ TEST(ShmAllReduce, SegmentsOfDeadCreatorsAreRemovedLiveOnesKept) {
 TEST(ShmAllReduce, ABadSettingIsAClearError) {
   ::setenv("ACCELERANT_SHM_ALLREDUCE", "maybe", 1);  // a bool (parse_bool): yes would be accepted
   auto run = [] {
-    launch([](int) { ProcessState::get(); }, LaunchOptions().num_processes(2).timeout(std::chrono::seconds(20)).verbose(false));
+    launch([](int) { ProcessState::get(); }, LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(20)).verbose(false));
   };
   try {
     run();
@@ -199,7 +199,7 @@ std::vector<torch::Tensor> run_on_simulated_nodes(int ranks) {
         out[0] = hierarchical ? 1.0 : 0.0;
         return out;
       },
-      LaunchOptions().num_processes(ranks).timeout(std::chrono::seconds(60)).verbose(false));
+      LaunchOptions().processes_per_node(ranks).timeout(std::chrono::seconds(60)).verbose(false));
 }
 
 }  // namespace
@@ -227,7 +227,7 @@ TEST(ShmAllReduce, TwoNodesSumInTheNodeFirstThenAcrossNodes) {
         auto mine = torch::randn({n}) * std::pow(1000.0f, index);
         return ProcessState::get().communicator().all_reduce(mine);
       },
-      LaunchOptions().num_processes(4).timeout(std::chrono::seconds(60)).verbose(false));
+      LaunchOptions().processes_per_node(4).timeout(std::chrono::seconds(60)).verbose(false));
   std::vector<torch::Tensor> t;
   for (int index = 0; index < 4; ++index) {
     torch::manual_seed(7 + index);
@@ -252,7 +252,7 @@ TEST(ShmAllReduce, ALeaderThatDiesFailsBothNodesWithinSeconds) {
             for (int i = 0; i < 1000; ++i) comm.all_reduce_(big);
           });
         },
-        LaunchOptions().num_processes(4).timeout(std::chrono::seconds(60)).verbose(false));
+        LaunchOptions().processes_per_node(4).timeout(std::chrono::seconds(60)).verbose(false));
   } catch (const LaunchError&) {
   }
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(40)) << "the job ended long before the 60 s timeout";
@@ -288,7 +288,7 @@ TEST(ShmAllReduce, RanksThatDisagreeAboutTheSizeFailNamingBothInsteadOfMixingDat
             comm.all_reduce_(mine);
           });
         },
-        LaunchOptions().num_processes(2).timeout(std::chrono::seconds(60)).verbose(false));
+        LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(60)).verbose(false));
   } catch (const LaunchError&) {
   }
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(30)) << "found at the first barrier, not at the timeout";

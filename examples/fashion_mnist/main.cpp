@@ -188,7 +188,7 @@ int main(int argc, char** argv) {
     int processes = s.num_processes;
     if (fork_here) {
       accuracy = accelerant::launch(train, std::cref(train_split), std::cref(test_split), std::cref(s),
-                                    accelerant::LaunchOptions().num_processes(s.num_processes))
+                                    accelerant::LaunchOptions().processes_per_node(s.num_processes))
                      .front();
     } else {
       accuracy = train(train_split, test_split, s);

@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
     torch::nn::Sequential model(torch::nn::Linear(2, 64), torch::nn::Tanh(), torch::nn::Linear(64, 64),
                                 torch::nn::Tanh(), torch::nn::Linear(64, 2));
     auto losses = accelerant::launch(training_loop, model, points, labels, steps,
-                                     accelerant::LaunchOptions().num_processes(processes));
+                                     accelerant::LaunchOptions().processes_per_node(processes));
     std::printf("final mean loss %.4f on %d workers (chance: %.4f)\n", losses.front(), processes, std::log(2.0));
     return 0;
   } catch (const std::exception& e) {

@@ -85,7 +85,9 @@ struct AcceleratorSettings {
   std::map<std::string, std::string> sources;
 };
 
-/// Resolves `options` over the environment and the config values. Throws accelerant::Error
+/// Resolves `options` over the environment and the config values. The settings a launcher passes
+/// (downcast_bf16, cpu, gradient_accumulation_steps) come from parse_distributed_env(env), the one
+/// reader of the launch contract. Throws accelerant::Error (EnvironmentError for a variable)
 /// naming the source, the value and the accepted values when one is invalid.
 AcceleratorSettings resolve_accelerator_settings(const AcceleratorOptions& options, const EnvLookup& env,
                                                  const ConfigValues& config,

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
@@ -44,6 +45,11 @@ struct DistributedEnv {
   std::string mixed_precision = "no";  ///< ACCELERANT_MIXED_PRECISION: no | fp16 | bf16
   int threads_per_process = 0;         ///< ACCELERANT_THREADS_PER_PROCESS; 0 = not set
   std::string error_file;              ///< ACCELERANT_ERROR_FILE: where to record a fatal error
+  // Accelerator settings the launcher chose for its workers; unset = the launcher left them to the
+  // worker's own resolution (accelerator_options.h), which reads them from here.
+  std::optional<bool> downcast_bf16;                ///< ACCELERANT_DOWNCAST_BF16
+  std::optional<bool> use_cpu;                      ///< ACCELERANT_USE_CPU
+  std::optional<int64_t> gradient_accumulation_steps;  ///< ACCELERANT_GRADIENT_ACCUMULATION_STEPS, ≥ 1
 
   bool distributed() const { return world_size > 1; }
 };

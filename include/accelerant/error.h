@@ -8,6 +8,9 @@
 
 namespace accelerant {
 
+/// "[rank r/N] ": the one prefix of every message, error and output line about rank r of N.
+std::string rank_prefix(int rank, int world_size);
+
 /// Root of every exception Accelerant throws.
 class Error : public std::runtime_error {
  public:

@@ -4,7 +4,7 @@
 //   auto model = build_model();                       // built once, before the fork
 //   auto losses = accelerant::launch(
 //       [](int index, Net& model) { ...; return loss; },  // index = the worker's global rank
-//       std::ref(*model), accelerant::LaunchOptions().num_processes(4));
+//       std::ref(*model), accelerant::LaunchOptions().processes_per_node(4));
 //
 // Workers are fork()ed: objects built before launch are shared copy-on-write, so four workers
 // reading one 200 MB model cost about 200 MB, not 800 (docs/launching.md measures it). Each worker
@@ -18,6 +18,7 @@
 #include <torch/serialize.h>
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -31,8 +32,9 @@
 namespace accelerant {
 
 struct LaunchOptions {
-  /// Worker processes on this machine. Default: 1.
-  TORCH_ARG(int, num_processes) = 1;
+  /// Worker processes on this machine (torchrun: nproc_per_node; each worker sees it as
+  /// LOCAL_WORLD_SIZE). Not Config::num_processes, which counts across machines. Default: 1.
+  TORCH_ARG(int, processes_per_node) = 1;
   /// Address of the machine with node_rank 0, where the job's store listens. Default: 127.0.0.1.
   TORCH_ARG(std::string, master_addr) = "127.0.0.1";
   /// Port of the job's store. 0 = a free port chosen by the operating system (one machine only;
@@ -40,7 +42,7 @@ struct LaunchOptions {
   TORCH_ARG(int, master_port) = 0;
   /// This machine's index among num_nodes. Default: 0.
   TORCH_ARG(int, node_rank) = 0;
-  /// Machines in the job, each running its own launch with the same num_processes. Default: 1.
+  /// Machines in the job, each running its own launch with the same processes_per_node. Default: 1.
   TORCH_ARG(int, num_nodes) = 1;
   /// How often the whole group is restarted after a worker fails. Default: 0.
   TORCH_ARG(int, max_restarts) = 0;
@@ -48,7 +50,16 @@ struct LaunchOptions {
   TORCH_ARG(std::chrono::milliseconds, monitor_interval) = std::chrono::milliseconds(100);
   /// Passed to workers as ACCELERANT_MIXED_PRECISION: no, fp16 or bf16 (parse_mixed_precision). Default: "no".
   TORCH_ARG(std::string, mixed_precision) = "no";
-  /// Intra-op threads per worker. 0 = cores / num_processes (at least 1). When this process has
+  /// Passed to workers as ACCELERANT_DOWNCAST_BF16: the Accelerator keeps bf16 weights.
+  /// Default: unset (each worker resolves it: its environment, its config file, false).
+  TORCH_ARG(std::optional<bool>, downcast_bf16) = std::nullopt;
+  /// Passed to workers as ACCELERANT_USE_CPU: the Accelerator trains on the CPU even when CUDA is
+  /// available. Default: unset (each worker resolves it: its environment, its config file, false).
+  TORCH_ARG(std::optional<bool>, use_cpu) = std::nullopt;
+  /// Passed to workers as ACCELERANT_GRADIENT_ACCUMULATION_STEPS: micro-batches per optimizer
+  /// step, 1 or more. Default: unset (each worker resolves it: its environment, its config file, 1).
+  TORCH_ARG(std::optional<int64_t>, gradient_accumulation_steps) = std::nullopt;
+  /// Intra-op threads per worker. 0 = cores / processes_per_node (at least 1). When this process has
   /// already started threads (LibTorch's OpenMP pool, OpenBLAS), forked workers cannot use thread
   /// pools safely, so they run single-threaded and launch says so. Default: 0.
   TORCH_ARG(int, threads_per_process) = 0;
@@ -63,7 +74,7 @@ struct LaunchOptions {
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(30);
   /// Time between SIGTERM and SIGKILL when the group is stopped. Default: 5 s.
   TORCH_ARG(std::chrono::milliseconds, stop_grace_period) = std::chrono::seconds(5);
-  /// Prefix every line a worker prints with "[rank r] ". Default: false.
+  /// Prefix every line a worker prints with "[rank r/N] " (rank_prefix). Default: false.
   TORCH_ARG(bool, prefix_output) = false;
   /// Directory for per-rank logs: attempt_<n>/rank_<r>.stdout and .stderr (one directory per
   /// restart attempt). Empty = no log files. Default: empty.
@@ -147,7 +158,7 @@ auto launch_with(const LaunchOptions& options, Fn& fn, Tuple& args) {
 
 }  // namespace detail
 
-/// Forks options.num_processes workers that each run fn(index, args...) (or fn(args...)), and
+/// Forks options.processes_per_node workers that each run fn(index, args...) (or fn(args...)), and
 /// returns their results in local rank order (nothing when fn returns void). LaunchOptions, when
 /// given, is the last argument. Results travel through torch::pickle_save, so fn may return
 /// numbers, strings, tensors and lists of them. Arguments are the parent's own objects, shared
@@ -168,7 +179,7 @@ auto launch(Fn&& fn, Rest&&... rest) {
   }
 }
 
-/// Runs `command` (a program and its arguments; no shell) as options.num_processes workers on
+/// Runs `command` (a program and its arguments; no shell) as options.processes_per_node workers on
 /// this machine: the agent of launch() (rendezvous variables, watching, restarts, output relay,
 /// failure report) with each worker exec'ing the program. Returns once every worker exited 0.
 /// Throws Error when the program cannot be run, and LaunchError when the group fails after

@@ -17,7 +17,10 @@ ProcessOutcomes outcomes_everywhere(const CheckpointRanks& ranks, const std::fun
   for (size_t rank = 0; rank < reports.size(); ++rank) {
     const bool ok = reports[rank].rfind("ok:", 0) == 0;
     all.results.push_back(ok ? reports[rank].substr(3) : "");
-    if (!ok) all.failures.push_back(str("[rank ", rank, "] ", reports[rank].substr(6)));
+    if (!ok) {
+      all.failures.push_back(rank_prefix(static_cast<int>(rank), static_cast<int>(reports.size())) +
+                             reports[rank].substr(6));
+    }
   }
   return all;
 }

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "accelerant/error.h"
-#include "comm/collective_guard.h"
+#include "comm/collective_diagnosis.h"
 #include "comm/communicator_impl.h"
 #include "comm/reduce_op.h"
 #include "base/text.h"
@@ -90,7 +90,9 @@ auto run_or_fail(Communicator::Impl& c, const detail::CollectiveCall& call, Desc
                  Body&& body) {
   try {
     return body();
-  } catch (const Error&) {
+  } catch (const detail::ShmTransportError& e) {
+    fail(c, call, describe(), e.what());
+  } catch (const Error&) {  // already explained, e.g. a CollectiveError of the debug-mode check
     throw;
   } catch (const c10::Error& e) {
     fail(c, call, describe(), e.what_without_backtrace());

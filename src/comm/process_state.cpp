@@ -11,7 +11,7 @@
 
 #include "accelerant/environment.h"
 #include "accelerant/error.h"
-#include "comm/shared_memory_plan.h"
+#include "comm/shared_memory_connect.h"
 #include "comm/communicator_impl.h"
 #include "base/text.h"
 #include "base/torch_compat.h"
@@ -108,7 +108,7 @@ ProcessState::ProcessState(DistributedEnv env, const ProcessStateOptions& option
 ProcessState::~ProcessState() = default;
 
 std::string ProcessState::rank_prefix() const {
-  return distributed() ? detail::str("[rank ", env_.rank, "/", env_.world_size, "] ") : "";
+  return distributed() ? accelerant::rank_prefix(env_.rank, env_.world_size) : "";
 }
 
 void ProcessState::rendezvous() {

@@ -30,6 +30,10 @@ namespace {
 constexpr uint64_t kMagic = 0x61636365'6c73686dULL;  // "accelshm"
 constexpr int kMaxRanks = 256;
 constexpr size_t kDefaultChunkBytes = 256 * 1024;
+// Ends the message of an error that only a bug in Accelerant can cause.
+constexpr const char* kInternalFix =
+    ". Likely cause: a bug in Accelerant (the Communicator broke an invariant of this class). Fix: report it "
+    "with the full message.";
 constexpr size_t kAlign = 64;  // a cache line: the ranks' parts never share one
 
 // One rank's corner of the control block, on a cache line of its own.
@@ -62,7 +66,7 @@ size_t chunk_bytes_from_env() {
   char* end = nullptr;
   const unsigned long long value = std::strtoull(text, &end, 10);
   if (*end != '\0' || value < 4096 || value > (1ull << 30)) {
-    throw std::runtime_error(str("ACCELERANT_SHM_CHUNK_BYTES is \"", text, "\"; expected a number of bytes from 4096 ",
+    throw Error(str("ACCELERANT_SHM_CHUNK_BYTES is \"", text, "\"; expected a number of bytes from 4096 ",
                                  "to 1073741824. Fix: unset it (default ", kDefaultChunkBytes, ") or correct it."));
   }
   return round_up(static_cast<size_t>(value), kAlign);
@@ -147,7 +151,7 @@ struct ShmAllReduce::Shared {
     int32_t none = -1;
     control->aborted_by.compare_exchange_strong(none, rank);
     for (int r = 0; r < size; ++r) futex(&control->rank[r].arrivals, FUTEX_WAKE, INT32_MAX, nullptr);
-    throw std::runtime_error(reason);
+    throw ShmTransportError(reason);
   }
 
   // Arrives at the next barrier and waits until every rank has.
@@ -278,7 +282,7 @@ struct ShmAllReduce::Shared {
   CrossNodeAllReduce cross_node;  // set on node leaders of a hierarchical group
 
   void run(const torch::Tensor& tensor, ReduceOp op, bool hierarchical) {
-    if (!broken.empty()) throw std::runtime_error(str("the shared-memory all-reduce broke earlier: ", broken));
+    if (!broken.empty()) throw ShmTransportError(str("the shared-memory all-reduce broke earlier: ", broken));
     const size_t count = static_cast<size_t>(tensor.numel());
     if (size > 1) {
       switch (tensor.scalar_type()) {
@@ -286,7 +290,7 @@ struct ShmAllReduce::Shared {
         case torch::kDouble: all_reduce(tensor.data_ptr<double>(), count, op, torch::kDouble); break;
         case torch::kInt: all_reduce(tensor.data_ptr<int32_t>(), count, op, torch::kInt); break;
         case torch::kLong: all_reduce(tensor.data_ptr<int64_t>(), count, op, torch::kLong); break;
-        default: throw std::logic_error("ShmAllReduce::run: unsupported dtype (supports() was not asked)");
+        default: throw Error(str("ShmAllReduce::run: unsupported dtype ", c10::toString(tensor.scalar_type()), kInternalFix));
       }
     }
     if (!hierarchical) return;
@@ -403,7 +407,7 @@ bool ShmAllReduce::supports(const torch::Tensor& tensor) {
 
 void ShmAllReduce::set_cross_node(CrossNodeAllReduce leaders_all_reduce) {
   if (!hierarchical_ || shared_->rank != 0) {
-    throw std::logic_error("ShmAllReduce::set_cross_node: only on the first rank of a hierarchical group");
+    throw Error(str("ShmAllReduce::set_cross_node: only on the first rank of a hierarchical group", kInternalFix));
   }
   shared_->cross_node = std::move(leaders_all_reduce);
 }
@@ -411,7 +415,7 @@ void ShmAllReduce::set_cross_node(CrossNodeAllReduce leaders_all_reduce) {
 std::future<void> ShmAllReduce::submit(torch::Tensor tensor, ReduceOp op) {
   Shared& s = *shared_;
   if (hierarchical_ && s.rank == 0 && !s.cross_node) {
-    throw std::logic_error("ShmAllReduce::submit: a hierarchical group's leader needs set_cross_node first");
+    throw Error(str("ShmAllReduce::submit: a hierarchical group's leader needs set_cross_node first", kInternalFix));
   }
   const bool hierarchical = hierarchical_;
   std::packaged_task<void()> task([&s, tensor = std::move(tensor), op, hierarchical] { s.run(tensor, op, hierarchical); });

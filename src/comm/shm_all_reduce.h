@@ -38,9 +38,18 @@
 #include <string>
 
 #include "accelerant/communicator.h"
+#include "accelerant/error.h"
 #include "base/torch_compat.h"
 
 namespace accelerant::detail {
+
+/// The shared-memory all-reduce broke (a rank gave up or timed out, or it broke earlier): a
+/// transport failure that the Communicator diagnoses across ranks, as it does Gloo's, rather than
+/// passing on as it passes on the Errors that are already explained.
+class ShmTransportError : public Error {
+ public:
+  using Error::Error;
+};
 
 /// Reduces a tensor in place among the node leaders (blocking).
 using CrossNodeAllReduce = std::function<void(const torch::Tensor&, ReduceOp)>;

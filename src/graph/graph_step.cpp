@@ -72,7 +72,7 @@ std::string changes(const std::vector<std::string>& before, const std::vector<st
 std::string rank_prefix() {
   try {
     const DistributedEnv env = read_distributed_env();
-    return env.world_size > 1 ? detail::str("[rank ", env.rank, "/", env.world_size, "] ") : "";
+    return env.world_size > 1 ? accelerant::rank_prefix(env.rank, env.world_size) : "";
   } catch (const Error&) {
     return "";  // malformed variables are ProcessState's to report
   }

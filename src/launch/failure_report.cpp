@@ -29,7 +29,7 @@ std::string cause_and_fix(const WorkerExit& exit) {
   if (exit.signal == SIGKILL) {
     return "Likely cause: the worker was killed from outside, often by the kernel's out-of-memory "
            "killer (see `dmesg`) or by a scheduler. Fix: lower memory per worker (batch size, "
-           "num_processes) or set max_restarts to survive transient kills.";
+           "processes per node) or set max_restarts to survive transient kills.";
   }
   if (exit.signal == SIGSEGV || exit.signal == SIGBUS || exit.signal == SIGABRT ||
       exit.signal == SIGFPE || exit.signal == SIGILL) {

@@ -34,8 +34,8 @@ using Clock = std::chrono::steady_clock;
 }
 
 void validate(const LaunchOptions& o) {
-  if (o.num_processes() < 1) {
-    bad_option(str("num_processes is ", o.num_processes()), "ask for at least 1 process");
+  if (o.processes_per_node() < 1) {
+    bad_option(str("processes_per_node is ", o.processes_per_node()), "ask for at least 1 process");
   }
   if (o.num_nodes() < 1) bad_option(str("num_nodes is ", o.num_nodes()), "use 1 or more");
   if (o.node_rank() < 0 || o.node_rank() >= o.num_nodes()) {
@@ -57,6 +57,10 @@ void validate(const LaunchOptions& o) {
   } catch (const Error&) {
     bad_option(str("mixed_precision \"", o.mixed_precision(), "\" is unknown"), "use no, fp16 or bf16 (any case)");
   }
+  if (o.gradient_accumulation_steps() && *o.gradient_accumulation_steps() < 1) {
+    bad_option(str("gradient_accumulation_steps is ", *o.gradient_accumulation_steps()),
+               "use 1 or more micro-batches per optimizer step");
+  }
   if (o.monitor_interval().count() <= 0 || o.timeout().count() <= 0 || o.join_timeout().count() <= 0) {
     bad_option("monitor_interval, timeout and join_timeout must be positive", "give durations above zero");
   }
@@ -76,7 +80,7 @@ void refuse_if_cuda_initialized() {
 int choose_threads(const LaunchOptions& o, bool verbose) {
   const int cores = usable_cpus();  // the affinity mask: a Slurm cpuset or taskset, not the machine
   int wanted = o.threads_per_process() > 0 ? o.threads_per_process()
-                                           : std::max(1, cores / o.num_processes());
+                                           : std::max(1, cores / o.processes_per_node());
   const int others = fork_unsafe_thread_count();
   if (wanted > 1 && others > 0) {
     if (verbose) {
@@ -134,8 +138,10 @@ enum class Outcome { kSucceeded, kFailedHere, kFailedElsewhere, kAborted, kInter
 class Agent {
  public:
   Agent(const LaunchOptions& o, const WorkerBody& body)
-      : o_(o), body_(body), relay_(o.prefix_output(), static_cast<size_t>(std::max(0, o.stderr_tail_lines())), o.log_dir(),
-               o.tee()) {}
+      : o_(o),
+        body_(body),
+        relay_(o.prefix_output(), o.processes_per_node() * o.num_nodes(),
+               static_cast<size_t>(std::max(0, o.stderr_tail_lines())), o.log_dir(), o.tee()) {}
 
   std::vector<std::vector<char>> run() {
     validate(o_);
@@ -230,9 +236,9 @@ class Agent {
 
   void print_banner() {
     const bool gpu = cuda_available();
-    const int world = o_.num_processes() * o_.num_nodes();
-    std::string line = str("Launching training on ", o_.num_processes(), gpu ? " GPU" : " CPU",
-                           o_.num_processes() == 1 ? "" : "s");
+    const int world = o_.processes_per_node() * o_.num_nodes();
+    std::string line = str("Launching training on ", o_.processes_per_node(), gpu ? " GPU" : " CPU",
+                           o_.processes_per_node() == 1 ? "" : "s");
     if (o_.num_nodes() > 1) {
       line += str(" (node ", o_.node_rank(), " of ", o_.num_nodes(), ", ", world, " processes in all)");
     }
@@ -244,13 +250,13 @@ class Agent {
     relay_.reset(attempt);
     workers_.clear();
     first_failure_ = WorkerExit{};
-    for (int local = 0; local < o_.num_processes(); ++local) {
+    for (int local = 0; local < o_.processes_per_node(); ++local) {
       DistributedEnv env;
       env.source = EnvSource::kAccelerant;
-      env.rank = o_.node_rank() * o_.num_processes() + local;
-      env.world_size = o_.num_processes() * o_.num_nodes();
+      env.rank = o_.node_rank() * o_.processes_per_node() + local;
+      env.world_size = o_.processes_per_node() * o_.num_nodes();
       env.local_rank = local;
-      env.local_world_size = o_.num_processes();
+      env.local_world_size = o_.processes_per_node();
       env.node_rank = o_.node_rank();
       env.num_nodes = o_.num_nodes();
       env.master_addr = o_.master_addr();
@@ -261,8 +267,12 @@ class Agent {
       env.timeout = o_.timeout();
       env.mixed_precision = o_.mixed_precision();
       env.threads_per_process = threads_;
+      env.downcast_bf16 = o_.downcast_bf16();
+      env.use_cpu = o_.use_cpu();
+      env.gradient_accumulation_steps = o_.gradient_accumulation_steps();
       WorkerSpec spec;
       spec.rank = env.rank;
+      spec.world_size = env.world_size;
       spec.local_rank = local;
       spec.threads = threads_;
       spec.result_path = str(workdir_, "/result.", local);

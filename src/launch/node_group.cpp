@@ -54,7 +54,7 @@ void NodeGroup::join_as_main() {
                           "(and tell every machine the same one), or 0 on one machine."));
   }
   if (!multi_node()) return;
-  links_ = NodeLinks::listen({0, options_.num_nodes(), options_.num_processes()});
+  links_ = NodeLinks::listen({0, options_.num_nodes(), options_.processes_per_node()});
   store_->set(key("links_port"), bytes(std::to_string(links_.port())));
   const auto missing = links_.accept_nodes(Clock::now() + options_.join_timeout());
   if (missing.empty()) return;
@@ -96,7 +96,7 @@ void NodeGroup::join_as_other() {
   store_->setTimeout(options_.timeout());
   const int port = std::stoi(text(store_->get(key("links_port"))));
   links_ = NodeLinks::connect(options_.master_addr(), port,
-                              {options_.node_rank(), options_.num_nodes(), options_.num_processes()},
+                              {options_.node_rank(), options_.num_nodes(), options_.processes_per_node()},
                               deadline);
 }
 

@@ -8,10 +8,17 @@
 #include <cerrno>
 #include <chrono>
 
+#include "accelerant/error.h"
+
 namespace accelerant::detail {
 
-OutputRelay::OutputRelay(bool prefix_with_rank, size_t tail_lines, std::string log_dir, bool tee)
-    : prefix_(prefix_with_rank), tail_lines_(tail_lines), log_dir_(std::move(log_dir)), tee_(tee) {}
+OutputRelay::OutputRelay(bool prefix_with_rank, int world_size, size_t tail_lines, std::string log_dir,
+                         bool tee)
+    : prefix_(prefix_with_rank),
+      world_size_(world_size),
+      tail_lines_(tail_lines),
+      log_dir_(std::move(log_dir)),
+      tee_(tee) {}
 
 OutputRelay::~OutputRelay() {
   for (auto& entry : log_files_) std::fclose(entry.second);
@@ -48,7 +55,7 @@ void OutputRelay::emit(const Stream& s, const std::string& line) {
 }
 
 void OutputRelay::write_to_console(const Stream& s, const std::string& line) {
-  std::string out = prefix_ ? "[rank " + std::to_string(s.rank) + "] " + line : line;
+  std::string out = prefix_ ? rank_prefix(s.rank, world_size_) + line : line;
   out += '\n';
   const int target = s.is_stderr ? STDERR_FILENO : STDOUT_FILENO;
   for (size_t done = 0; done < out.size();) {

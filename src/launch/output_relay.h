@@ -14,7 +14,8 @@ class OutputRelay {
  public:
   /// With a `log_dir`, every line also goes to <log_dir>/attempt_<n>/rank_<r>.stdout|stderr, and
   /// to the console only when `tee` is set.
-  OutputRelay(bool prefix_with_rank, size_t tail_lines, std::string log_dir = "", bool tee = false);
+  /// With `prefix_with_rank`, console lines start with rank_prefix(rank, world_size).
+  OutputRelay(bool prefix_with_rank, int world_size, size_t tail_lines, std::string log_dir = "", bool tee = false);
   ~OutputRelay();
 
   /// Starts relaying `fd` (the read end of a worker's pipe; made non-blocking, closed at EOF).
@@ -44,6 +45,7 @@ class OutputRelay {
   void write_to_console(const Stream& s, const std::string& line);
   void remember_tail(const Stream& s, const std::string& line);
   bool prefix_;
+  int world_size_;
   size_t tail_lines_;
   std::string log_dir_;
   bool tee_;

@@ -13,6 +13,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "accelerant/error.h"
 #include "base/text.h"
 #include "base/cpu_settings.h"
 #include "accelerant/process_state.h"
@@ -31,8 +32,8 @@ void flush_all_output() {
 
 int report_uncaught(const WorkerSpec& spec, const std::string& text) {
   write_file_atomically(spec.error_path, text);
-  std::fprintf(stderr, "[rank %d] worker failed with an uncaught exception: %s\n", spec.rank,
-               text.c_str());
+  std::fprintf(stderr, "%sworker failed with an uncaught exception: %s\n",
+               rank_prefix(spec.rank, spec.world_size).c_str(), text.c_str());
   return 1;
 }
 
@@ -67,7 +68,7 @@ WorkerProcess start_worker(const WorkerSpec& spec, const WorkerBody& body, Outpu
   if (pid < 0) {
     throw LaunchError(str("accelerant::launch: fork() failed for rank ", spec.rank, ": ",
                           std::strerror(errno), ". Likely cause: too many processes or too little "
-                          "memory. Fix: lower num_processes."));
+                          "memory. Fix: lower processes_per_node (accelerant launch: --num_processes)."));
   }
   if (pid == 0) {
     SignalGuard::reset_in_child();

@@ -16,6 +16,7 @@ namespace accelerant::detail {
 
 struct WorkerSpec {
   int rank = 0;        // global
+  int world_size = 1;  // ranks in the job, across machines
   int local_rank = 0;  // on this machine
   int threads = 1;
   std::map<std::string, std::string> environment;

@@ -63,6 +63,12 @@ class Reader {
     return v && parse_bool(*v, var);
   }
 
+  // flag() for a setting whose absence means "not chosen" rather than "off".
+  std::optional<bool> chosen_flag(const std::string& var) const {
+    if (!text(var)) return std::nullopt;
+    return flag(var);
+  }
+
  private:
   const EnvLookup& lookup_;
 };
@@ -129,6 +135,11 @@ void read_accelerant_extras(const Reader& r, DistributedEnv& env) {
       r.integer("ACCELERANT_THREADS_PER_PROCESS", 0, 4096, "set the number of threads per worker")
           .value_or(0));
   env.error_file = r.text("ACCELERANT_ERROR_FILE").value_or("");
+  env.downcast_bf16 = r.chosen_flag("ACCELERANT_DOWNCAST_BF16");
+  env.use_cpu = r.chosen_flag("ACCELERANT_USE_CPU");
+  env.gradient_accumulation_steps =
+      r.integer("ACCELERANT_GRADIENT_ACCUMULATION_STEPS", 1, kIntMax,
+                "set a whole number of micro-batches per optimizer step, 1 or more");
 }
 
 void validate(const Reader& r, DistributedEnv& env) {
@@ -238,6 +249,11 @@ std::map<std::string, std::string> to_environment(const DistributedEnv& env) {
     vars["OMP_NUM_THREADS"] = std::to_string(env.threads_per_process);
   }
   if (!env.error_file.empty()) vars["ACCELERANT_ERROR_FILE"] = env.error_file;
+  if (env.downcast_bf16) vars["ACCELERANT_DOWNCAST_BF16"] = *env.downcast_bf16 ? "1" : "0";
+  if (env.use_cpu) vars["ACCELERANT_USE_CPU"] = *env.use_cpu ? "1" : "0";
+  if (env.gradient_accumulation_steps) {
+    vars["ACCELERANT_GRADIENT_ACCUMULATION_STEPS"] = std::to_string(*env.gradient_accumulation_steps);
+  }
   return vars;
 }
 

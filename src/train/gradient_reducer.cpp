@@ -140,7 +140,7 @@ struct GradientReducer::State {
     }
     if (!unused.empty() && !options.allow_unused_parameters()) {
       throw Error(detail::str(
-          "[rank ", communicator->rank(), "/", communicator->size(), "] ", unused.size(), " of ",
+          rank_prefix(communicator->rank(), communicator->size()), unused.size(), " of ",
           trainable, " trainable parameters got no gradient in this backward pass: ",
           detail::join(unused, ", "),
           ". Their gradients cannot be averaged across processes, and the other ranks would wait "

@@ -27,6 +27,7 @@ Config resolve_launch_config(const LaunchFlags& f) {
   if (f.mixed_precision) c.mixed_precision = *f.mixed_precision;
   if (f.monitor_interval) c.monitor_interval = *f.monitor_interval;
   if (f.join_timeout) c.join_timeout = *f.join_timeout;
+  if (f.gradient_accumulation_steps) c.gradient_accumulation_steps = *f.gradient_accumulation_steps;
   if (f.cpu) c.use_cpu = true;
   if (f.debug) c.debug = true;
   validate_config(c, "accelerant launch (config file " + path + " and flags)");
@@ -35,12 +36,8 @@ Config resolve_launch_config(const LaunchFlags& f) {
 
 int run_launch(const LaunchFlags& flags, const std::vector<std::string>& command) {
   const Config c = resolve_launch_config(flags);
-  // Settings the workers read from their environment beyond the launcher's own contract.
-  ::setenv("ACCELERANT_DOWNCAST_BF16", c.downcast_bf16 ? "1" : "0", 1);
-  ::setenv("ACCELERANT_USE_CPU", c.use_cpu ? "1" : "0", 1);
-  ::setenv("ACCELERANT_GRADIENT_ACCUMULATION_STEPS", std::to_string(c.gradient_accumulation_steps).c_str(), 1);
   auto options = LaunchOptions()
-                     .num_processes(c.num_processes / c.num_machines)
+                     .processes_per_node(c.num_processes / c.num_machines)
                      .num_nodes(c.num_machines)
                      .node_rank(c.machine_rank)
                      .master_addr(c.main_process_ip)
@@ -49,6 +46,9 @@ int run_launch(const LaunchFlags& flags, const std::vector<std::string>& command
                      .monitor_interval(std::chrono::milliseconds(static_cast<int64_t>(c.monitor_interval * 1000)))
                      .join_timeout(std::chrono::milliseconds(static_cast<int64_t>(c.join_timeout * 1000)))
                      .mixed_precision(c.mixed_precision)
+                     .downcast_bf16(c.downcast_bf16)
+                     .use_cpu(c.use_cpu)
+                     .gradient_accumulation_steps(c.gradient_accumulation_steps)
                      .threads_per_process(c.threads_per_process)
                      .debug(c.debug)
                      .prefix_output(flags.prefix_output)
@@ -82,6 +82,8 @@ void add_launch_command(CLI::App& app, Action& action) {
   launch->add_option("--mixed_precision", flags->mixed_precision, "no, fp16 or bf16")
       ->transform(mixed_precision_flag());
   launch->add_option("--threads_per_process", flags->threads_per_process, "0 = cores / local processes");
+  launch->add_option("--gradient_accumulation_steps", flags->gradient_accumulation_steps,
+                     "Micro-batches per optimizer step in the workers' Accelerator");
   launch->add_flag("--cpu", flags->cpu, "Train on the CPU even when CUDA is available");
   launch->add_flag("--debug", flags->debug, "Check collectives across ranks; dry fork first");
   launch->add_flag("--prefix_output", flags->prefix_output, "Prefix every output line with its rank");

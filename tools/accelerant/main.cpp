@@ -56,5 +56,8 @@ int main(int argc, char** argv) {
   } catch (const accelerant::Error& e) {  // LaunchError included: the failure report
     std::cerr << "accelerant: " << e.what() << "\n";
     return 1;
+  } catch (const std::exception& e) {  // LibTorch's c10::Error, std::bad_alloc, ...: said, not aborted on
+    std::cerr << "accelerant: " << e.what() << "\n";
+    return 1;
   }
 }

@@ -17,7 +17,7 @@ int failures = 0;
 
 void report(Accelerator& acc, const std::string& check, bool passed, const std::string& details) {
   if (!passed) ++failures;
-  std::cout << "[rank " << acc.process_index() << "] " << (passed ? "PASS " : "FAIL ") << check
+  std::cout << rank_prefix(acc.process_index(), acc.num_processes()) << (passed ? "PASS " : "FAIL ") << check
             << (passed ? "" : ": " + details) << std::endl;
 }
 
@@ -44,7 +44,7 @@ int run_checks() {
 
   if (n > 1) {
     auto& comm = ProcessState::get().communicator();
-    if (acc.is_main_process()) std::cout << "[rank 0] all-reduce path: " << comm.all_reduce_path() << std::endl;
+    if (acc.is_main_process()) std::cout << rank_prefix(0, acc.num_processes()) << "all-reduce path: " << comm.all_reduce_path() << std::endl;
     // Several chunks of the shared-memory path (or Gloo's), every element checked.
     auto big = torch::full({1 << 20}, static_cast<float>(r + 1));
     comm.all_reduce_(big);

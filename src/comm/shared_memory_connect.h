@@ -1,4 +1,5 @@
-// Which all-reduce path a job takes, decided alike by every rank after the rendezvous:
+// Connects the ranks that share a machine through shared memory after the rendezvous. The
+// all-reduce path a job takes is decided alike by every rank:
 //   - every rank on one machine: one shared-memory segment among all of them;
 //   - several machines, some with more than one rank: hierarchical, a segment per machine and a
 //     Gloo group of the machines' first ranks (the node leaders) between them;
@@ -22,14 +23,15 @@ class Device;
 
 namespace accelerant::detail {
 
-struct SharedMemoryPlan {
+/// What connect_shared_memory attached this rank to: a shared-memory all-reduce, or none.
+struct SharedMemoryConnection {
   std::unique_ptr<ShmAllReduce> shm;  // null: Gloo only
   std::string description = "Gloo";
 };
 
 /// Meets every rank through `store` (this attempt's keys). `gloo_devices` are for the node
 /// leaders' group. Throws only for store failures.
-SharedMemoryPlan connect_shared_memory(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+SharedMemoryConnection connect_shared_memory(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                        std::chrono::milliseconds timeout,
                                        const std::vector<std::shared_ptr<gloo::transport::Device>>& gloo_devices);
 

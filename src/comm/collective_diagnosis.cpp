@@ -1,4 +1,4 @@
-#include "comm/collective_guard.h"
+#include "comm/collective_diagnosis.h"
 
 #include <algorithm>
 #include <thread>

@@ -1,4 +1,4 @@
-#include "comm/shared_memory_plan.h"
+#include "comm/shared_memory_connect.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -11,10 +11,10 @@
 
 namespace accelerant::detail {
 
-SharedMemoryPlan connect_shared_memory(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+SharedMemoryConnection connect_shared_memory(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                        std::chrono::milliseconds timeout,
                                        const std::vector<std::shared_ptr<gloo::transport::Device>>& gloo_devices) {
-  SharedMemoryPlan plan;
+  SharedMemoryConnection plan;
   const bool enabled = shm_all_reduce_enabled();
   const auto machines = exchange_strings(*store, "machine/", rank, size, str(enabled ? "on|" : "off|", machine_identity()),
                                  timeout);
