@@ -6,7 +6,6 @@
 #include <accelerant/accelerant.h>
 
 #include <CLI/CLI.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,7 +18,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-const std::vector<int64_t> kSizes = {1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20, 25 << 20, 100 << 20};
+const std::vector<int64_t> kSizes = {1 << 10, 16 << 10, 256 << 10, 1 << 20,
+                                     4 << 20, 25 << 20, 100 << 20};
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -74,11 +74,13 @@ std::vector<double> all_reduce_seconds(int ranks, bool shared_memory) {
 
 double memcpy_seconds(int64_t bytes) {
   std::vector<char> from(bytes, 1), to(bytes, 0);
-  return time_median([&] { std::memcpy(to.data(), from.data(), bytes); }, [](double s) { return s; });
+  return time_median([&] { std::memcpy(to.data(), from.data(), bytes); },
+                     [](double s) { return s; });
 }
 
 std::string size_text(int64_t bytes) {
-  return bytes >= (1 << 20) ? std::to_string(bytes >> 20) + " MB" : std::to_string(bytes >> 10) + " KB";
+  return bytes >= (1 << 20) ? std::to_string(bytes >> 20) + " MB"
+                            : std::to_string(bytes >> 10) + " KB";
 }
 
 }  // namespace
@@ -88,7 +90,8 @@ int main(int argc, char** argv) {
   std::vector<int> world_sizes{2, 4};
   int rounds = 2;
   app.add_option("--ranks", world_sizes, "world sizes to measure")->delimiter(',');
-  app.add_option("--rounds", rounds, "alternating rounds per transport; the median is kept")->check(CLI::PositiveNumber);
+  app.add_option("--rounds", rounds, "alternating rounds per transport; the median is kept")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
 
   std::vector<double> copy;
@@ -100,7 +103,8 @@ int main(int argc, char** argv) {
     for (int round = 0; round < rounds; ++round) {
       for (bool shm : {true, false}) runs[shm].push_back(all_reduce_seconds(ranks, shm));
     }
-    std::printf("\n%d ranks%s:\n\n", ranks, ranks > 2 ? " (4 processes on 2 cores: oversubscribed)" : "");
+    std::printf("\n%d ranks%s:\n\n", ranks,
+                ranks > 2 ? " (4 processes on 2 cores: oversubscribed)" : "");
     std::printf("| size | memcpy GB/s | Gloo GB/s | shared memory GB/s | shared memory / Gloo |\n");
     std::printf("|---:|---:|---:|---:|---:|\n");
     for (size_t i = 0; i < kSizes.size(); ++i) {
@@ -110,8 +114,8 @@ int main(int argc, char** argv) {
         return median(v);
       };
       const double gb = kSizes[i] / 1e9, shm = pick(true), gloo = pick(false);
-      std::printf("| %s | %.2f | %.2f | %.2f | %.2fx |\n", size_text(kSizes[i]).c_str(), gb / copy[i], gb / gloo,
-                  gb / shm, gloo / shm);
+      std::printf("| %s | %.2f | %.2f | %.2f | %.2fx |\n", size_text(kSizes[i]).c_str(),
+                  gb / copy[i], gb / gloo, gb / shm, gloo / shm);
       if (ranks == 2 && kSizes[i] == (25 << 20)) {
         goal_met = gloo / shm >= 4.0;
         goal_ratio = gloo / shm;

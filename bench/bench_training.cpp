@@ -5,12 +5,14 @@
 //                  [--plain | --no-cpu-defaults | --no-thread-defaults | --no-malloc-defaults]
 //                  [--no-communication] [--paired-overhead] [--mlp_width N] [--fused]
 //
-// prints exactly one line `RESULT samples_per_sec=X step_ms_median=Y world=N exposed_wait_ms_median=Z`
-// (X counts samples of all processes; Z is the all-reduce time left after backward, rank 0). --plain is a bare LibTorch loop without the Accelerator (one process only).
+// prints exactly one line `RESULT samples_per_sec=X step_ms_median=Y world=N
+// exposed_wait_ms_median=Z` (X counts samples of all processes; Z is the all-reduce time left after
+// backward, rank 0). --plain is a bare LibTorch loop without the Accelerator (one process only).
 // --paired-overhead trains a plain loop and the Accelerator in one process, in alternating blocks,
-// and prints a PLAIN line for the plain side as well (both rates from the median step). The CPU-default switches turn the Accelerator's defaults off (both, or one of them): "off"
-// means LibTorch's own behaviour, every process using all cores for its intra-op and OpenBLAS
-// pools, and glibc's malloc thresholds untouched.
+// and prints a PLAIN line for the plain side as well (both rates from the median step). The
+// CPU-default switches turn the Accelerator's defaults off (both, or one of them): "off" means
+// LibTorch's own behaviour, every process using all cores for its intra-op and OpenBLAS pools, and
+// glibc's malloc thresholds untouched.
 #include <accelerant/accelerant.h>
 
 #include <CLI/CLI.hpp>
@@ -43,13 +45,14 @@ struct Config {
 torch::nn::Sequential make_model(const std::string& name, int64_t width = 512) {
   namespace nn = torch::nn;
   if (name == "mlp") {
-    return nn::Sequential(nn::Flatten(), nn::Linear(784, width), nn::ReLU(), nn::Linear(width, width), nn::ReLU(),
-                          nn::Linear(width, 10));
+    return nn::Sequential(nn::Flatten(), nn::Linear(784, width), nn::ReLU(),
+                          nn::Linear(width, width), nn::ReLU(), nn::Linear(width, 10));
   }
   // examples/fashion_mnist's Net, layer for layer.
   return nn::Sequential(nn::Conv2d(nn::Conv2dOptions(1, 16, 5)), nn::ReLU(), nn::MaxPool2d(2),
-                        nn::Conv2d(nn::Conv2dOptions(16, 32, 5)), nn::ReLU(), nn::MaxPool2d(2), nn::Flatten(),
-                        nn::Linear(32 * 4 * 4, 128), nn::ReLU(), nn::Linear(128, 10));
+                        nn::Conv2d(nn::Conv2dOptions(16, 32, 5)), nn::ReLU(), nn::MaxPool2d(2),
+                        nn::Flatten(), nn::Linear(32 * 4 * 4, 128), nn::ReLU(),
+                        nn::Linear(128, 10));
 }
 
 struct Timing {
@@ -69,9 +72,11 @@ Timing time_steps(const Config& c, int world, Step&& step, Sync&& sync) {
   for (int i = 0; i < c.steps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     step(c.warmup + i);
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
-  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
   return {static_cast<double>(c.batch) * world * c.steps / elapsed, ms[ms.size() / 2]};
 }
@@ -93,7 +98,8 @@ Data make_data(const Config& c, int rank) {
 // One step of the plain LibTorch loop, the baseline the Accelerator is compared with.
 void plain_step(torch::nn::Sequential& model, torch::optim::SGD& sgd, const Data& d, int i) {
   sgd.zero_grad();
-  auto loss = torch::nn::functional::cross_entropy(model->forward(d.inputs[i % 64]), d.labels[i % 64]);
+  auto loss =
+      torch::nn::functional::cross_entropy(model->forward(d.inputs[i % 64]), d.labels[i % 64]);
   loss.backward();
   sgd.step();
 }
@@ -104,16 +110,18 @@ Timing run_plain(const Config& c) {
   auto model = make_model(c.model, c.mlp_width);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   const Data d = make_data(c, 0);
-  return time_steps(c, 1, [&](int i) { plain_step(model, sgd, d, i); }, [] {});
+  return time_steps(
+      c, 1, [&](int i) { plain_step(model, sgd, d, i); }, [] {});
 }
 
 Timing run_accelerated(const Config& c) {
   const bool thread_defaults = !(c.no_cpu_defaults || c.no_thread_defaults);
   const bool malloc_defaults = !(c.no_cpu_defaults || c.no_malloc_defaults);
   const bool all_defaults = thread_defaults && malloc_defaults;
-  accelerant::Accelerator acc(
-      accelerant::AcceleratorOptions().cpu_defaults(all_defaults).bucket_cap_mb(c.bucket_cap_mb).fused_optimizers(
-          c.fused));
+  accelerant::Accelerator acc(accelerant::AcceleratorOptions()
+                                  .cpu_defaults(all_defaults)
+                                  .bucket_cap_mb(c.bucket_cap_mb)
+                                  .fused_optimizers(c.fused));
   if (!all_defaults) {
     // The half that stays on, as the Accelerator would apply it; the half that is off keeps
     // LibTorch's own behaviour (every process uses all cores; glibc's thresholds untouched).
@@ -130,7 +138,8 @@ Timing run_accelerated(const Config& c) {
   std::vector<double> exposed_ms;
   auto step = [&](int i) {
     o.zero_grad();
-    auto loss = torch::nn::functional::cross_entropy(m->forward(d.inputs[i % 64]), d.labels[i % 64]);
+    auto loss =
+        torch::nn::functional::cross_entropy(m->forward(d.inputs[i % 64]), d.labels[i % 64]);
     if (c.no_communication) {
       auto local_only = acc.no_sync(m);
       acc.backward(loss);
@@ -141,7 +150,8 @@ Timing run_accelerated(const Config& c) {
     if (i >= c.warmup) exposed_ms.push_back(1e3 * acc.reducer_stats(m).exposed_wait_seconds);
   };
   Timing t = time_steps(c, acc.num_processes(), step, [&] { acc.wait_for_everyone(); });
-  std::nth_element(exposed_ms.begin(), exposed_ms.begin() + exposed_ms.size() / 2, exposed_ms.end());
+  std::nth_element(exposed_ms.begin(), exposed_ms.begin() + exposed_ms.size() / 2,
+                   exposed_ms.end());
   t.exposed_wait_ms_median = exposed_ms[exposed_ms.size() / 2];
   // Rank 0's clock covers the slowest rank too: every step ends in an all-reduce.
   acc.end_training();
@@ -160,14 +170,17 @@ std::pair<Timing, Timing> run_paired_overhead(const Config& c) {
   auto plain_model = make_model(c.model, c.mlp_width);
   torch::manual_seed(0);
   auto accelerated_model = make_model(c.model, c.mlp_width);
-  torch::optim::SGD plain_sgd(plain_model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
-  torch::optim::SGD sgd(accelerated_model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  torch::optim::SGD plain_sgd(plain_model->parameters(),
+                              torch::optim::SGDOptions(0.01).momentum(0.9));
+  torch::optim::SGD sgd(accelerated_model->parameters(),
+                        torch::optim::SGDOptions(0.01).momentum(0.9));
   auto [m, o] = acc.prepare(accelerated_model, sgd);
   const Data d = make_data(c, 0);
   auto plain = [&](int i) { plain_step(plain_model, plain_sgd, d, i); };
   auto accelerated_step = [&](int i) {
     o.zero_grad();
-    acc.backward(torch::nn::functional::cross_entropy(m->forward(d.inputs[i % 64]), d.labels[i % 64]));
+    acc.backward(
+        torch::nn::functional::cross_entropy(m->forward(d.inputs[i % 64]), d.labels[i % 64]));
     o.step();
   };
   for (int i = 0; i < c.warmup; ++i) {
@@ -182,7 +195,9 @@ std::pair<Timing, Timing> run_paired_overhead(const Config& c) {
       for (int j = i; j < std::min(c.steps, i + kBlock); ++j) {
         const auto t0 = std::chrono::steady_clock::now();
         side == 0 ? accelerated_step(j) : plain(j);
-        const double took = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        const double took =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count();
         ms[side].push_back(took);
       }
     }
@@ -202,35 +217,48 @@ std::pair<Timing, Timing> run_paired_overhead(const Config& c) {
 int main(int argc, char** argv) {
   Config c;
   CLI::App app{"Training throughput of Accelerant (see bench/compare_training.py)."};
-  app.add_option("--model", c.model, "cnn or mlp")->check(CLI::IsMember({"cnn", "mlp"}))->capture_default_str();
+  app.add_option("--model", c.model, "cnn or mlp")
+      ->check(CLI::IsMember({"cnn", "mlp"}))
+      ->capture_default_str();
   app.add_option("--batch", c.batch, "Samples per step per process")->capture_default_str();
   app.add_option("--steps", c.steps, "Timed steps")->capture_default_str();
   app.add_option("--warmup", c.warmup, "Untimed steps first")->capture_default_str();
-  app.add_option("--threads", c.threads, "Threads per process (0: the defaults choose)")->capture_default_str();
-  app.add_option("--processes", c.processes, "Processes")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--threads", c.threads, "Threads per process (0: the defaults choose)")
+      ->capture_default_str();
+  app.add_option("--processes", c.processes, "Processes")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_flag("--plain", c.plain, "A bare LibTorch loop, no Accelerator (1 process)");
-  app.add_flag("--no-cpu-defaults", c.no_cpu_defaults, "Accelerator without its thread and malloc defaults");
-  app.add_flag("--no-thread-defaults", c.no_thread_defaults, "Accelerator without its thread default");
-  app.add_flag("--no-malloc-defaults", c.no_malloc_defaults, "Accelerator without its malloc default");
+  app.add_flag("--no-cpu-defaults", c.no_cpu_defaults,
+               "Accelerator without its thread and malloc defaults");
+  app.add_flag("--no-thread-defaults", c.no_thread_defaults,
+               "Accelerator without its thread default");
+  app.add_flag("--no-malloc-defaults", c.no_malloc_defaults,
+               "Accelerator without its malloc default");
   app.add_option("--bucket_cap_mb", c.bucket_cap_mb, "Gradient bucket size")->capture_default_str();
-  app.add_option("--mlp_width", c.mlp_width, "Hidden features of the MLP")->capture_default_str()->check(
-      CLI::PositiveNumber);
-  app.add_flag("--fused", c.fused, "Step the SGD with the fused update (AcceleratorOptions::fused_optimizers)");
-  app.add_flag("--paired-overhead", c.paired_overhead,
-               "One process: plain loop and Accelerator in alternating blocks; prints RESULT (Accelerator) "
-               "and PLAIN lines");
+  app.add_option("--mlp_width", c.mlp_width, "Hidden features of the MLP")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--fused", c.fused,
+               "Step the SGD with the fused update (AcceleratorOptions::fused_optimizers)");
+  app.add_flag(
+      "--paired-overhead", c.paired_overhead,
+      "One process: plain loop and Accelerator in alternating blocks; prints RESULT (Accelerator) "
+      "and PLAIN lines");
   app.add_flag("--no-communication", c.no_communication,
                "Skip the gradient all-reduce (no_sync every step): the compute-only upper bound");
   CLI11_PARSE(app, argc, argv);
   if (c.plain && c.processes != 1) {
-    std::fprintf(stderr, "bench_training: --plain runs one process; got --processes %d\n", c.processes);
+    std::fprintf(stderr, "bench_training: --plain runs one process; got --processes %d\n",
+                 c.processes);
     return 2;
   }
   try {
     Timing t;
     if (c.paired_overhead) {
       auto [accelerated, plain] = run_paired_overhead(c);
-      std::printf("PLAIN samples_per_sec=%.2f step_ms_median=%.3f\n", plain.samples_per_sec, plain.step_ms_median);
+      std::printf("PLAIN samples_per_sec=%.2f step_ms_median=%.3f\n", plain.samples_per_sec,
+                  plain.step_ms_median);
       t = accelerated;
     } else if (c.plain) {
       t = run_plain(c);
@@ -244,14 +272,17 @@ int main(int argc, char** argv) {
       auto results = accelerant::launch(
           [](const Config& config) {
             Timing mine = run_accelerated(config);
-            return torch::tensor({mine.samples_per_sec, mine.step_ms_median, mine.exposed_wait_ms_median},
-                                 torch::kDouble);
+            return torch::tensor(
+                {mine.samples_per_sec, mine.step_ms_median, mine.exposed_wait_ms_median},
+                torch::kDouble);
           },
           std::cref(c), options);
-      t = {results.front()[0].item<double>(), results.front()[1].item<double>(), results.front()[2].item<double>()};
+      t = {results.front()[0].item<double>(), results.front()[1].item<double>(),
+           results.front()[2].item<double>()};
     }
-    std::printf("RESULT samples_per_sec=%.2f step_ms_median=%.3f world=%d exposed_wait_ms_median=%.3f\n",
-                t.samples_per_sec, t.step_ms_median, c.processes, t.exposed_wait_ms_median);
+    std::printf(
+        "RESULT samples_per_sec=%.2f step_ms_median=%.3f world=%d exposed_wait_ms_median=%.3f\n",
+        t.samples_per_sec, t.step_ms_median, c.processes, t.exposed_wait_ms_median);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_training: %s\n", e.what());

@@ -4,9 +4,9 @@
 // the CPU both run eagerly and the row only shows graph mode's bookkeeping cost.
 //
 //   bench_graph_step [--steps 200] [--model mlp|transformer|both]
-#include <CLI/CLI.hpp>
 #include <accelerant/accelerant.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 
@@ -22,7 +22,9 @@ struct TransformerClassifierImpl : torch::nn::Module {
     embed = register_module("embed", torch::nn::Embedding(1000, 128));
     encoder = register_module(
         "encoder", torch::nn::TransformerEncoder(torch::nn::TransformerEncoderOptions(
-                       torch::nn::TransformerEncoderLayer(torch::nn::TransformerEncoderLayerOptions(128, 4).dim_feedforward(256)), 2)));
+                       torch::nn::TransformerEncoderLayer(
+                           torch::nn::TransformerEncoderLayerOptions(128, 4).dim_feedforward(256)),
+                       2)));
     head = register_module("head", torch::nn::Linear(128, 4));
   }
   torch::Tensor forward(const torch::Tensor& tokens) {
@@ -48,7 +50,8 @@ double ms_per_step(Step&& step, int steps, const torch::Device& device) {
 }
 
 template <class Model>
-double measure(const char* name, bool compiled, Model model, torch::Tensor x, torch::Tensor y, int steps) {
+double measure(const char* name, bool compiled, Model model, torch::Tensor x, torch::Tensor y,
+               int steps) {
   accelerant::Accelerator acc(accelerant::AcceleratorOptions().fused_optimizers(true));
   torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-4));
   auto [m, opt] = acc.prepare(model, adamw);
@@ -69,16 +72,22 @@ double measure(const char* name, bool compiled, Model model, torch::Tensor x, to
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app("Graph mode vs eager: one training step, both ways, side by side (goal on a GPU: >= 2x)");
+  CLI::App app(
+      "Graph mode vs eager: one training step, both ways, side by side (goal on a GPU: >= 2x)");
   int steps = 200;
   std::string which = "both";
-  app.add_option("--steps", steps, "Timed steps per row (after 10 warm-up steps)")->check(CLI::PositiveNumber);
-  app.add_option("--model", which, "mlp, transformer or both")->check(CLI::IsMember({"mlp", "transformer", "both"}));
+  app.add_option("--steps", steps, "Timed steps per row (after 10 warm-up steps)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--model", which, "mlp, transformer or both")
+      ->check(CLI::IsMember({"mlp", "transformer", "both"}));
   CLI11_PARSE(app, argc, argv);
 
   const bool gpu = torch::cuda::is_available();
-  std::printf("device: %s; %d timed steps per row\n\n", gpu ? "CUDA" : "CPU (both eager: no graphs to replay)", steps);
-  std::printf("| model | eager ms/step | graph mode ms/step | speed-up | goal (GPU) >= 2x |\n|---|---:|---:|---:|---|\n");
+  std::printf("device: %s; %d timed steps per row\n\n",
+              gpu ? "CUDA" : "CPU (both eager: no graphs to replay)", steps);
+  std::printf(
+      "| model | eager ms/step | graph mode ms/step | speed-up | goal (GPU) >= 2x "
+      "|\n|---|---:|---:|---:|---|\n");
   auto row = [&](const char* name, double eager, double graph) {
     const double ratio = eager / graph;
     std::printf("| %s | %.3f | %.3f | %.2fx | %s |\n", name, eager, graph, ratio,
@@ -89,20 +98,23 @@ int main(int argc, char** argv) {
     auto x = torch::randn({64, 32}), y = torch::randint(0, 10, {64}, torch::kLong);
     auto mlp = [] {
       torch::manual_seed(1);
-      return torch::nn::Sequential(torch::nn::Linear(32, 256), torch::nn::GELU(), torch::nn::Linear(256, 256),
-                                   torch::nn::GELU(), torch::nn::Linear(256, 10));
+      return torch::nn::Sequential(torch::nn::Linear(32, 256), torch::nn::GELU(),
+                                   torch::nn::Linear(256, 256), torch::nn::GELU(),
+                                   torch::nn::Linear(256, 10));
     };
     row("MLP 32-256-256-10, batch 64", measure("mlp", false, mlp(), x, y, steps),
         measure("mlp", true, mlp(), x, y, steps));
   }
   if (which != "mlp") {
     torch::manual_seed(0);
-    auto x = torch::randint(0, 1000, {32, 64}, torch::kLong), y = torch::randint(0, 4, {32}, torch::kLong);
+    auto x = torch::randint(0, 1000, {32, 64}, torch::kLong),
+         y = torch::randint(0, 4, {32}, torch::kLong);
     auto model = [] {
       torch::manual_seed(1);
       return TransformerClassifier();
     };
-    row("transformer 2x128 (4 heads), 32x64 tokens", measure("transformer", false, model(), x, y, steps),
+    row("transformer 2x128 (4 heads), 32x64 tokens",
+        measure("transformer", false, model(), x, y, steps),
         measure("transformer", true, model(), x, y, steps));
   }
   return 0;

@@ -1,7 +1,7 @@
 // Launch latency. Three modes:
 //   bench_launch_latency N          accelerant::launch forks N workers (the in-program launcher)
-//   bench_launch_latency --worker   one worker of any launcher (accelerant launch, torchrun, mpirun)
-//   bench_launch_latency --noop     returns at once: what starting a LibTorch program costs
+//   bench_launch_latency --worker   one worker of any launcher (accelerant launch, torchrun,
+//   mpirun) bench_launch_latency --noop     returns at once: what starting a LibTorch program costs
 // A worker joins the group, passes a barrier, then prints "READY <CLOCK_MONOTONIC seconds>".
 // bench/compare_launch.py starts these and torchrun side by side and compares launch -> all ready.
 #include <accelerant/accelerant.h>
@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   const int n = argc > 1 ? std::atoi(argv[1]) : 2;
-  accelerant::launch(join_and_report_ready, accelerant::LaunchOptions().processes_per_node(n).verbose(false));
+  accelerant::launch(join_and_report_ready,
+                     accelerant::LaunchOptions().processes_per_node(n).verbose(false));
   return 0;
 }

@@ -8,7 +8,6 @@
 #include <accelerant/accelerant.h>
 
 #include <CLI/CLI.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -56,9 +55,11 @@ int main(int argc, char** argv) {
   CLI::App app("Fused AdamW vs torch::optim::AdamW step time");
   int blocks = 40, width = 256, rounds = 5;
   bool markdown = false;
-  app.add_option("--blocks", blocks, "Linear+LayerNorm blocks (4 parameter tensors each)")->check(CLI::PositiveNumber);
+  app.add_option("--blocks", blocks, "Linear+LayerNorm blocks (4 parameter tensors each)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--width", width, "features per layer")->check(CLI::PositiveNumber);
-  app.add_option("--rounds", rounds, "alternating rounds; the median is reported")->check(CLI::PositiveNumber);
+  app.add_option("--rounds", rounds, "alternating rounds; the median is reported")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--markdown", markdown, "print a Markdown table");
   CLI11_PARSE(app, argc, argv);
 
@@ -73,9 +74,12 @@ int main(int argc, char** argv) {
   std::vector<char> from(static_cast<size_t>(bytes)), to(static_cast<size_t>(bytes), 1);
 
   if (markdown) {
-    std::printf("Model: %d Linear(%d)+LayerNorm blocks, %lld parameter tensors, %lld parameters.\n\n", blocks, width,
-                static_cast<long long>(tensors), static_cast<long long>(numel));
-    std::printf("| threads | torch AdamW ms | fused AdamW ms | speed-up (torch / fused) | goal 3x | fused GB/s | memcpy GB/s |\n");
+    std::printf(
+        "Model: %d Linear(%d)+LayerNorm blocks, %lld parameter tensors, %lld parameters.\n\n",
+        blocks, width, static_cast<long long>(tensors), static_cast<long long>(numel));
+    std::printf(
+        "| threads | torch AdamW ms | fused AdamW ms | speed-up (torch / fused) | goal 3x | fused "
+        "GB/s | memcpy GB/s |\n");
     std::printf("|---|---|---|---|---|---|---|\n");
   }
   for (int threads : {1, 2}) {
@@ -90,13 +94,15 @@ int main(int argc, char** argv) {
     const double torch_s = median(t_torch), fused_s = median(t_fused), copy_s = median(t_copy);
     const double speedup = torch_s / fused_s;
     if (markdown) {
-      std::printf("| %d | %.2f | %.2f | %.2fx | %s | %.1f | %.1f |\n", threads, torch_s * 1e3, fused_s * 1e3, speedup, speedup >= 3 ? "met" : "**missed**", bytes / fused_s / 1e9,
-                  2 * bytes / copy_s / 1e9);
-    } else {
-      std::printf("threads %d: torch AdamW %.2f ms, fused %.2f ms (%.2fx, goal 3x %s); "
-                  "fused moves %.1f GB/s, memcpy %.1f GB/s\n",
-                  threads, torch_s * 1e3, fused_s * 1e3, speedup, speedup >= 3 ? "met" : "MISSED",
+      std::printf("| %d | %.2f | %.2f | %.2fx | %s | %.1f | %.1f |\n", threads, torch_s * 1e3,
+                  fused_s * 1e3, speedup, speedup >= 3 ? "met" : "**missed**",
                   bytes / fused_s / 1e9, 2 * bytes / copy_s / 1e9);
+    } else {
+      std::printf(
+          "threads %d: torch AdamW %.2f ms, fused %.2f ms (%.2fx, goal 3x %s); "
+          "fused moves %.1f GB/s, memcpy %.1f GB/s\n",
+          threads, torch_s * 1e3, fused_s * 1e3, speedup, speedup >= 3 ? "met" : "MISSED",
+          bytes / fused_s / 1e9, 2 * bytes / copy_s / 1e9);
     }
   }
   return 0;

@@ -21,7 +21,8 @@ void check_round_trip(const std::string& text, const char* what, Parse parse, Fo
     return;
   }
   if (format(parse(formatted, "formatted input")) != formatted) {
-    std::cerr << "fuzz_checkpoint_json: " << what << " changed in a round trip:\n" << formatted << "\n";
+    std::cerr << "fuzz_checkpoint_json: " << what << " changed in a round trip:\n"
+              << formatted << "\n";
     std::abort();
   }
 }
@@ -32,6 +33,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   check_round_trip(text, "manifest.json", accelerant::parse_checkpoint_manifest,
                    accelerant::format_checkpoint_manifest);
-  check_round_trip(text, "state.json", accelerant::parse_checkpoint_state, accelerant::format_checkpoint_state);
+  check_round_trip(text, "state.json", accelerant::parse_checkpoint_state,
+                   accelerant::format_checkpoint_state);
   return 0;
 }

@@ -41,8 +41,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (size_t i = 0; i < decoded.tensors.size(); ++i) {
     const auto& [name, tensor] = decoded.tensors[i];
     const auto& [name2, tensor2] = again.tensors[i];
-    if (name != name2 || tensor.scalar_type() != tensor2.scalar_type() || tensor.sizes() != tensor2.sizes() ||
-        !same_bytes(tensor, tensor2)) {
+    if (name != name2 || tensor.scalar_type() != tensor2.scalar_type() ||
+        tensor.sizes() != tensor2.sizes() || !same_bytes(tensor, tensor2)) {
       fail("tensor \"" + name + "\" changed in a round trip");
     }
   }

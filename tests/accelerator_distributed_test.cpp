@@ -20,16 +20,20 @@ constexpr int64_t kSamples = 640;
 // Trains an MLP on fixed data for `updates` optimizer steps with `batch` samples per process and
 // micro-step; returns the final parameters, flattened. Every rank builds the model from a
 // different seed, so equal results also show that prepare broadcast rank 0's weights.
-torch::Tensor train_mlp(int index, int64_t batch, int64_t accumulation, int64_t updates, int64_t bucket_mb) {
-  Accelerator acc(AcceleratorOptions().gradient_accumulation_steps(accumulation).bucket_cap_mb(bucket_mb));
+torch::Tensor train_mlp(int index, int64_t batch, int64_t accumulation, int64_t updates,
+                        int64_t bucket_mb) {
+  Accelerator acc(
+      AcceleratorOptions().gradient_accumulation_steps(accumulation).bucket_cap_mb(bucket_mb));
   torch::manual_seed(100 + index);
-  auto model = torch::nn::Sequential(torch::nn::Linear(16, 32), torch::nn::Tanh(), torch::nn::Linear(32, 32),
-                                     torch::nn::Tanh(), torch::nn::Linear(32, 4));
+  auto model =
+      torch::nn::Sequential(torch::nn::Linear(16, 32), torch::nn::Tanh(), torch::nn::Linear(32, 32),
+                            torch::nn::Tanh(), torch::nn::Linear(32, 4));
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   torch::manual_seed(7);  // the same data on every rank
   auto x = torch::randn({kSamples, 16});
   auto y = torch::randint(0, 4, {kSamples}, torch::kLong);
-  auto [m, o, l] = acc.prepare(model, sgd, make_data_loader(x, y, DataLoaderOptions().batch_size(batch)));
+  auto [m, o, l] =
+      acc.prepare(model, sgd, make_data_loader(x, y, DataLoaderOptions().batch_size(batch)));
   int64_t micro = 0;
   for (auto& b : l) {
     if (micro++ == updates * accumulation) break;
@@ -48,7 +52,8 @@ double relative_difference(const torch::Tensor& a, const torch::Tensor& b) {
 }
 
 torch::Tensor single_process(int64_t batch, int64_t accumulation, int64_t updates) {
-  auto results = launch([=](int index) { return train_mlp(index, batch, accumulation, updates, 25); }, ranks(1));
+  auto results = launch(
+      [=](int index) { return train_mlp(index, batch, accumulation, updates, 25); }, ranks(1));
   // The single process seeds its model with 100 + 0, as rank 0 does.
   return results.at(0);
 }
@@ -74,7 +79,8 @@ TEST_P(AcceleratorOnRanks, AccumulatingFourMicroBatchesEqualsOneBatchFourTimesBi
   const int64_t b = 4;
   auto reference = single_process(4 * b * n, 1, 10);
   auto results = launch([=](int index) { return train_mlp(index, b, 4, 10, 25); }, ranks(n));
-  for (int r = 0; r < n; ++r) EXPECT_LE(relative_difference(results[r], reference), 1e-5) << "rank " << r;
+  for (int r = 0; r < n; ++r)
+    EXPECT_LE(relative_difference(results[r], reference), 1e-5) << "rank " << r;
 }
 
 INSTANTIATE_TEST_SUITE_P(Processes, AcceleratorOnRanks, ::testing::Values(2, 4));
@@ -105,7 +111,8 @@ TEST(AcceleratorDistributed, TheFirstBucketIsReducedWhileBackwardStillRuns) {
         auto m = acc.prepare(model);
         acc.backward(m->forward(torch::randn({32, 512})).pow(2).mean());
         auto stats = acc.reducer_stats(m);
-        return torch::tensor({stats.buckets, stats.buckets_started_during_backward, stats.reductions});
+        return torch::tensor(
+            {stats.buckets, stats.buckets_started_during_backward, stats.reductions});
       },
       ranks(2));
   for (const auto& r : results) {
@@ -127,9 +134,9 @@ TEST(AcceleratorDistributed, GatherForMetricsReturnsExactlyTheDatasetAndItsAccur
           auto classifier = torch::nn::Linear(6, 3);
           auto single_accuracy = (classifier->forward(x).argmax(1) == y).to(torch::kDouble).mean();
           auto ids = torch::arange(size, torch::kLong);
-          auto [model, loader] =
-              acc.prepare(classifier, make_data_loader(torch::cat({x, ids.unsqueeze(1).to(torch::kFloat)}, 1), y,
-                                                       DataLoaderOptions().batch_size(8)));
+          auto [model, loader] = acc.prepare(
+              classifier, make_data_loader(torch::cat({x, ids.unsqueeze(1).to(torch::kFloat)}, 1),
+                                           y, DataLoaderOptions().batch_size(8)));
           std::vector<torch::Tensor> seen_ids, correct;
           torch::NoGradGuard no_grad;
           for (auto& batch : loader) {
@@ -147,7 +154,8 @@ TEST(AcceleratorDistributed, GatherForMetricsReturnsExactlyTheDatasetAndItsAccur
         ranks(n));
     for (const auto& r : results) {
       EXPECT_EQ(r[0].item<double>(), 101.0) << n << " processes";
-      EXPECT_EQ(r[1].item<double>(), 1.0) << "some sample missing or repeated, " << n << " processes";
+      EXPECT_EQ(r[1].item<double>(), 1.0)
+          << "some sample missing or repeated, " << n << " processes";
       EXPECT_DOUBLE_EQ(r[2].item<double>(), r[3].item<double>()) << n << " processes";
     }
   }
@@ -199,7 +207,8 @@ TEST(AcceleratorDistributed, FrozenLayersAreLeftAloneAndTheRestTrainsInStep) {
         auto [m, o] = acc.prepare(model, sgd);
         auto frozen = m[0]->parameters()[0].clone();
         auto trained = m[1]->parameters()[0].clone();
-        acc.backward(m->forward(torch::randn({3, 4}) * (index + 1)).sum());  // different data per rank
+        acc.backward(
+            m->forward(torch::randn({3, 4}) * (index + 1)).sum());  // different data per rank
         o.step();
         const bool frozen_kept = torch::equal(m[0]->parameters()[0], frozen);
         const bool trained_moved = !torch::equal(m[1]->parameters()[0], trained);
@@ -220,7 +229,8 @@ TEST(AcceleratorDistributed, CpuDefaultsTakeTheLauncherThreadCountForBothPools) 
         Accelerator acc;
         auto x = torch::randn({512, 512});
         (void)torch::mm(x, x).sum();  // BLAS and OpenMP at 2 threads in a forked worker
-        return torch::tensor({static_cast<int64_t>(acc.threads()), static_cast<int64_t>(torch::get_num_threads())});
+        return torch::tensor(
+            {static_cast<int64_t>(acc.threads()), static_cast<int64_t>(torch::get_num_threads())});
       },
       ranks(2).threads_per_process(2));  // not cores / processes (1 on 2 cores), so it shows
   for (const auto& r : results) {
@@ -255,7 +265,8 @@ TEST(AcceleratorDistributed, GradientsLiveInTheBucketsAndAReplacedGradientIsBoun
   for (const auto& r : results) {
     EXPECT_EQ(r[0].item<float>(), 0);
     EXPECT_EQ(r[1].item<float>(), 0);
-    EXPECT_EQ(r[2].item<float>(), 3) << "the bias gradient is the batch size on every rank, averaged";
+    EXPECT_EQ(r[2].item<float>(), 3)
+        << "the bias gradient is the batch size on every rank, averaged";
     EXPECT_EQ(r[3].item<float>(), 4) << "four replaced gradients";
     EXPECT_EQ(r[4].item<float>(), 0) << "not bound again after being replaced";
   }

@@ -3,7 +3,6 @@
 // behaviour is in accelerator_distributed_test.cpp.
 #include <accelerant/accelerant.h>
 #include <gtest/gtest.h>
-
 #include <sched.h>
 
 #include <cstdlib>
@@ -44,7 +43,8 @@ struct HalvingScheduler : torch::optim::LRScheduler {
 };
 
 torch::nn::Sequential small_mlp() {
-  return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 3));
+  return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(),
+                               torch::nn::Linear(16, 3));
 }
 
 }  // namespace
@@ -52,16 +52,18 @@ torch::nn::Sequential small_mlp() {
 // ---- option resolution ---------------------------------------------------------------------
 
 TEST(AcceleratorSettings, OptionBeatsEnvironmentBeatsConfigBeatsDefault) {
-  const ConfigValues config{{"mixed_precision", "bf16"}, {"gradient_accumulation_steps", "3"},
-                            {"even_batches", "false"}, {"seed", "7"}};
+  const ConfigValues config{{"mixed_precision", "bf16"},
+                            {"gradient_accumulation_steps", "3"},
+                            {"even_batches", "false"},
+                            {"seed", "7"}};
   auto env = env_of({{"ACCELERANT_GRADIENT_ACCUMULATION_STEPS", "2"}, {"ACCELERANT_SEED", "9"}});
   auto s = resolve_accelerator_settings(AcceleratorOptions().seed(11), env, config, "cfg.yaml");
-  EXPECT_EQ(s.mixed_precision, MixedPrecision::kBf16);           // config
-  EXPECT_EQ(s.gradient_accumulation_steps, 2);                   // environment over config
-  EXPECT_FALSE(s.even_batches);                                  // config
-  EXPECT_EQ(s.seed, std::optional<uint64_t>(11));                // option over both
-  EXPECT_FALSE(s.split_batches);                                 // default
-  EXPECT_TRUE(s.cpu_defaults);                                   // default
+  EXPECT_EQ(s.mixed_precision, MixedPrecision::kBf16);  // config
+  EXPECT_EQ(s.gradient_accumulation_steps, 2);          // environment over config
+  EXPECT_FALSE(s.even_batches);                         // config
+  EXPECT_EQ(s.seed, std::optional<uint64_t>(11));       // option over both
+  EXPECT_FALSE(s.split_batches);                        // default
+  EXPECT_TRUE(s.cpu_defaults);                          // default
   EXPECT_EQ(s.sources.at("seed"), "option");
   EXPECT_EQ(s.sources.at("gradient_accumulation_steps"), "ACCELERANT_GRADIENT_ACCUMULATION_STEPS");
   EXPECT_NE(s.sources.at("mixed_precision").find("cfg.yaml"), std::string::npos);
@@ -70,24 +72,31 @@ TEST(AcceleratorSettings, OptionBeatsEnvironmentBeatsConfigBeatsDefault) {
 
 TEST(AcceleratorSettings, BadValuesNameTheirSourceAndTheFix) {
   auto none = env_of({});
-  auto message = error_of([&] { resolve_accelerator_settings(AcceleratorOptions().mixed_precision("fp8"), none, {}); });
+  auto message = error_of(
+      [&] { resolve_accelerator_settings(AcceleratorOptions().mixed_precision("fp8"), none, {}); });
   EXPECT_NE(message.find("\"fp8\""), std::string::npos) << message;
   EXPECT_NE(message.find("bf16"), std::string::npos) << message;
   message = error_of([&] {
     resolve_accelerator_settings({}, env_of({{"ACCELERANT_GRADIENT_ACCUMULATION_STEPS", "0"}}), {});
   });
   EXPECT_NE(message.find("ACCELERANT_GRADIENT_ACCUMULATION_STEPS"), std::string::npos) << message;
-  message = error_of([&] { resolve_accelerator_settings({}, none, {{"even_batches", "maybe"}}, "my.yaml"); });
+  message = error_of([&] {
+    resolve_accelerator_settings({}, none, {{"even_batches", "maybe"}}, "my.yaml");
+  });
   EXPECT_NE(message.find("my.yaml (key even_batches)"), std::string::npos) << message;
-  message = error_of([&] { resolve_accelerator_settings(AcceleratorOptions().gradient_accumulation_steps(-2), none, {}); });
+  message = error_of([&] {
+    resolve_accelerator_settings(AcceleratorOptions().gradient_accumulation_steps(-2), none, {});
+  });
   EXPECT_NE(message.find("-2"), std::string::npos) << message;
 }
 
 TEST(AcceleratorSettings, ConfigPathFollowsTheEnvironment) {
-  EXPECT_EQ(default_config_path(env_of({{"ACCELERANT_CONFIG_FILE", "/x/c.yaml"}, {"HOME", "/h"}})), "/x/c.yaml");
+  EXPECT_EQ(default_config_path(env_of({{"ACCELERANT_CONFIG_FILE", "/x/c.yaml"}, {"HOME", "/h"}})),
+            "/x/c.yaml");
   EXPECT_EQ(default_config_path(env_of({{"XDG_CACHE_HOME", "/c"}, {"HOME", "/h"}})),
             "/c/accelerant/default_config.yaml");
-  EXPECT_EQ(default_config_path(env_of({{"HOME", "/h"}})), "/h/.cache/accelerant/default_config.yaml");
+  EXPECT_EQ(default_config_path(env_of({{"HOME", "/h"}})),
+            "/h/.cache/accelerant/default_config.yaml");
 }
 
 TEST(AcceleratorSettings, MalformedConfigReportsLineAndColumn) {
@@ -171,7 +180,8 @@ TEST(Accelerator, AccumulationStepsOnlyEveryNthMicroStepAndScalesTheLoss) {
     if (o.step()) ++updates;
     s.step();
     o.zero_grad();
-    if (micro == 3) EXPECT_TRUE(torch::equal(m->parameters()[0], before)) << "stepped while accumulating";
+    if (micro == 3)
+      EXPECT_TRUE(torch::equal(m->parameters()[0], before)) << "stepped while accumulating";
   }
   EXPECT_EQ(updates, 2);
   EXPECT_DOUBLE_EQ(sgd.param_groups()[0].options().get_lr(), 0.1 * 0.25);  // two scheduler steps
@@ -186,7 +196,8 @@ TEST(Accelerator, AccumulatedGradientEqualsTheGradientOfTheWholeBatch) {
   auto y = torch::randint(0, 3, {16}, torch::kLong);
   for (int k = 0; k < 4; ++k) {
     auto guard = acc.accumulate(m);
-    acc.backward(torch::nn::functional::cross_entropy(m->forward(x.narrow(0, 4 * k, 4)), y.narrow(0, 4 * k, 4)));
+    acc.backward(torch::nn::functional::cross_entropy(m->forward(x.narrow(0, 4 * k, 4)),
+                                                      y.narrow(0, 4 * k, 4)));
   }
   auto accumulated = m->parameters()[0].grad().clone();
   m->zero_grad();
@@ -209,9 +220,11 @@ TEST(PreparedOptimizer, Fp16OverflowSkipsTheStepHalvesTheScaleAndKeepsTheParamet
   EXPECT_FALSE(opt.step());
   EXPECT_TRUE(opt.step_was_skipped());
   never_skipped_schedule.step();
-  EXPECT_DOUBLE_EQ(sgd.param_groups()[0].options().get_lr(), 0.1) << "the scheduler stepped on a skipped step";
+  EXPECT_DOUBLE_EQ(sgd.param_groups()[0].options().get_lr(), 0.1)
+      << "the scheduler stepped on a skipped step";
   EXPECT_DOUBLE_EQ(state->scaler->current_scale(), 32768.0);
-  for (size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(torch::equal(model->parameters()[i], before[i]));
+  for (size_t i = 0; i < before.size(); ++i)
+    EXPECT_TRUE(torch::equal(model->parameters()[i], before[i]));
   // A finite (scaled) gradient steps and divides by the scale first.
   for (auto& p : model->parameters()) p.mutable_grad() = torch::full_like(p, 32768.0);
   EXPECT_TRUE(opt.step());
@@ -247,7 +260,8 @@ struct BriefRun {
 BriefRun train_briefly(AcceleratorOptions options, int steps) {
   Accelerator acc(options.cpu_defaults(false));
   torch::manual_seed(0);
-  auto model = torch::nn::Sequential(torch::nn::Linear(32, 64), torch::nn::ReLU(), torch::nn::Linear(64, 4));
+  auto model =
+      torch::nn::Sequential(torch::nn::Linear(32, 64), torch::nn::ReLU(), torch::nn::Linear(64, 4));
   torch::optim::SGD sgd(model->parameters(), 0.3);
   auto x = torch::randn({256, 32});
   auto y = (x.narrow(1, 0, 4).argmax(1)).to(torch::kLong);
@@ -260,7 +274,8 @@ BriefRun train_briefly(AcceleratorOptions options, int steps) {
       torch::Tensor loss;
       {
         auto autocast = acc.autocast();
-        loss = torch::nn::functional::cross_entropy(m->forward(batch.data).to(torch::kFloat), batch.target);
+        loss = torch::nn::functional::cross_entropy(m->forward(batch.data).to(torch::kFloat),
+                                                    batch.target);
       }
       acc.backward(loss);
       o.step();
@@ -296,7 +311,8 @@ TEST(Accelerator, DowncastBf16StoresWeightsAndInputsInBf16AndReducesInFp32) {
   EXPECT_LT(run.last_loss, 0.9 * run.first_loss) << "downcast bf16 training did not learn";
   Accelerator acc(AcceleratorOptions().mixed_precision("bf16").downcast_bf16(true));
   EXPECT_EQ(acc.reduce(torch::ones({2}, torch::kBFloat16)).scalar_type(), torch::kFloat);
-  auto loader = acc.prepare(make_data_loader(torch::randn({4, 2}), torch::zeros({4}, torch::kLong)));
+  auto loader =
+      acc.prepare(make_data_loader(torch::randn({4, 2}), torch::zeros({4}, torch::kLong)));
   for (auto& batch : loader) {
     EXPECT_EQ(batch.data.scalar_type(), torch::kBFloat16);
     EXPECT_EQ(batch.target.scalar_type(), torch::kLong);
@@ -332,8 +348,9 @@ TEST(Accelerator, SetSeedMakesDrawsRepeatable) {
 }
 
 TEST(Accelerator, CpuDefaultsKeepAThreadCountTheProgramChose) {
-  torch::set_num_threads(3);  // neither LibTorch's default nor cores / processes on any machine here
-  Accelerator acc;            // cpu_defaults on
+  torch::set_num_threads(
+      3);           // neither LibTorch's default nor cores / processes on any machine here
+  Accelerator acc;  // cpu_defaults on
   EXPECT_EQ(acc.threads(), 3);
   EXPECT_EQ(torch::get_num_threads(), 3);
 }

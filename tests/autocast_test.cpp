@@ -30,7 +30,8 @@ TEST(Autocast, Fp16OnTheCpuIsAClearError) {
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("supports bf16 only"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("Fix: use mixed_precision bf16"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Fix: use mixed_precision bf16"), std::string::npos)
+        << e.what();
   }
   EXPECT_EQ(torch::mm(torch::rand({2, 2}), torch::rand({2, 2})).scalar_type(), torch::kFloat);
 }

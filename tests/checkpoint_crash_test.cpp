@@ -30,7 +30,9 @@ namespace {
 using accelerant::testing::contains;
 
 // The saved state encodes which save it was: every weight equals the iteration number.
-torch::nn::Sequential make_model() { return torch::nn::Sequential(torch::nn::Linear(256, 256), torch::nn::Linear(256, 256)); }
+torch::nn::Sequential make_model() {
+  return torch::nn::Sequential(torch::nn::Linear(256, 256), torch::nn::Linear(256, 256));
+}
 
 void fill(torch::nn::Module& m, double value) {
   torch::NoGradGuard no_grad;
@@ -65,12 +67,14 @@ Child fork_child(const std::function<void(int)>& body) {
 void say(int fd, const std::string& text) { (void)!::write(fd, text.data(), text.size()); }
 
 // Everything the child wrote until it exits (bounded by `limit`), and its wait status.
-std::string collect(Child& child, int& status, std::chrono::milliseconds limit = std::chrono::seconds(60)) {
+std::string collect(Child& child, int& status,
+                    std::chrono::milliseconds limit = std::chrono::seconds(60)) {
   std::string out;
   const auto deadline = std::chrono::steady_clock::now() + limit;
   char buffer[4096];
   while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       ::kill(child.pid, SIGKILL);
       out += "\n[timed out]";
@@ -107,11 +111,14 @@ std::string iteration_saved_in(const std::string& project, const std::string& di
     Accelerator acc(AcceleratorOptions().project_dir(project));
     auto model = make_model();
     acc.prepare(model);
-    verify_checkpoint(dir.empty() ? latest_checkpoint(project + "/checkpoints").value_or(project + "/none") : dir);
+    verify_checkpoint(dir.empty()
+                          ? latest_checkpoint(project + "/checkpoints").value_or(project + "/none")
+                          : dir);
     acc.load_state(dir);
     const auto first = model->parameters()[0].flatten()[0].item<double>();
     for (const auto& p : model->parameters()) {
-      if (!torch::all(p == first).item<bool>()) throw std::runtime_error("a model mixing two saves was loaded");
+      if (!torch::all(p == first).item<bool>())
+        throw std::runtime_error("a model mixing two saves was loaded");
     }
     say(out, std::to_string(static_cast<int64_t>(first)));
   });
@@ -147,24 +154,27 @@ TEST(CheckpointCrashes, ASaverKilledAtRandomMomentsAlwaysLeavesALoadableCheckpoi
       std::string acks;
       ASSERT_TRUE(wait_for_bytes(saver, 1, acks)) << "the saver never finished a first save";
       // A save of this model takes a few milliseconds here: the kill lands anywhere in one.
-      std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<int>(0, 40000)(random)));
+      std::this_thread::sleep_for(
+          std::chrono::microseconds(std::uniform_int_distribution<int>(0, 40000)(random)));
       ::kill(saver.pid, SIGKILL);
       int status = 0;
       acks += collect(saver, status);
       ASSERT_TRUE(WIFSIGNALED(status)) << "the saver ended on its own: " << acks;
 
       const std::string loaded = iteration_saved_in(scratch.path, fixed);
-      ASSERT_FALSE(contains(loaded, "exception")) << "trial " << trial << (in_place ? " (in place)" : "") << ": "
-                                                  << loaded;
+      ASSERT_FALSE(contains(loaded, "exception"))
+          << "trial " << trial << (in_place ? " (in place)" : "") << ": " << loaded;
       // The saver restarts from iteration 0 each trial, so it acknowledged iterations 0..acks-1:
       // the checkpoint holds the last acknowledged one or the one in progress.
       const int64_t iteration = std::stoll(loaded);
       const int64_t last_acknowledged = static_cast<int64_t>(acks.size()) - 1;
       EXPECT_TRUE(iteration == last_acknowledged || iteration == last_acknowledged + 1)
-          << "trial " << trial << ": loaded iteration " << iteration << ", the saver had finished " << acks.size();
+          << "trial " << trial << ": loaded iteration " << iteration << ", the saver had finished "
+          << acks.size();
       if (!in_place) {
         auto kept = list_checkpoints(scratch.path + "/checkpoints");
-        EXPECT_LE(kept.size(), 3u) << "total_limit 2 (+1 for a kill between publishing and pruning)";
+        EXPECT_LE(kept.size(), 3u)
+            << "total_limit 2 (+1 for a kill between publishing and pruning)";
         for (const auto& k : kept) EXPECT_NO_THROW(verify_checkpoint(k)) << k;
       }
     }
@@ -177,8 +187,8 @@ namespace {
 // Runs `body` in a child; as root in its own mount namespace, so that its mounts vanish with it.
 std::string in_private_mounts(const std::function<std::string()>& body) {
   Child child = fork_child([&](int out) {
-    if (::geteuid() == 0 &&
-        (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)) {
+    if (::geteuid() == 0 && (::unshare(CLONE_NEWNS) != 0 ||
+                             ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)) {
       say(out, "skip: cannot make a private mount namespace");
       return;
     }
@@ -207,17 +217,20 @@ std::string second_save_into(const std::string& project, const std::string& fixe
   const bool intact = model->parameters()[0].flatten()[0].item<double>() == 1.0;
   const bool partial_left = !list_checkpoints(project + "/checkpoints").empty() &&
                             list_checkpoints(project + "/checkpoints").size() != 1;
-  return std::string(intact ? "[previous intact]" : "[PREVIOUS DAMAGED]") + (partial_left ? "[EXTRA LEFT]" : "") + error;
+  return std::string(intact ? "[previous intact]" : "[PREVIOUS DAMAGED]") +
+         (partial_left ? "[EXTRA LEFT]" : "") + error;
 }
 
 }  // namespace
 
 TEST(CheckpointDisk, AFullDiskFailsTheSaveClearlyAndKeepsThePreviousCheckpoint) {
-  if (::geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root; the file-size-limit test below runs anyway";
+  if (::geteuid() != 0)
+    GTEST_SKIP() << "mounting a small tmpfs needs root; the file-size-limit test below runs anyway";
   ScratchDir scratch;
   for (const bool in_place : {false, true}) {
     const std::string result = in_private_mounts([&] {
-      if (::mount("tmpfs", scratch.path.c_str(), "tmpfs", 0, "size=800k") != 0) return std::string("skip: mount failed");
+      if (::mount("tmpfs", scratch.path.c_str(), "tmpfs", 0, "size=800k") != 0)
+        return std::string("skip: mount failed");
       return second_save_into(scratch.path, in_place ? scratch.path + "/ckpt" : "");
     });
     if (contains(result, "skip:")) GTEST_SKIP() << result;
@@ -225,14 +238,15 @@ TEST(CheckpointDisk, AFullDiskFailsTheSaveClearlyAndKeepsThePreviousCheckpoint) 
     EXPECT_FALSE(contains(result, "EXTRA LEFT")) << result;
     EXPECT_TRUE(contains(result, "No space left on device (the disk or quota is full)")) << result;
     EXPECT_TRUE(contains(result, "Fix: free space")) << result;
-    EXPECT_TRUE(contains(result, in_place ? "the checkpoint there" : "the earlier checkpoints")) << result;
+    EXPECT_TRUE(contains(result, in_place ? "the checkpoint there" : "the earlier checkpoints"))
+        << result;
   }
 }
 
 TEST(CheckpointDisk, AFileSizeLimitFailsTheSaveClearlyAndKeepsThePreviousCheckpoint) {
   ScratchDir scratch;
   Child child = fork_child([&](int out) {
-    std::signal(SIGXFSZ, SIG_IGN);  // then write() fails with EFBIG instead of killing
+    std::signal(SIGXFSZ, SIG_IGN);         // then write() fails with EFBIG instead of killing
     rlimit limit{300 * 1024, 300 * 1024};  // the first checkpoint's files are ~260 KB each
     ::setrlimit(RLIMIT_FSIZE, &limit);
     Accelerator acc;
@@ -263,7 +277,8 @@ TEST(CheckpointDisk, AReadOnlyDirectoryFailsTheSaveWithTheReason) {
   const std::string result = in_private_mounts([&] {
     if (::geteuid() == 0) {
       // Root ignores permissions: a read-only mount is what stops it.
-      if (::mount("tmpfs", scratch.path.c_str(), "tmpfs", MS_RDONLY, "size=1m") != 0) return std::string("skip: mount failed");
+      if (::mount("tmpfs", scratch.path.c_str(), "tmpfs", MS_RDONLY, "size=1m") != 0)
+        return std::string("skip: mount failed");
     } else {
       ::chmod(scratch.path.c_str(), 0555);
     }
@@ -279,7 +294,8 @@ TEST(CheckpointDisk, AReadOnlyDirectoryFailsTheSaveWithTheReason) {
   });
   ::chmod(scratch.path.c_str(), 0755);
   if (contains(result, "skip:") && ::geteuid() == 0) GTEST_SKIP() << result;
-  EXPECT_TRUE(contains(result, "read-only file system") || contains(result, "no permission")) << result;
+  EXPECT_TRUE(contains(result, "read-only file system") || contains(result, "no permission"))
+      << result;
   EXPECT_TRUE(contains(result, scratch.path)) << result;
   EXPECT_TRUE(contains(result, "Fix:")) << result;
 }

@@ -20,13 +20,16 @@ using namespace accelerant::testing;
 
 namespace {
 
-std::string example_path() { return cli_path().substr(0, cli_path().rfind('/')) + "/fashion_mnist"; }
+std::string example_path() {
+  return cli_path().substr(0, cli_path().rfind('/')) + "/fashion_mnist";
+}
 
 using accelerant::testing::contains;
 
 int exit_code(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : -1; }
 
-int run_cli(const std::vector<std::string>& args, std::string& output, std::chrono::seconds limit = std::chrono::seconds(60)) {
+int run_cli(const std::vector<std::string>& args, std::string& output,
+            std::chrono::seconds limit = std::chrono::seconds(60)) {
   ::unsetenv("ACCELERANT_CONFIG_FILE");
   ::setenv("XDG_CACHE_HOME", "/nonexistent/accelerant-test-cache", 1);
   std::vector<std::string> argv{cli_path()};
@@ -39,8 +42,17 @@ int run_cli(const std::vector<std::string>& args, std::string& output, std::chro
 // 2 epochs of 100 steps (12800 images, 64 per step on each of 2 processes), a checkpoint every
 // 20 steps, final weights as safetensors.
 std::vector<std::string> training_command(const std::string& project_dir) {
-  return {example_path(), "--epochs", "2", "--train_samples", "12800", "--project_dir", project_dir,
-          "--checkpoint_every", "20", "--save_weights", project_dir + "/weights"};
+  return {example_path(),
+          "--epochs",
+          "2",
+          "--train_samples",
+          "12800",
+          "--project_dir",
+          project_dir,
+          "--checkpoint_every",
+          "20",
+          "--save_weights",
+          project_dir + "/weights"};
 }
 
 std::vector<pid_t> children_of(pid_t parent) {
@@ -77,7 +89,8 @@ std::string environment_of(pid_t pid, const std::string& name) {
 int64_t newest_checkpoint_step(const std::string& project_dir) {
   int64_t step = -1;
   for (int n = 0; n < 64; ++n) {
-    std::ifstream manifest(project_dir + "/checkpoints/checkpoint_" + std::to_string(n) + "/manifest.json");
+    std::ifstream manifest(project_dir + "/checkpoints/checkpoint_" + std::to_string(n) +
+                           "/manifest.json");
     if (!manifest) continue;
     try {
       step = std::max<int64_t>(step, nlohmann::json::parse(manifest).at("step").get<int64_t>());
@@ -96,7 +109,8 @@ std::string slurp(const std::string& path) {
 
 TEST(CheckpointEndToEnd, AKilledWorkerResumesMidEpochAndEndsBitIdentical) {
   ScratchDir scratch;
-  const std::string uninterrupted = scratch.path + "/uninterrupted", interrupted = scratch.path + "/interrupted";
+  const std::string uninterrupted = scratch.path + "/uninterrupted",
+                    interrupted = scratch.path + "/interrupted";
   std::string out;
   std::vector<std::string> launch{"launch", "-n", "2", "--main_process_port", "0"};
   auto args = launch;
@@ -144,19 +158,33 @@ TEST(CheckpointEndToEnd, AKilledWorkerResumesMidEpochAndEndsBitIdentical) {
   ASSERT_EQ(resumed.size(), expected.size());
   for (const auto& [name, tensor] : expected) {
     ASSERT_TRUE(resumed.count(name)) << name;
-    EXPECT_TRUE(torch::equal(resumed.at(name), tensor)) << name << " differs from the uninterrupted run";
+    EXPECT_TRUE(torch::equal(resumed.at(name), tensor))
+        << name << " differs from the uninterrupted run";
   }
   // Same bytes: same weights and the same layout.
-  EXPECT_EQ(slurp(interrupted + "/weights/model.safetensors"), slurp(uninterrupted + "/weights/model.safetensors"));
+  EXPECT_EQ(slurp(interrupted + "/weights/model.safetensors"),
+            slurp(uninterrupted + "/weights/model.safetensors"));
 }
 
 TEST(CheckpointCommand, InspectAndVerifyWhatATrainingRunLeft) {
   ScratchDir scratch;
   const std::string project = scratch.path + "/run";
   std::string out;
-  std::vector<std::string> args{example_path(), "-n", "2", "--epochs", "1", "--train_samples", "2560",
-                                "--project_dir", project, "--checkpoint_every", "5", "--checkpoint_total_limit", "2",
-                                "--save_weights", project + "/weights"};
+  std::vector<std::string> args{example_path(),
+                                "-n",
+                                "2",
+                                "--epochs",
+                                "1",
+                                "--train_samples",
+                                "2560",
+                                "--project_dir",
+                                project,
+                                "--checkpoint_every",
+                                "5",
+                                "--checkpoint_total_limit",
+                                "2",
+                                "--save_weights",
+                                project + "/weights"};
   auto training = start_program(args);
   out.clear();
   ASSERT_EQ(exit_code(finish_program(training, out, std::chrono::seconds(60))), 0) << out;
@@ -167,10 +195,13 @@ TEST(CheckpointCommand, InspectAndVerifyWhatATrainingRunLeft) {
   EXPECT_TRUE(contains(out, "format         accelerant-checkpoint version 1")) << out;
   EXPECT_TRUE(contains(out, "world size     2 process(es)")) << out;
   EXPECT_TRUE(contains(out, "progress       step 20 (optimizer steps), epoch 1")) << out;
-  EXPECT_TRUE(contains(out, "data loader 0  epoch 1, 0 of 2560 samples done, seed 42, shuffled")) << out;
+  EXPECT_TRUE(contains(out, "data loader 0  epoch 1, 0 of 2560 samples done, seed 42, shuffled"))
+      << out;
   EXPECT_TRUE(contains(out, "model_0.pt")) << out;
 
-  ASSERT_EQ(run_cli({"checkpoint", "inspect", "--json", project + "/checkpoints/checkpoint_2"}, out), 0) << out;
+  ASSERT_EQ(
+      run_cli({"checkpoint", "inspect", "--json", project + "/checkpoints/checkpoint_2"}, out), 0)
+      << out;
   const auto manifest = nlohmann::json::parse(out);
   EXPECT_EQ(manifest.at("step"), 15);
   EXPECT_EQ(manifest.at("world_size"), 2);
@@ -210,7 +241,8 @@ TEST(CheckpointCommand, InspectAndVerifyWhatATrainingRunLeft) {
   std::ofstream(scratch.path + "/notes.txt") << "x";
   EXPECT_EQ(run_cli({"checkpoint", "inspect", scratch.path + "/notes.txt"}, out), 1) << out;
   EXPECT_TRUE(contains(out, "is a file, not a checkpoint directory")) << out;
-  EXPECT_EQ(run_cli({"checkpoint", "inspect", project + "/weights/.."}, out), 0) << out;  // the project dir again
+  EXPECT_EQ(run_cli({"checkpoint", "inspect", project + "/weights/.."}, out), 0)
+      << out;  // the project dir again
 
   ASSERT_EQ(run_cli({"checkpoint", "verify", "--help"}, out), 0) << out;
   EXPECT_TRUE(contains(out, "Examples:")) << out;

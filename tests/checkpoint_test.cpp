@@ -22,7 +22,9 @@ using accelerant::testing::ScratchDir;
 
 namespace {
 
-LaunchOptions ranks(int n) { return LaunchOptions().processes_per_node(n).timeout(std::chrono::seconds(60)).verbose(false); }
+LaunchOptions ranks(int n) {
+  return LaunchOptions().processes_per_node(n).timeout(std::chrono::seconds(60)).verbose(false);
+}
 
 using accelerant::testing::contains;
 
@@ -39,8 +41,8 @@ struct Counter {
 
 torch::nn::Sequential make_net(int64_t hidden = 32) {
   // Dropout draws from the global generator: resuming must restore it too.
-  return torch::nn::Sequential(torch::nn::Linear(8, hidden), torch::nn::ReLU(), torch::nn::Dropout(0.2),
-                               torch::nn::Linear(hidden, 3));
+  return torch::nn::Sequential(torch::nn::Linear(8, hidden), torch::nn::ReLU(),
+                               torch::nn::Dropout(0.2), torch::nn::Linear(hidden, 3));
 }
 
 torch::Tensor flat_parameters(const torch::nn::Module& m) {
@@ -73,8 +75,8 @@ torch::Tensor run_training(const AcceleratorOptions& options, int64_t epochs,
   auto x = torch::randn({kSamples, 8});
   auto y = torch::randint(0, 3, {kSamples}, torch::kLong);
   torch::manual_seed(11 + acc.process_index());
-  auto [model, opt, sched, loader] =
-      acc.prepare(net, sgd, schedule, make_data_loader(x, y, DataLoaderOptions().batch_size(8).shuffle(true)));
+  auto [model, opt, sched, loader] = acc.prepare(
+      net, sgd, schedule, make_data_loader(x, y, DataLoaderOptions().batch_size(8).shuffle(true)));
   before(acc);
   while (loader.epoch() < epochs) {
     for (auto& batch : loader) {
@@ -90,7 +92,8 @@ torch::Tensor run_training(const AcceleratorOptions& options, int64_t epochs,
 
 // With `stop_after` >= 0 it saves into `dir` after that many steps and stops; with `resume` it
 // first loads `dir`. `fused`: prepare steps the SGD with the fused update.
-torch::Tensor train(const std::string& dir, int64_t stop_after, bool resume, int64_t epochs = 3, bool fused = false) {
+torch::Tensor train(const std::string& dir, int64_t stop_after, bool resume, int64_t epochs = 3,
+                    bool fused = false) {
   return run_training(
       AcceleratorOptions().seed(11).fused_optimizers(fused), epochs,
       [&](Accelerator& acc) {
@@ -119,7 +122,8 @@ TEST(Checkpoint, EveryPieceOfStateRoundTrips) {
         Counter counter;
         acc.register_for_checkpointing(counter);
         auto [model, opt, sched, loader] =
-            acc.prepare(net, adam, schedule, make_data_loader(x, y, DataLoaderOptions().batch_size(4).shuffle(true)));
+            acc.prepare(net, adam, schedule,
+                        make_data_loader(x, y, DataLoaderOptions().batch_size(4).shuffle(true)));
         auto train_steps = [&](int n) {
           int done = 0;
           while (done < n) {
@@ -149,7 +153,8 @@ TEST(Checkpoint, EveryPieceOfStateRoundTrips) {
         if (!torch::equal(flat_parameters(*model), params)) wrong.push_back("parameters");
         if (optimizer_bytes(adam) != adam_state) wrong.push_back("optimizer state");
         if (adam.param_groups()[0].options().get_lr() != lr) wrong.push_back("learning rate");
-        if (loader.position().epoch != position.epoch || loader.position().samples_done != position.samples_done) {
+        if (loader.position().epoch != position.epoch ||
+            loader.position().samples_done != position.samples_done) {
           wrong.push_back("data position");
         }
         if (!torch::equal(torch::rand({4}), draw)) wrong.push_back("random generator");
@@ -157,9 +162,11 @@ TEST(Checkpoint, EveryPieceOfStateRoundTrips) {
         if (counter.value != 13) wrong.push_back("registered object");
         // The schedule continues from the restored step count: StepLR(2) halved the rate at its
         // steps 2, 4, ..., 12 (0.5^6 after 13 steps) and halves it again on the 15th.
-        if (adam.param_groups()[0].options().get_lr() != 1e-2 * std::pow(0.5, 6)) wrong.push_back("restored rate");
+        if (adam.param_groups()[0].options().get_lr() != 1e-2 * std::pow(0.5, 6))
+          wrong.push_back("restored rate");
         train_steps(2);
-        if (adam.param_groups()[0].options().get_lr() != 1e-2 * std::pow(0.5, 7)) wrong.push_back("schedule after load");
+        if (adam.param_groups()[0].options().get_lr() != 1e-2 * std::pow(0.5, 7))
+          wrong.push_back("schedule after load");
         for (const auto& w : wrong) std::cerr << "did not round-trip: " << w << "\n";
         return torch::tensor(static_cast<int64_t>(wrong.size()));
       },
@@ -183,10 +190,12 @@ TEST(Checkpoint, ResumingMidEpochOnTwoProcessesEndsBitIdenticalToTheUninterrupte
   launch([dir](int) { return train(dir, 8, false); }, ranks(2));
   auto resumed = launch([dir](int) { return train(dir, -1, true); }, ranks(2));
   for (int r = 0; r < 2; ++r) {
-    EXPECT_TRUE(torch::equal(resumed[r], uninterrupted[r])) << "rank " << r << " max difference "
-                                                            << (resumed[r] - uninterrupted[r]).abs().max().item<double>();
+    EXPECT_TRUE(torch::equal(resumed[r], uninterrupted[r]))
+        << "rank " << r << " max difference "
+        << (resumed[r] - uninterrupted[r]).abs().max().item<double>();
   }
-  EXPECT_FALSE(torch::equal(uninterrupted[0], launch([dir](int) { return train(dir, 8, false); }, ranks(2))[0]))
+  EXPECT_FALSE(torch::equal(uninterrupted[0],
+                            launch([dir](int) { return train(dir, 8, false); }, ranks(2))[0]))
       << "the comparison cannot fail: stopping early gives the same parameters";
 }
 
@@ -196,7 +205,8 @@ TEST(Checkpoint, AFusedOptimizerResumesMidEpochBitIdenticalAndAPlainCheckpointIs
   auto uninterrupted = launch([](int) { return train("", -1, false, 3, true); }, ranks(2));
   launch([dir](int) { return train(dir, 8, false, 3, true); }, ranks(2));
   auto resumed = launch([dir](int) { return train(dir, -1, true, 3, true); }, ranks(2));
-  for (int r = 0; r < 2; ++r) EXPECT_TRUE(torch::equal(resumed[r], uninterrupted[r])) << "rank " << r;
+  for (int r = 0; r < 2; ++r)
+    EXPECT_TRUE(torch::equal(resumed[r], uninterrupted[r])) << "rank " << r;
   // A checkpoint without fused state (fused_optimizers off when saved) cannot give its momentum.
   launch([plain](int) { return train(plain, 8, false); }, ranks(1));
   try {
@@ -216,8 +226,12 @@ TEST(Checkpoint, AutoResumeAfterARestartEndsBitIdenticalToTheUninterruptedRun) {
       [project](int index) {
         const bool first_attempt = read_distributed_env().restart_count == 0;
         return run_training(
-            AcceleratorOptions().seed(11).project_dir(project).auto_resume(true).checkpoint_total_limit(2), 3,
-            [](Accelerator&) {},
+            AcceleratorOptions()
+                .seed(11)
+                .project_dir(project)
+                .auto_resume(true)
+                .checkpoint_total_limit(2),
+            3, [](Accelerator&) {},
             [&](Accelerator& acc) {
               const int64_t step = acc.state()->optimizer_steps;
               if (step % 5 == 0) acc.save_state();
@@ -227,7 +241,8 @@ TEST(Checkpoint, AutoResumeAfterARestartEndsBitIdenticalToTheUninterruptedRun) {
             });
       },
       ranks(2).max_restarts(1));
-  for (int r = 0; r < 2; ++r) EXPECT_TRUE(torch::equal(elastic[r], uninterrupted[r])) << "rank " << r;
+  for (int r = 0; r < 2; ++r)
+    EXPECT_TRUE(torch::equal(elastic[r], uninterrupted[r])) << "rank " << r;
   // Steps 5 and 10 saved checkpoints 0 and 1; the restart resumed from 1 and saved 2 at step 15;
   // total_limit 2 removed 0.
   auto kept = list_checkpoints(project + "/checkpoints");
@@ -244,12 +259,13 @@ TEST(Checkpoint, AutoResumeRunsAtTheFirstBeginNotInTheLoadersGetters) {
   // 96 samples in global steps of 2 x 8: 6 steps per epoch; the checkpoint is taken after 5.
   launch(
       [project](int) {
-        return run_training(AcceleratorOptions().seed(11).project_dir(project), 1, [](Accelerator&) {},
-                            [](Accelerator& acc) {
-                              if (acc.state()->optimizer_steps != 5) return false;
-                              acc.save_state();
-                              return true;
-                            });
+        return run_training(
+            AcceleratorOptions().seed(11).project_dir(project), 1, [](Accelerator&) {},
+            [](Accelerator& acc) {
+              if (acc.state()->optimizer_steps != 5) return false;
+              acc.save_state();
+              return true;
+            });
       },
       ranks(2));
   auto seen = launch(
@@ -261,21 +277,23 @@ TEST(Checkpoint, AutoResumeRunsAtTheFirstBeginNotInTheLoadersGetters) {
         auto x = torch::randn({kSamples, 8});
         auto y = torch::randint(0, 3, {kSamples}, torch::kLong);
         auto [model, opt, sched, loader] =
-            acc.prepare(net, sgd, schedule, make_data_loader(x, y, DataLoaderOptions().batch_size(8).shuffle(true)));
+            acc.prepare(net, sgd, schedule,
+                        make_data_loader(x, y, DataLoaderOptions().batch_size(8).shuffle(true)));
         const DataPosition before = loader.position();
         const int64_t epoch_before = loader.epoch();
         const int64_t batches_per_epoch = loader.size();
         const int64_t steps_before = acc.state()->optimizer_steps;
         int64_t batches_left = 0;
-        for (auto it = loader.begin(); it != loader.end(); ++it) ++batches_left;  // resumes at begin()
-        return torch::tensor({before.epoch, before.samples_done, epoch_before, batches_per_epoch, steps_before,
-                              acc.state()->optimizer_steps, batches_left},
+        for (auto it = loader.begin(); it != loader.end(); ++it)
+          ++batches_left;  // resumes at begin()
+        return torch::tensor({before.epoch, before.samples_done, epoch_before, batches_per_epoch,
+                              steps_before, acc.state()->optimizer_steps, batches_left},
                              torch::kLong);
       },
       ranks(2));
   for (int r = 0; r < 2; ++r) {
-    EXPECT_TRUE(torch::equal(seen[r], torch::tensor({0, 0, 0, 6, 0, 5, 1}, torch::kLong))) << "rank " << r << ": "
-                                                                                          << seen[r];
+    EXPECT_TRUE(torch::equal(seen[r], torch::tensor({0, 0, 0, 6, 0, 5, 1}, torch::kLong)))
+        << "rank " << r << ": " << seen[r];
   }
 }
 
@@ -288,14 +306,16 @@ TEST(Checkpoint, ResumingOnOneProcessContinuesAtTheSampleTwoProcessesStoppedAt) 
           Accelerator acc;
           auto ids = torch::arange(50, torch::kLong).to(torch::kFloat).unsqueeze(1);
           auto model = torch::nn::Linear(1, 1);
-          auto [m, loader] = acc.prepare(model, make_data_loader(ids, torch::zeros({50}),
-                                                                  DataLoaderOptions().batch_size(4).shuffle(true)));
+          auto [m, loader] =
+              acc.prepare(model, make_data_loader(ids, torch::zeros({50}),
+                                                  DataLoaderOptions().batch_size(4).shuffle(true)));
           if (resume) acc.load_state(dir);
           std::vector<int64_t> seen;
           int64_t batches = 0;
           for (auto& b : loader) {
             auto all = acc.gather_for_metrics(b.data.squeeze(1));
-            for (int64_t i = 0; i < all.size(0); ++i) seen.push_back(static_cast<int64_t>(all[i].item<float>()));
+            for (int64_t i = 0; i < all.size(0); ++i)
+              seen.push_back(static_cast<int64_t>(all[i].item<float>()));
             if (!resume && ++batches == 3) {
               acc.save_state(dir);
               break;
@@ -322,7 +342,8 @@ TEST(Checkpoint, ResumingOnOneProcessContinuesAtTheSampleTwoProcessesStoppedAt) 
 namespace {
 
 // Saves one checkpoint of a small model on one process, then runs `check` in a second process.
-std::string error_loading(const std::string& dir, const std::function<void(const std::string&)>& damage,
+std::string error_loading(const std::string& dir,
+                          const std::function<void(const std::string&)>& damage,
                           int64_t hidden_when_loading = 32) {
   launch(
       [dir](int) {
@@ -378,7 +399,8 @@ void rewrite(const std::string& path, const std::string& from, const std::string
 
 TEST(CheckpointRefusals, OneCorruptedByteIsACheckumErrorNamingTheFile) {
   ScratchDir scratch;
-  auto error = error_loading(scratch.path + "/c", [](const std::string& d) { flip_byte(d + "/model_0.pt", 100); });
+  auto error = error_loading(scratch.path + "/c",
+                             [](const std::string& d) { flip_byte(d + "/model_0.pt", 100); });
   EXPECT_TRUE(contains(error, "model_0.pt is corrupted: CRC-32")) << error;
   EXPECT_TRUE(contains(error, "Nothing was loaded")) << error;
   EXPECT_FALSE(contains(error, "PARAMETERS CHANGED")) << error;
@@ -386,10 +408,13 @@ TEST(CheckpointRefusals, OneCorruptedByteIsACheckumErrorNamingTheFile) {
 
 TEST(CheckpointRefusals, ATruncatedOrMissingFileIsNamed) {
   ScratchDir scratch;
-  auto error = error_loading(scratch.path + "/t", [](const std::string& d) { ::truncate((d + "/optimizer_0.pt").c_str(), 10); });
+  auto error = error_loading(scratch.path + "/t", [](const std::string& d) {
+    ::truncate((d + "/optimizer_0.pt").c_str(), 10);
+  });
   EXPECT_TRUE(contains(error, "optimizer_0.pt has 10 bytes")) << error;
   EXPECT_TRUE(contains(error, "(truncated)")) << error;
-  error = error_loading(scratch.path + "/m", [](const std::string& d) { ::unlink((d + "/rank_0/rng.pt").c_str()); });
+  error = error_loading(scratch.path + "/m",
+                        [](const std::string& d) { ::unlink((d + "/rank_0/rng.pt").c_str()); });
   EXPECT_TRUE(contains(error, "rank_0/rng.pt is missing")) << error;
 }
 
@@ -398,14 +423,17 @@ TEST(CheckpointRefusals, AnUnknownFormatVersionSaysWhichVersionsAreRead) {
   auto error = error_loading(scratch.path + "/v", [](const std::string& d) {
     rewrite(d + "/manifest.json", "\"format_version\": 1", "\"format_version\": 7");
   });
-  EXPECT_TRUE(contains(error, "has format version 7; this Accelerant reads versions 1 to 1")) << error;
+  EXPECT_TRUE(contains(error, "has format version 7; this Accelerant reads versions 1 to 1"))
+      << error;
   EXPECT_TRUE(contains(error, "newer Accelerant")) << error;
 }
 
 TEST(CheckpointRefusals, AModelOfAnotherShapeListsTheParametersThatDiffer) {
   ScratchDir scratch;
-  auto error = error_loading(scratch.path + "/s", [](const std::string&) {}, /*hidden_when_loading=*/16);
-  EXPECT_TRUE(contains(error, "shapes differ: 0.bias saved [32], model [16]; 0.weight saved [32, 8], model [16, 8]"))
+  auto error = error_loading(
+      scratch.path + "/s", [](const std::string&) {}, /*hidden_when_loading=*/16);
+  EXPECT_TRUE(contains(
+      error, "shapes differ: 0.bias saved [32], model [16]; 0.weight saved [32, 8], model [16, 8]"))
       << error;
   EXPECT_TRUE(contains(error, "3.weight saved [3, 32], model [3, 16]")) << error;
   EXPECT_FALSE(contains(error, "PARAMETERS CHANGED")) << error;
@@ -414,7 +442,8 @@ TEST(CheckpointRefusals, AModelOfAnotherShapeListsTheParametersThatDiffer) {
 TEST(CheckpointRefusals, AMalformedManifestIsNamedAndNotAChecksumError) {
   ScratchDir scratch;
   auto error = error_loading(scratch.path + "/j", [](const std::string& d) {
-    std::ofstream(d + "/manifest.json", std::ios::trunc) << "{\"format\": \"accelerant-checkpoint\", \"format_ver";
+    std::ofstream(d + "/manifest.json", std::ios::trunc)
+        << "{\"format\": \"accelerant-checkpoint\", \"format_ver";
   });
   EXPECT_TRUE(contains(error, "manifest.json is not valid JSON")) << error;
 }

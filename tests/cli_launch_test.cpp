@@ -43,7 +43,9 @@ class LaunchWorkers : public ::testing::TestWithParam<int> {};
 TEST_P(LaunchWorkers, EveryWorkerJoinsOneGroup) {
   const int n = GetParam();
   std::string out;
-  ASSERT_EQ(run({"--num_processes", std::to_string(n), "--main_process_port", "0", launch_helper_path(), "worker"}, out),
+  ASSERT_EQ(run({"--num_processes", std::to_string(n), "--main_process_port", "0",
+                 launch_helper_path(), "worker"},
+                out),
             0)
       << out;
   const std::string sum = "sum=" + std::to_string(n * (n + 1) / 2);
@@ -58,7 +60,9 @@ INSTANTIATE_TEST_SUITE_P(TwoAndFour, LaunchWorkers, ::testing::Values(2, 4));
 
 TEST(Launch, AWorkerExitingWithThreeIsNamedAndTheLauncherFails) {
   std::string out;
-  EXPECT_NE(run({"-n", "2", "--main_process_port", "0", "/bin/sh", "-c", "[ \"$RANK\" = 1 ] && exit 3; sleep 20"}, out),
+  EXPECT_NE(run({"-n", "2", "--main_process_port", "0", "/bin/sh", "-c",
+                 "[ \"$RANK\" = 1 ] && exit 3; sleep 20"},
+                out),
             0);
   EXPECT_NE(out.find("worker rank 1"), std::string::npos) << out;
   EXPECT_NE(out.find("exit code 3"), std::string::npos) << out;
@@ -73,11 +77,12 @@ TEST(Launch, AnUncaughtExceptionInAWorkerIsQuotedInTheReport) {
 
 TEST(Launch, AKilledWorkerIsRestartedAndTheRunCompletes) {
   std::string out;
-  ASSERT_EQ(run({"-n", "2", "--main_process_port", "0", "--max_restarts", "1", "/bin/sh", "-c",
-                 "if [ \"$ACCELERANT_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 1 ]; then kill -9 $$; fi; "
-                 "echo \"done rank $RANK restart $ACCELERANT_RESTART_COUNT\""},
-                out),
-            0)
+  ASSERT_EQ(
+      run({"-n", "2", "--main_process_port", "0", "--max_restarts", "1", "/bin/sh", "-c",
+           "if [ \"$ACCELERANT_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 1 ]; then kill -9 $$; fi; "
+           "echo \"done rank $RANK restart $ACCELERANT_RESTART_COUNT\""},
+          out),
+      0)
       << out;
   EXPECT_NE(out.find("done rank 0 restart 1"), std::string::npos) << out;
   EXPECT_NE(out.find("done rank 1 restart 1"), std::string::npos) << out;
@@ -87,8 +92,9 @@ TEST(Launch, AKilledWorkerIsRestartedAndTheRunCompletes) {
 TEST(Launch, SigintStopsEveryWorkerAndLeavesNoProcess) {
   ScratchDir dir;
   ::setenv("XDG_CACHE_HOME", "/nonexistent/accelerant-test-cache", 1);
-  auto program = start_program({cli_path(), "launch", "-n", "2", "--main_process_port", "0", "/bin/sh", "-c",
-                                "echo $$ > " + dir.path + "/pid.$RANK; exec sleep 60"});
+  auto program =
+      start_program({cli_path(), "launch", "-n", "2", "--main_process_port", "0", "/bin/sh", "-c",
+                     "echo $$ > " + dir.path + "/pid.$RANK; exec sleep 60"});
   std::vector<pid_t> workers;
   for (int i = 0; i < 100 && workers.size() < 2; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -98,7 +104,9 @@ TEST(Launch, SigintStopsEveryWorkerAndLeavesNoProcess) {
   ::kill(program.pid, SIGINT);
   std::string out;
   finish_program(program, out, std::chrono::seconds(20));
-  EXPECT_TRUE(wait_until_dead(workers, std::chrono::seconds(10)).empty()) << "orphaned workers; output:\n" << out;
+  EXPECT_TRUE(wait_until_dead(workers, std::chrono::seconds(10)).empty())
+      << "orphaned workers; output:\n"
+      << out;
 }
 
 TEST(Launch, TheConfigFileIsReadAndFlagsOverrideIt) {
@@ -106,9 +114,14 @@ TEST(Launch, TheConfigFileIsReadAndFlagsOverrideIt) {
   const std::string config = dir.path + "/c.yaml";
   std::ofstream(config) << "num_processes: 3\nmain_process_port: 0\n";
   std::string out;
-  ASSERT_EQ(run({"--config_file", config, "/bin/sh", "-c", "echo \"rank $RANK of $WORLD_SIZE\""}, out), 0) << out;
+  ASSERT_EQ(
+      run({"--config_file", config, "/bin/sh", "-c", "echo \"rank $RANK of $WORLD_SIZE\""}, out), 0)
+      << out;
   EXPECT_EQ(count(out, "of 3"), 3) << out;
-  ASSERT_EQ(run({"--config_file", config, "-n", "2", "/bin/sh", "-c", "echo \"rank $RANK of $WORLD_SIZE\""}, out), 0)
+  ASSERT_EQ(run({"--config_file", config, "-n", "2", "/bin/sh", "-c",
+                 "echo \"rank $RANK of $WORLD_SIZE\""},
+                out),
+            0)
       << out;
   EXPECT_EQ(count(out, "of 2"), 2) << out;
 }
@@ -118,16 +131,18 @@ TEST(Launch, TheConfigFileIsReadAndFlagsOverrideIt) {
 TEST(Launch, AcceleratorSettingsFromTheConfigAndFlagsReachTheWorkers) {
   ScratchDir dir;
   const std::string config = dir.path + "/c.yaml";
-  std::ofstream(config) << "num_processes: 2\nmain_process_port: 0\ngradient_accumulation_steps: 3\n"
-                           "mixed_precision: bf16\ndowncast_bf16: true\n";
+  std::ofstream(config)
+      << "num_processes: 2\nmain_process_port: 0\ngradient_accumulation_steps: 3\n"
+         "mixed_precision: bf16\ndowncast_bf16: true\n";
   std::string out;
   ASSERT_EQ(run({"--config_file", config, launch_helper_path(), "settings"}, out), 0) << out;
   for (const char* rank : {"0", "1"}) {
-    const std::string line = std::string("settings rank=") + rank + " gradient_accumulation_steps=3 cpu=0 downcast_bf16=1";
+    const std::string line = std::string("settings rank=") + rank +
+                             " gradient_accumulation_steps=3 cpu=0 downcast_bf16=1";
     EXPECT_NE(out.find(line), std::string::npos) << "missing '" << line << "' in:\n" << out;
   }
-  ASSERT_EQ(run({"--config_file", config, "--gradient_accumulation_steps", "5", "--cpu", launch_helper_path(),
-                 "settings"},
+  ASSERT_EQ(run({"--config_file", config, "--gradient_accumulation_steps", "5", "--cpu",
+                 launch_helper_path(), "settings"},
                 out),
             0)
       << out;
@@ -153,11 +168,13 @@ namespace {
 // The losses the progress display printed ("<step>:<loss>") and the final accuracy: what
 // identical training runs share exactly. With `at_steps`, only those steps are kept: a launcher
 // that gives the workers a terminal (mpirun does) gets the live display, which shows every step.
-std::vector<std::string> training_trace(const std::string& output, const std::set<std::string>& at_steps = {}) {
+std::vector<std::string> training_trace(const std::string& output,
+                                        const std::set<std::string>& at_steps = {}) {
   std::vector<std::string> trace;
   std::smatch m;
   const std::regex loss("([0-9]+)/[0-9]+  loss ([0-9]+\\.[0-9]{4})");
-  for (auto it = std::sregex_iterator(output.begin(), output.end(), loss); it != std::sregex_iterator(); ++it) {
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), loss);
+       it != std::sregex_iterator(); ++it) {
     const std::string step = (*it)[1].str(), entry = step + ":" + (*it)[2].str();
     const bool wanted = at_steps.empty() || at_steps.count(step) > 0;
     if (wanted && (trace.empty() || trace.back() != entry)) trace.push_back(entry);
@@ -186,33 +203,43 @@ TEST(Launch, TheExampleTrainsIdenticallyUnderTorchrun) {
   }
   const std::string example = cli_path().substr(0, cli_path().rfind('/')) + "/fashion_mnist";
   std::string ours, theirs;
-  ASSERT_EQ(run({"-n", "2", "--main_process_port", "0", example, "--epochs", "1"}, ours), 0) << ours;
-  // Debian's torchrun 1.13 crashes on Python 3.11 in its redirect parsing unless given --redirects/--tee.
-  auto torchrun = start_program({"/usr/bin/python3", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                                 "2", "--redirects", "1", "--tee", "1", "--no_python", example, "--epochs", "1"});
+  ASSERT_EQ(run({"-n", "2", "--main_process_port", "0", example, "--epochs", "1"}, ours), 0)
+      << ours;
+  // Debian's torchrun 1.13 crashes on Python 3.11 in its redirect parsing unless given
+  // --redirects/--tee.
+  auto torchrun = start_program({"/usr/bin/python3", "-m", "torch.distributed.run", "--standalone",
+                                 "--nproc_per_node", "2", "--redirects", "1", "--tee", "1",
+                                 "--no_python", example, "--epochs", "1"});
   ASSERT_EQ(finish_program(torchrun, theirs, std::chrono::seconds(120)), 0) << theirs;
   const auto expected = training_trace(ours);
   ASSERT_GE(expected.size(), 5u) << ours;
-  EXPECT_EQ(training_trace(theirs), expected) << "accelerant launch:\n" << ours << "\ntorchrun:\n" << theirs;
+  EXPECT_EQ(training_trace(theirs), expected) << "accelerant launch:\n"
+                                              << ours << "\ntorchrun:\n"
+                                              << theirs;
 }
 
 // Open MPI's mpirun starts the same binary with only its OMPI_COMM_WORLD_* variables; on one
 // machine the ranks meet on loopback without MASTER_ADDR (docs/process_state.md).
 TEST(Launch, TheExampleTrainsIdenticallyUnderMpirun) {
   if (::access("/usr/bin/mpirun", X_OK) != 0) {
-    GTEST_SKIP() << "Open MPI's mpirun is not installed (Debian's openmpi-bin, in scripts/install-deps)";
+    GTEST_SKIP()
+        << "Open MPI's mpirun is not installed (Debian's openmpi-bin, in scripts/install-deps)";
   }
   const std::string example = cli_path().substr(0, cli_path().rfind('/')) + "/fashion_mnist";
   std::string ours, theirs;
-  ASSERT_EQ(run({"-n", "2", "--main_process_port", "0", example, "--epochs", "1"}, ours), 0) << ours;
+  ASSERT_EQ(run({"-n", "2", "--main_process_port", "0", example, "--epochs", "1"}, ours), 0)
+      << ours;
   // --allow-run-as-root: CI may run as root, which mpirun refuses by default.
-  auto mpirun = start_program({"/usr/bin/mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x",
-                               "MASTER_PORT=" + std::to_string(free_port()), example, "--epochs", "1"});
+  auto mpirun =
+      start_program({"/usr/bin/mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x",
+                     "MASTER_PORT=" + std::to_string(free_port()), example, "--epochs", "1"});
   ASSERT_EQ(finish_program(mpirun, theirs, std::chrono::seconds(120)), 0) << theirs;
   const auto expected = training_trace(ours);
   ASSERT_GE(expected.size(), 5u) << ours;
   EXPECT_EQ(training_trace(theirs, steps_of(expected)), expected)
-      << "accelerant launch:\n" << ours << "\nmpirun (last 3000 bytes):\n" << theirs.substr(theirs.size() - std::min<size_t>(theirs.size(), 3000));
+      << "accelerant launch:\n"
+      << ours << "\nmpirun (last 3000 bytes):\n"
+      << theirs.substr(theirs.size() - std::min<size_t>(theirs.size(), 3000));
 }
 
 TEST(SelfTest, PassesEveryCheckOnTwoProcesses) {
@@ -223,16 +250,19 @@ TEST(SelfTest, PassesEveryCheckOnTwoProcesses) {
   const int status = finish_program(program, out, std::chrono::seconds(60));
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
   EXPECT_EQ(count(out, "] PASS "), 10) << out;  // five checks on each of the two ranks
-  EXPECT_NE(out.find("[rank 0/2] all-reduce path: shared memory (2 ranks)"), std::string::npos) << out;
+  EXPECT_NE(out.find("[rank 0/2] all-reduce path: shared memory (2 ranks)"), std::string::npos)
+      << out;
   EXPECT_EQ(count(out, "FAIL"), 0) << out;
-  EXPECT_NE(out.find("accelerant test: all checks passed on 2 processes"), std::string::npos) << out;
+  EXPECT_NE(out.find("accelerant test: all checks passed on 2 processes"), std::string::npos)
+      << out;
 }
 
 TEST(Launch, LogDirKeepsEachRanksOutputPerAttemptAndTeeAlsoShowsIt) {
   ScratchDir dir;
   const std::string logs = dir.path + "/logs";
   std::string out;
-  ASSERT_EQ(run({"-n", "2", "--main_process_port", "0", "--max_restarts", "1", "--log_dir", logs, "/bin/sh", "-c",
+  ASSERT_EQ(run({"-n", "2", "--main_process_port", "0", "--max_restarts", "1", "--log_dir", logs,
+                 "/bin/sh", "-c",
                  "echo \"out $RANK\"; echo \"err $RANK\" >&2; "
                  "[ \"$ACCELERANT_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 1 ] && exit 4; true"},
                 out),
@@ -244,9 +274,12 @@ TEST(Launch, LogDirKeepsEachRanksOutputPerAttemptAndTeeAlsoShowsIt) {
   EXPECT_EQ(line, "err 1");
   ASSERT_TRUE(std::getline(second, line));
   EXPECT_EQ(line, "out 0");
-  EXPECT_EQ(out.find("out 0"), std::string::npos) << "without --tee the console should not repeat the logs: " << out;
-  EXPECT_NE(out.find("err 1"), std::string::npos) << "the failure report keeps the stderr tail: " << out;
-  ASSERT_EQ(run({"-n", "2", "--main_process_port", "0", "--log_dir", logs, "--tee", "/bin/sh", "-c", "echo \"tee $RANK\""},
+  EXPECT_EQ(out.find("out 0"), std::string::npos)
+      << "without --tee the console should not repeat the logs: " << out;
+  EXPECT_NE(out.find("err 1"), std::string::npos)
+      << "the failure report keeps the stderr tail: " << out;
+  ASSERT_EQ(run({"-n", "2", "--main_process_port", "0", "--log_dir", logs, "--tee", "/bin/sh", "-c",
+                 "echo \"tee $RANK\""},
                 out),
             0);
   EXPECT_NE(out.find("tee 1"), std::string::npos) << out;

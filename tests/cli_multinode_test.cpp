@@ -29,9 +29,16 @@ void isolate_from_user_config() {
 
 std::vector<std::string> launch_args(int machine_rank, const std::string& ip, int port,
                                      const std::vector<std::string>& more) {
-  std::vector<std::string> args{cli_path(), "launch", "--num_machines", "2", "--machine_rank",
-                                std::to_string(machine_rank), "--main_process_ip", ip,
-                                "--main_process_port", std::to_string(port)};
+  std::vector<std::string> args{cli_path(),
+                                "launch",
+                                "--num_machines",
+                                "2",
+                                "--machine_rank",
+                                std::to_string(machine_rank),
+                                "--main_process_ip",
+                                ip,
+                                "--main_process_port",
+                                std::to_string(port)};
   args.insert(args.end(), more.begin(), more.end());
   return args;
 }
@@ -46,9 +53,11 @@ class TwoMachines : public ::testing::Test {
     const std::string id = std::to_string(::getpid());
     ns_ = {"acc" + id + "m0", "acc" + id + "m1"};
     const std::string veth0 = "av" + id + "a", veth1 = "av" + id + "b";
-    if (::geteuid() != 0) GTEST_SKIP() << "network namespaces need root (CAP_SYS_ADMIN); run the suite as root";
+    if (::geteuid() != 0)
+      GTEST_SKIP() << "network namespaces need root (CAP_SYS_ADMIN); run the suite as root";
     ip_ = ::access("/usr/sbin/ip", X_OK) == 0 ? "/usr/sbin/ip" : "/sbin/ip";
-    if (::access(ip_.c_str(), X_OK) != 0) GTEST_SKIP() << "iproute2's ip is not installed (scripts/install-deps)";
+    if (::access(ip_.c_str(), X_OK) != 0)
+      GTEST_SKIP() << "iproute2's ip is not installed (scripts/install-deps)";
     const std::vector<std::vector<std::string>> setup = {
         {"netns", "add", ns_[0]},
         {"netns", "add", ns_[1]},
@@ -69,8 +78,8 @@ class TwoMachines : public ::testing::Test {
       auto program = start_program(argv);
       const int status = finish_program(program, out, std::chrono::seconds(10));
       if (exit_code(status) != 0) {
-        GTEST_SKIP() << "cannot make the test's network namespaces (`ip " << step[0] << " " << step[1]
-                     << " ...` said: " << out << "); this sandbox does not allow them";
+        GTEST_SKIP() << "cannot make the test's network namespaces (`ip " << step[0] << " "
+                     << step[1] << " ...` said: " << out << "); this sandbox does not allow them";
       }
     }
   }
@@ -110,7 +119,8 @@ TEST_F(TwoMachines, FourWorkersOnTwoMachinesFormOneWorldAndAllReduce) {
   EXPECT_TRUE(contains(out1, "worker rank=3 world=4 local=1 sum=10")) << out1;
   EXPECT_TRUE(contains(out0, "node 0 of 2, 4 processes in all")) << out0;
   // Two ranks per machine: each machine's segment, Gloo between the machines' first ranks.
-  EXPECT_TRUE(contains(out1, "path=hierarchical: shared memory in each of 2 nodes (2+2 ranks)")) << out1;
+  EXPECT_TRUE(contains(out1, "path=hierarchical: shared memory in each of 2 nodes (2+2 ranks)"))
+      << out1;
 }
 
 // Killing one machine's launcher (SIGKILL: no chance to say goodbye) while every worker idles in
@@ -148,11 +158,15 @@ TEST_P(KillOneMachine, TheOtherFailsFastNamingItAndNoWorkerIsLeft) {
                 contains(out, "lost the job's store on machine 0 (10.99.0.1:"))
         << out;
   }
-  EXPECT_TRUE(wait_until_dead(workers, std::chrono::seconds(10)).empty()) << "workers left behind:\n" << out;
+  EXPECT_TRUE(wait_until_dead(workers, std::chrono::seconds(10)).empty())
+      << "workers left behind:\n"
+      << out;
 }
 
 INSTANTIATE_TEST_SUITE_P(EitherMachine, KillOneMachine, ::testing::Values(1, 0),
-                         [](const auto& info) { return info.param == 0 ? "MainMachine" : "OtherMachine"; });
+                         [](const auto& info) {
+                           return info.param == 0 ? "MainMachine" : "OtherMachine";
+                         });
 
 // The rest runs two launchers on loopback: what the launchers tell each other does not depend on
 // the network between them.
@@ -183,7 +197,8 @@ TEST(MultiMachineLaunch, AFailureOnOneMachineRestartsTheGroupOnEveryMachine) {
 TEST(MultiMachineLaunch, WithoutRestartsAFailureElsewhereEndsEveryMachineWithItsReport) {
   isolate_from_user_config();
   const int port = free_port();
-  const std::vector<std::string> more{"-n", "4", "/bin/sh", "-c", "[ \"$RANK\" = 2 ] && exit 7; exec sleep 60"};
+  const std::vector<std::string> more{"-n", "4", "/bin/sh", "-c",
+                                      "[ \"$RANK\" = 2 ] && exit 7; exec sleep 60"};
   auto m0 = start_program(launch_args(0, "127.0.0.1", port, more));
   auto m1 = start_program(launch_args(1, "127.0.0.1", port, more));
   std::string out0, out1;
@@ -209,7 +224,8 @@ TEST_P(MissingMachine, TheLauncherThatCameGivesUpAfterTheJoinTimeoutNamingIt) {
   EXPECT_EQ(exit_code(status), 1) << out;
   EXPECT_LT(Clock::now() - started, std::chrono::seconds(30)) << out;
   if (present == 0) {
-    EXPECT_TRUE(contains(out, "machine(s) 1 of 2 did not join within the join timeout of 2 s")) << out;
+    EXPECT_TRUE(contains(out, "machine(s) 1 of 2 did not join within the join timeout of 2 s"))
+        << out;
   } else {
     EXPECT_TRUE(contains(out, "machine 0 (the main machine, at 127.0.0.1:")) << out;
     EXPECT_TRUE(contains(out, "did not answer within the join timeout of 2 s")) << out;
@@ -218,21 +234,29 @@ TEST_P(MissingMachine, TheLauncherThatCameGivesUpAfterTheJoinTimeoutNamingIt) {
 }
 
 INSTANTIATE_TEST_SUITE_P(EitherMachine, MissingMachine, ::testing::Values(0, 1),
-                         [](const auto& info) { return info.param == 0 ? "OnlyTheMain" : "OnlyTheOther"; });
+                         [](const auto& info) {
+                           return info.param == 0 ? "OnlyTheMain" : "OnlyTheOther";
+                         });
 
 TEST(MultiMachineLaunch, MachinesStartedForDifferentJobShapesAreRefusedOnBoth) {
   isolate_from_user_config();
   const int port = free_port();
-  auto m0 = start_program(launch_args(0, "127.0.0.1", port, {"-n", "4", "--join_timeout", "20", "/bin/true"}));
-  auto m1 = start_program(launch_args(1, "127.0.0.1", port, {"-n", "6", "--join_timeout", "20", "/bin/true"}));
+  auto m0 = start_program(
+      launch_args(0, "127.0.0.1", port, {"-n", "4", "--join_timeout", "20", "/bin/true"}));
+  auto m1 = start_program(
+      launch_args(1, "127.0.0.1", port, {"-n", "6", "--join_timeout", "20", "/bin/true"}));
   std::string out0, out1;
   const int status0 = finish_program(m0, out0, std::chrono::seconds(60));
   const int status1 = finish_program(m1, out1, std::chrono::seconds(60));
   EXPECT_EQ(exit_code(status0), 1) << out0;
   EXPECT_EQ(exit_code(status1), 1) << out1;
-  EXPECT_TRUE(contains(out0, "machine 1 was started for 2 machine(s) with 3 process(es) each, this machine "
-                             "for 2 machine(s) with 2 process(es) each")) << out0;
-  EXPECT_TRUE(contains(out1, "machine 0 was started for 2 machine(s) with 2 process(es) each")) << out1;
+  EXPECT_TRUE(
+      contains(out0,
+               "machine 1 was started for 2 machine(s) with 3 process(es) each, this machine "
+               "for 2 machine(s) with 2 process(es) each"))
+      << out0;
+  EXPECT_TRUE(contains(out1, "machine 0 was started for 2 machine(s) with 2 process(es) each"))
+      << out1;
 }
 
 // A launcher stopped on purpose (Ctrl-C, SIGTERM from a scheduler) tells the other machines why
@@ -262,10 +286,14 @@ TEST_P(StopOneMachine, TheOtherStopsTooSayingWhichMachineWasStoppedAndHow) {
   const std::string who = victim == 0 ? "machine 0 ended the job: " : "machine 1 stopped: ";
   EXPECT_TRUE(contains(out, who + "its launcher was stopped by signal 15")) << out;
   EXPECT_TRUE(contains(out, "restart the job on every machine")) << out;
-  EXPECT_TRUE(wait_until_dead(workers, std::chrono::seconds(10)).empty()) << "workers left behind:\n" << out;
+  EXPECT_TRUE(wait_until_dead(workers, std::chrono::seconds(10)).empty())
+      << "workers left behind:\n"
+      << out;
 }
 
 INSTANTIATE_TEST_SUITE_P(EitherMachine, StopOneMachine, ::testing::Values(1, 0),
-                         [](const auto& info) { return info.param == 0 ? "MainMachine" : "OtherMachine"; });
+                         [](const auto& info) {
+                           return info.param == 0 ? "MainMachine" : "OtherMachine";
+                         });
 
 }  // namespace

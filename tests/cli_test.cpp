@@ -69,7 +69,9 @@ TEST(CliConfig, DefaultWritesEveryKeyWithTheChosenPrecision) {
   ScratchDir dir;
   const std::string file = dir.path + "/c.yaml";
   std::string out;
-  ASSERT_EQ(run_cli({"config", "default", "--mixed_precision", "bf16", "--config_file", file}, out), 0) << out;
+  ASSERT_EQ(run_cli({"config", "default", "--mixed_precision", "bf16", "--config_file", file}, out),
+            0)
+      << out;
   const std::string text = file_text(file);
   EXPECT_NE(text.find("mixed_precision: \"bf16\""), std::string::npos) << text;
   EXPECT_NE(text.find("num_processes: 1"), std::string::npos) << text;
@@ -84,7 +86,8 @@ TEST(CliConfig, DefaultLocationFollowsXdgCacheHome) {
   ::setenv("XDG_CACHE_HOME", dir.path.c_str(), 1);  // inherited by the CLI
   std::string out;
   ASSERT_EQ(run_cli({"config", "default"}, out), 0) << out;
-  EXPECT_NE(file_text(dir.path + "/accelerant/default_config.yaml").find("num_machines: 1"), std::string::npos);
+  EXPECT_NE(file_text(dir.path + "/accelerant/default_config.yaml").find("num_machines: 1"),
+            std::string::npos);
   ASSERT_EQ(run_cli({"config", "show"}, out), 0) << out;
   EXPECT_NE(out.find(dir.path + "/accelerant/default_config.yaml"), std::string::npos) << out;
 }
@@ -95,8 +98,8 @@ TEST(CliConfig, QuestionsReadPipedAnswersAndAskAgainAfterABadOne) {
   // machines 2, rank 1, address, port, processes: "lots" (refused) then 4, bf16, downcast yes,
   // debug: default, restarts 2, threads: default.
   std::string out;
-  ASSERT_EQ(run_shell("printf '2\\n1\\n10.1.2.3\\n29501\\nlots\\n4\\nbf16\\nyes\\n\\n2\\n\\n' | " + cli_path() +
-                          " config --config_file " + file,
+  ASSERT_EQ(run_shell("printf '2\\n1\\n10.1.2.3\\n29501\\nlots\\n4\\nbf16\\nyes\\n\\n2\\n\\n' | " +
+                          cli_path() + " config --config_file " + file,
                       out),
             0)
       << out;
@@ -116,7 +119,10 @@ TEST(CliConfig, QuestionsReadPipedAnswersAndAskAgainAfterABadOne) {
 TEST(CliConfig, AnswersEndingEarlyAreAnErrorNotAHalfWrittenFile) {
   ScratchDir dir;
   std::string out;
-  EXPECT_NE(run_shell("printf '1\\n' | " + cli_path() + " config --config_file " + dir.path + "/q.yaml", out), 0);
+  EXPECT_NE(
+      run_shell("printf '1\\n' | " + cli_path() + " config --config_file " + dir.path + "/q.yaml",
+                out),
+      0);
   EXPECT_NE(out.find("input ended"), std::string::npos) << out;
   EXPECT_FALSE(std::ifstream(dir.path + "/q.yaml").good());
 }
@@ -140,7 +146,8 @@ TEST(CliConfig, BadFilesAreRefusedWithWhatAndWhere) {
     std::ofstream(file) << c.content;
     std::string out;
     EXPECT_EQ(run_cli({"config", "validate", "--config_file", file}, out), 1) << c.content;
-    for (const auto& e : c.expected) EXPECT_NE(out.find(e), std::string::npos) << "expected '" << e << "' in: " << out;
+    for (const auto& e : c.expected)
+      EXPECT_NE(out.find(e), std::string::npos) << "expected '" << e << "' in: " << out;
   }
   std::string out;
   EXPECT_EQ(run_cli({"config", "show", "--config_file", dir.path + "/missing.yaml"}, out), 1);
@@ -153,23 +160,30 @@ TEST(CliEnv, PrintsVersionsHardwareAndTheConfig) {
   std::string out;
   ASSERT_EQ(run_cli({"config", "default", "--config_file", file}, out), 0);
   ASSERT_EQ(run_cli({"env", "--config_file", file}, out), 0) << out;
-  for (const char* expected : {"Accelerant: ", "LibTorch: ", "Gloo: ", "Compiler: ", "CPU: ", "BLAS: ", "Threads: ",
-                               "MiB free in /dev/shm", "GPUs: ", "Environment variables (docs/environment.md):",
-                               "num_processes: 1"}) {
+  for (const char* expected :
+       {"Accelerant: ", "LibTorch: ", "Gloo: ", "Compiler: ", "CPU: ", "BLAS: ", "Threads: ",
+        "MiB free in /dev/shm",
+        "GPUs: ", "Environment variables (docs/environment.md):", "num_processes: 1"}) {
     EXPECT_NE(out.find(expected), std::string::npos) << "missing '" << expected << "' in:\n" << out;
   }
   // Every variable of the table, with its value here (the table is the list).
   for (const auto& v : accelerant::environment_variables()) {
-    EXPECT_NE(out.find(std::string("\n    ") + v.name + "="), std::string::npos) << v.name << " missing in:\n" << out;
+    EXPECT_NE(out.find(std::string("\n    ") + v.name + "="), std::string::npos)
+        << v.name << " missing in:\n"
+        << out;
   }
   ASSERT_EQ(run_shell("ACCELERANT_METRICS=yes " + cli_path() + " env", out), 0) << out;
   EXPECT_NE(out.find("\n    ACCELERANT_METRICS=yes\n"), std::string::npos) << out;
 }
 
 TEST(CliHelp, EverySubcommandShowsExamples) {
-  for (std::vector<std::string> args : {std::vector<std::string>{"config", "--help"}, {"config", "default", "--help"},
-                                        {"config", "show", "--help"}, {"config", "validate", "--help"},
-                                        {"env", "--help"}, {"launch", "--help"}, {"test", "--help"}}) {
+  for (std::vector<std::string> args : {std::vector<std::string>{"config", "--help"},
+                                        {"config", "default", "--help"},
+                                        {"config", "show", "--help"},
+                                        {"config", "validate", "--help"},
+                                        {"env", "--help"},
+                                        {"launch", "--help"},
+                                        {"test", "--help"}}) {
     std::string out;
     EXPECT_EQ(run_cli(args, out), 0);
     EXPECT_NE(out.find("Examples:"), std::string::npos) << args[0] << ": " << out;

@@ -28,7 +28,11 @@ TEST(CollectiveFailures, DebugModeMismatchListsEveryRanksShape) {
           return e.what();
         }
       },
-      LaunchOptions().processes_per_node(2).debug(true).timeout(std::chrono::seconds(20)).verbose(false));
+      LaunchOptions()
+          .processes_per_node(2)
+          .debug(true)
+          .timeout(std::chrono::seconds(20))
+          .verbose(false));
   for (const auto& m : messages) {
     EXPECT_TRUE(contains(m, "disagree about collective #2")) << m;
     EXPECT_TRUE(contains(m, "rank 0: all_reduce(sum) Float [4]")) << m;
@@ -70,7 +74,8 @@ TEST(CollectiveFailures, ARankThatNeverArrivesIsNamedWithinTwiceTheTimeout) {
           comm.all_reduce(torch::ones({8}));
           return "no error";
         } catch (const CollectiveError& e) {
-          const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+          const auto waited =
+              std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
           std::string missing;
           for (int r : e.missing_ranks()) missing += std::to_string(r) + ",";
           // Later calls are refused at once: the group is broken.
@@ -114,7 +119,11 @@ TEST(CollectiveFailures, DebugModeNamesARankThatNeverArrives) {
           return e.what();
         }
       },
-      LaunchOptions().processes_per_node(2).debug(true).timeout(std::chrono::seconds(1)).verbose(false));
+      LaunchOptions()
+          .processes_per_node(2)
+          .debug(true)
+          .timeout(std::chrono::seconds(1))
+          .verbose(false));
   EXPECT_TRUE(contains(results[0], "Rank 1 never reached it")) << results[0];
 }
 

@@ -21,9 +21,10 @@ TEST_P(CollectivesOnRanks, AllReduceSumMeanMaxMinAreExact) {
         auto& comm = ProcessState::get().communicator();
         auto mine = torch::arange(6, torch::kFloat) * (index + 1);
         auto ints = torch::arange(6, torch::kLong) * (index + 1);
-        return torch::stack({comm.all_reduce(mine, ReduceOp::kSum), comm.all_reduce(mine, ReduceOp::kMean),
-                             comm.all_reduce(mine, ReduceOp::kMax), comm.all_reduce(mine, ReduceOp::kMin),
-                             comm.all_reduce(ints, ReduceOp::kSum).to(torch::kFloat)});
+        return torch::stack(
+            {comm.all_reduce(mine, ReduceOp::kSum), comm.all_reduce(mine, ReduceOp::kMean),
+             comm.all_reduce(mine, ReduceOp::kMax), comm.all_reduce(mine, ReduceOp::kMin),
+             comm.all_reduce(ints, ReduceOp::kSum).to(torch::kFloat)});
       },
       ranks(n));
   ASSERT_EQ(results.size(), static_cast<size_t>(n));
@@ -67,7 +68,8 @@ TEST_P(CollectivesOnRanks, GatherConcatenatesUnequalLengthsInRankOrder) {
       },
       ranks(n));
   std::vector<torch::Tensor> expected_parts;
-  for (int r = 0; r < n; ++r) expected_parts.push_back(torch::full({r + 1, 3}, static_cast<float>(r)));
+  for (int r = 0; r < n; ++r)
+    expected_parts.push_back(torch::full({r + 1, 3}, static_cast<float>(r)));
   const auto expected = torch::cat(expected_parts);
   for (const auto& r : results) EXPECT_TRUE(torch::equal(r, expected)) << r;
 }
@@ -82,7 +84,8 @@ TEST_P(CollectivesOnRanks, BroadcastTensorsStringsAndNumbers) {
         comm.broadcast_(t, src);
         auto b = torch::full({2}, static_cast<float>(index), torch::kBFloat16);
         comm.broadcast_(b, src);
-        std::string text = comm.broadcast_value(std::string(index == src ? "from the last rank" : "x"), src);
+        std::string text =
+            comm.broadcast_value(std::string(index == src ? "from the last rank" : "x"), src);
         double number = comm.broadcast_value(index == src ? 2.5 : -1.0, src);
         std::string empty = comm.broadcast_bytes(index == 0 ? "" : "ignored", 0);
         comm.barrier();
@@ -142,7 +145,7 @@ TEST_P(CollectivesOnRanks, BoolTensorsGatherAndBroadcastThoughGlooHasNoBool) {
       EXPECT_EQ(r[3 * rank + 1].item<int64_t>(), 1);
       EXPECT_EQ(r[3 * rank + 2].item<int64_t>(), 0);
     }
-    EXPECT_EQ(r[3 * n].item<int64_t>(), 0);      // rank n-1's {false, true}
+    EXPECT_EQ(r[3 * n].item<int64_t>(), 0);  // rank n-1's {false, true}
     EXPECT_EQ(r[3 * n + 1].item<int64_t>(), 1);
     EXPECT_EQ(r[3 * n + 2].item<int64_t>(), 1);  // still bool
   }
@@ -166,7 +169,9 @@ TEST(Collectives, MeanOfIntegersIsAClearError) {
     comm.all_reduce(t, ReduceOp::kMean);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("needs a floating-point tensor, got Long"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("needs a floating-point tensor, got Long"),
+              std::string::npos)
+        << e.what();
     EXPECT_NE(std::string(e.what()).find("Fix:"), std::string::npos);
   }
 }
@@ -178,13 +183,15 @@ TEST(Collectives, BadArgumentsAreClearErrors) {
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("src 3 is not a rank of this world of 1 processes"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
   try {
     comm.pad_across_processes(torch::ones({2, 2}), 5);
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("dim 5 is out of range for a tensor of shape [2, 2]"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
 }

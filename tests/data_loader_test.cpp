@@ -23,7 +23,8 @@ std::vector<int64_t> targets_of(DataLoader& loader) {
   std::vector<int64_t> seen;
   for (auto& batch : loader) {
     EXPECT_TRUE(torch::equal(batch.data.select(1, 0).to(torch::kLong), batch.target));
-    for (int64_t i = 0; i < batch.target.size(0); ++i) seen.push_back(batch.target[i].item<int64_t>());
+    for (int64_t i = 0; i < batch.target.size(0); ++i)
+      seen.push_back(batch.target[i].item<int64_t>());
   }
   return seen;
 }
@@ -42,7 +43,8 @@ DataLoader sharded(const DataLoader& loader, int rank, int world, ShardingOption
                    std::shared_ptr<TrainingState> state, std::function<Batch(Batch)> transform,
                    std::shared_ptr<accelerant::detail::ResumeHook> resume = nullptr) {
   return accelerant::detail::DataLoaderAccess::sharded(
-      loader, {rank, world, std::move(sharding), std::move(state), std::move(transform), std::move(resume)});
+      loader, {rank, world, std::move(sharding), std::move(state), std::move(transform),
+               std::move(resume)});
 }
 
 // A torch dataset, to check the generic make_data_loader path.
@@ -79,7 +81,8 @@ TEST(DataLoader, ShuffleChangesEveryEpochAndIsReproducible) {
 
 TEST(DataLoader, WorkerThreadsKeepTheOrderOfTheSingleThreadedLoader) {
   auto serial = indexed_loader(103, DataLoaderOptions().batch_size(5).shuffle(true).seed(1));
-  auto threaded = indexed_loader(103, DataLoaderOptions().batch_size(5).shuffle(true).seed(1).num_workers(3));
+  auto threaded =
+      indexed_loader(103, DataLoaderOptions().batch_size(5).shuffle(true).seed(1).num_workers(3));
   EXPECT_EQ(targets_of(threaded), targets_of(serial));
 }
 
@@ -134,7 +137,8 @@ TEST(DataLoader, RanksShareEachEpochWithEveryTheSamplesOnceAndPaddingReported) {
     for (auto& batch : shard) {
       ++seen_batches;
       EXPECT_EQ(state->end_of_dataloader, seen_batches == shard.size());
-      for (int64_t i = 0; i < batch.target.size(0); ++i) all.insert(batch.target[i].item<int64_t>());
+      for (int64_t i = 0; i < batch.target.size(0); ++i)
+        all.insert(batch.target[i].item<int64_t>());
     }
     EXPECT_EQ(state->padding_in_last_step, 24 - 20);  // 2 steps x 3 ranks x 4 - 20 samples
   }
@@ -156,7 +160,8 @@ TEST(DataLoader, SplitBatchesThatDoNotDivideAreRefusedAtPrepare) {
     sharded(loader, 0, 2, sharding_of(loader, true).split_batches(true), nullptr, nullptr);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("cannot be split evenly over 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cannot be split evenly over 2"), std::string::npos)
+        << e.what();
   }
 }
 

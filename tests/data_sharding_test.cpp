@@ -26,7 +26,8 @@ std::vector<int64_t> gathered(const std::vector<EpochShard>& shards) {
   for (const auto& s : shards) steps = std::max(steps, s.batches.size());
   for (size_t step = 0; step < steps; ++step) {
     for (const auto& s : shards) {
-      if (step < s.batches.size()) out.insert(out.end(), s.batches[step].begin(), s.batches[step].end());
+      if (step < s.batches.size())
+        out.insert(out.end(), s.batches[step].begin(), s.batches[step].end());
     }
   }
   return out;
@@ -69,7 +70,8 @@ TEST(DataSharding, EvenBatchesPadFromTheHeadAndTheGatherDropsExactlyThePadding) 
   for (int64_t n : {1, 7, 10, 64, 101}) {
     for (int world : {2, 3, 4}) {
       for (int64_t b : {1, 3, 8}) {
-        SCOPED_TRACE("n=" + std::to_string(n) + " world=" + std::to_string(world) + " b=" + std::to_string(b));
+        SCOPED_TRACE("n=" + std::to_string(n) + " world=" + std::to_string(world) +
+                     " b=" + std::to_string(b));
         auto o = ShardingOptions().batch_size(b).shuffle(true).seed(3);
         auto shards = all_ranks(n, 2, world, o);
         const int64_t steps = (n + b * world - 1) / (b * world);
@@ -125,8 +127,10 @@ TEST(DataSharding, SplitBatchesDividesTheGlobalBatch) {
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("batch_size 7 cannot be split evenly over 2 processes"),
-              std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("Fix: use a multiple of 2 (e.g. 8)"), std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("Fix: use a multiple of 2 (e.g. 8)"), std::string::npos)
+        << e.what();
   }
 }
 

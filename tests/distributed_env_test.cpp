@@ -38,26 +38,74 @@ struct GoodCase {
 TEST(DistributedEnv, ReadsEachLauncher) {
   const std::vector<GoodCase> cases = {
       {"torchrun",
-       {{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"},
-        {"GROUP_RANK", "1"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "1234"}},
-       EnvSource::kTorchrun, 5, 8, 1, 4, 1, 2},
+       {{"RANK", "5"},
+        {"WORLD_SIZE", "8"},
+        {"LOCAL_RANK", "1"},
+        {"LOCAL_WORLD_SIZE", "4"},
+        {"GROUP_RANK", "1"},
+        {"MASTER_ADDR", "10.0.0.1"},
+        {"MASTER_PORT", "1234"}},
+       EnvSource::kTorchrun,
+       5,
+       8,
+       1,
+       4,
+       1,
+       2},
       {"accelerant",
-       {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
-        {"MASTER_ADDR", "127.0.0.1"}, {"ACCELERANT_LAUNCHER", "1"}},
-       EnvSource::kAccelerant, 1, 2, 1, 2, 0, 1},
+       {{"RANK", "1"},
+        {"WORLD_SIZE", "2"},
+        {"LOCAL_RANK", "1"},
+        {"LOCAL_WORLD_SIZE", "2"},
+        {"MASTER_ADDR", "127.0.0.1"},
+        {"ACCELERANT_LAUNCHER", "1"}},
+       EnvSource::kAccelerant,
+       1,
+       2,
+       1,
+       2,
+       0,
+       1},
       {"slurm",
-       {{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "1"},
-        {"SLURM_NNODES", "2"}, {"MASTER_ADDR", "node1"}},
-       EnvSource::kSlurm, 3, 4, 1, 2, 1, 2},
+       {{"SLURM_PROCID", "3"},
+        {"SLURM_NTASKS", "4"},
+        {"SLURM_LOCALID", "1"},
+        {"SLURM_NODEID", "1"},
+        {"SLURM_NNODES", "2"},
+        {"MASTER_ADDR", "node1"}},
+       EnvSource::kSlurm,
+       3,
+       4,
+       1,
+       2,
+       1,
+       2},
       {"openmpi",
-       {{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-        {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+       {{"OMPI_COMM_WORLD_RANK", "2"},
+        {"OMPI_COMM_WORLD_SIZE", "4"},
+        {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+        {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
         {"MASTER_ADDR", "node0"}},
-       EnvSource::kOpenMpi, 2, 4, 0, 2, 1, 2},
+       EnvSource::kOpenMpi,
+       2,
+       4,
+       0,
+       2,
+       1,
+       2},
       {"torchrun wins over slurm",
-       {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"},
+       {{"RANK", "0"},
+        {"WORLD_SIZE", "2"},
+        {"SLURM_PROCID", "1"},
+        {"SLURM_NTASKS", "2"},
         {"MASTER_ADDR", "127.0.0.1"}},
-       EnvSource::kTorchrun, 0, 2, 0, 2, 0, 1},
+       EnvSource::kTorchrun,
+       0,
+       2,
+       0,
+       2,
+       0,
+       1},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);
@@ -73,9 +121,13 @@ TEST(DistributedEnv, ReadsEachLauncher) {
 }
 
 TEST(DistributedEnv, DefaultsAndExtras) {
-  auto env = parse({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"},
-                    {"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"TORCHELASTIC_RESTART_COUNT", "2"},
-                    {"ACCELERANT_DEBUG_MODE", "1"}, {"ACCELERANT_TIMEOUT_MS", "1500"},
+  auto env = parse({{"RANK", "0"},
+                    {"WORLD_SIZE", "2"},
+                    {"MASTER_ADDR", "h"},
+                    {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                    {"TORCHELASTIC_RESTART_COUNT", "2"},
+                    {"ACCELERANT_DEBUG_MODE", "1"},
+                    {"ACCELERANT_TIMEOUT_MS", "1500"},
                     {"ACCELERANT_MIXED_PRECISION", "BF16"}});
   EXPECT_EQ(env.master_port, 29500);
   EXPECT_TRUE(env.agent_hosts_store);
@@ -88,13 +140,17 @@ TEST(DistributedEnv, DefaultsAndExtras) {
 
 // `mpirun -np 2 ./train` on one machine needs no MASTER_ADDR; across machines it still must be set.
 TEST(DistributedEnv, MpirunOnOneMachineMeetsOnLoopbackWithoutMasterAddr) {
-  auto one_machine = parse({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
-                            {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  auto one_machine = parse({{"OMPI_COMM_WORLD_RANK", "1"},
+                            {"OMPI_COMM_WORLD_SIZE", "2"},
+                            {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                            {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
   EXPECT_EQ(one_machine.master_addr, "127.0.0.1");
   EXPECT_EQ(one_machine.num_nodes, 1);
   try {
-    parse({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-           {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+    parse({{"OMPI_COMM_WORLD_RANK", "1"},
+           {"OMPI_COMM_WORLD_SIZE", "4"},
+           {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+           {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
     FAIL() << "two machines without MASTER_ADDR were accepted";
   } catch (const EnvironmentError& e) {
     EXPECT_EQ(e.variable(), "MASTER_ADDR");
@@ -159,7 +215,7 @@ struct BadCase {
   std::map<std::string, std::string> vars;
   std::string variable;  // must be named, with its value
   std::string value;
-  std::string phrase;    // part of the explanation
+  std::string phrase;  // part of the explanation
 };
 
 TEST(DistributedEnv, RejectsBadValuesNamingVariableValueAndFix) {
@@ -175,21 +231,30 @@ TEST(DistributedEnv, RejectsBadValuesNamingVariableValueAndFix) {
       {with({{"RANK", "0"}, {"WORLD_SIZE", "0"}}), "WORLD_SIZE", "0", "out of range"},
       {with({{"RANK", "-1"}, {"WORLD_SIZE", "2"}}), "RANK", "-1", "out of range"},
       {{{"RANK", "0"}, {"WORLD_SIZE", "2"}}, "MASTER_ADDR", "", "is missing"},
-      {with({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}}), "MASTER_PORT", "70000", "out of range"},
-      {with({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "0"}}), "MASTER_PORT", "0", "out of range"},
-      {with({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "http"}}), "MASTER_PORT", "http", "not an integer"},
+      {with({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}}), "MASTER_PORT", "70000",
+       "out of range"},
+      {with({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "0"}}), "MASTER_PORT", "0",
+       "out of range"},
+      {with({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "http"}}), "MASTER_PORT", "http",
+       "not an integer"},
       {with({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}}),
        "LOCAL_RANK", "2", "not less than the local world size 2"},
-      {with({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "4"}}), "LOCAL_WORLD_SIZE", "4",
-       "larger than the world size"},
+      {with({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "4"}}), "LOCAL_WORLD_SIZE",
+       "4", "larger than the world size"},
       {with({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"}, {"GROUP_RANK", "5"}}),
        "GROUP_RANK", "5", "not less than the number of machines 2"},
       {with({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "2"}}), "SLURM_PROCID", "2", "not less than"},
-      {{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}, "MASTER_ADDR", "", "scontrol show hostnames"},
-      {with({{"OMPI_COMM_WORLD_RANK", "x"}, {"OMPI_COMM_WORLD_SIZE", "2"}}), "OMPI_COMM_WORLD_RANK", "x",
-       "not an integer"},
+      {{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}},
+       "MASTER_ADDR",
+       "",
+       "scontrol show hostnames"},
+      {with({{"OMPI_COMM_WORLD_RANK", "x"}, {"OMPI_COMM_WORLD_SIZE", "2"}}), "OMPI_COMM_WORLD_RANK",
+       "x", "not an integer"},
       {{{"ACCELERANT_DEBUG_MODE", "maybe"}}, "ACCELERANT_DEBUG_MODE", "maybe", "not a boolean"},
-      {{{"ACCELERANT_MIXED_PRECISION", "fp8"}}, "ACCELERANT_MIXED_PRECISION", "fp8", "use no, fp16 or bf16"},
+      {{{"ACCELERANT_MIXED_PRECISION", "fp8"}},
+       "ACCELERANT_MIXED_PRECISION",
+       "fp8",
+       "use no, fp16 or bf16"},
       {{{"ACCELERANT_TIMEOUT_MS", "-5"}}, "ACCELERANT_TIMEOUT_MS", "-5", "out of range"},
   };
   for (const auto& c : cases) {

@@ -13,7 +13,9 @@ using namespace accelerant;
 
 namespace {
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
 
 EnvLookup env_of(std::map<std::string, std::string> vars) {
   return [vars](const std::string& name) -> std::optional<std::string> {
@@ -30,7 +32,8 @@ TEST(EnvironmentTable, EveryRowIsCompleteAndDeclaredOnce) {
   for (const auto& v : environment_variables()) {
     SCOPED_TRACE(v.name);
     EXPECT_TRUE(names.insert(v.name).second) << "declared twice";
-    for (const char* field : {v.type, v.default_value, v.meaning, v.read_by}) EXPECT_GT(std::string(field).size(), 0u);
+    for (const char* field : {v.type, v.default_value, v.meaning, v.read_by})
+      EXPECT_GT(std::string(field).size(), 0u);
     EXPECT_EQ(find_environment_variable(v.name), &v);
   }
   EXPECT_EQ(find_environment_variable("ACCELERANT_NOT_A_VARIABLE"), nullptr);
@@ -43,7 +46,8 @@ TEST(EnvironmentTable, DeclaresEveryVariableTheLaunchersSet) {
   env.threads_per_process = 2;
   env.error_file = "/tmp/e";
   for (const auto& [name, value] : to_environment(env)) {
-    EXPECT_NE(find_environment_variable(name), nullptr) << name << " is set by the launchers but not declared";
+    EXPECT_NE(find_environment_variable(name), nullptr)
+        << name << " is set by the launchers but not declared";
   }
 }
 
@@ -75,8 +79,11 @@ TEST(EnvironmentAccessor, ReadsDeclaredVariables) {
 
 // Fake environments (the launch contract's injectable EnvLookup) keep working.
 TEST(EnvironmentAccessor, InjectedLookupsStillWork) {
-  auto env = parse_distributed_env(env_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
-                                           {"ACCELERANT_DEBUG_MODE", "yes"}, {"ACCELERANT_MIXED_PRECISION", "BF16"}}));
+  auto env = parse_distributed_env(env_of({{"RANK", "1"},
+                                           {"WORLD_SIZE", "2"},
+                                           {"MASTER_ADDR", "127.0.0.1"},
+                                           {"ACCELERANT_DEBUG_MODE", "yes"},
+                                           {"ACCELERANT_MIXED_PRECISION", "BF16"}}));
   EXPECT_EQ(env.rank, 1);
   EXPECT_TRUE(env.debug_mode);
   EXPECT_EQ(env.mixed_precision, "bf16");
@@ -101,20 +108,26 @@ TEST(ParseBool, RefusesOthersNamingTheVariableTheValueAndTheAcceptedValues) {
       const std::string message = e.what();
       EXPECT_EQ(e.variable(), "ACCELERANT_DEBUG_MODE");
       EXPECT_EQ(e.value(), bad);
-      EXPECT_TRUE(contains(message, std::string("ACCELERANT_DEBUG_MODE=") + bad + " is not a boolean")) << message;
-      EXPECT_TRUE(contains(message, "Accepted: 1, true, yes, y, on or 0, false, no, n, off")) << message;
+      EXPECT_TRUE(
+          contains(message, std::string("ACCELERANT_DEBUG_MODE=") + bad + " is not a boolean"))
+          << message;
+      EXPECT_TRUE(contains(message, "Accepted: 1, true, yes, y, on or 0, false, no, n, off"))
+          << message;
       EXPECT_TRUE(contains(message, "Fix:")) << message;
     }
   }
   // Another source: the message names it and quotes the value.
-  const std::string message = accelerant::testing::error_message([] { parse_bool("maybe", "my.yaml (key use_cpu)"); });
-  EXPECT_TRUE(contains(message, "\"maybe\" (from my.yaml (key use_cpu)) is not a boolean")) << message;
+  const std::string message =
+      accelerant::testing::error_message([] { parse_bool("maybe", "my.yaml (key use_cpu)"); });
+  EXPECT_TRUE(contains(message, "\"maybe\" (from my.yaml (key use_cpu)) is not a boolean"))
+      << message;
 }
 
 TEST(ParseMixedPrecision, AcceptsNoFp16Bf16InAnyCase) {
   const std::vector<std::pair<std::string, MixedPrecision>> cases = {
-      {"no", MixedPrecision::kNo},     {"NO", MixedPrecision::kNo},     {"fp16", MixedPrecision::kFp16},
-      {"FP16", MixedPrecision::kFp16}, {"bf16", MixedPrecision::kBf16}, {"Bf16", MixedPrecision::kBf16}};
+      {"no", MixedPrecision::kNo},     {"NO", MixedPrecision::kNo},
+      {"fp16", MixedPrecision::kFp16}, {"FP16", MixedPrecision::kFp16},
+      {"bf16", MixedPrecision::kBf16}, {"Bf16", MixedPrecision::kBf16}};
   for (const auto& [text, expected] : cases) {
     EXPECT_EQ(parse_mixed_precision(text, "ACCELERANT_MIXED_PRECISION"), expected) << text;
     EXPECT_EQ(parse_mixed_precision(to_string(expected), "x"), expected);
@@ -131,28 +144,34 @@ TEST(ParseMixedPrecision, RefusesOthersNamingTheVariableTheValueAndTheAcceptedVa
       const std::string message = e.what();
       EXPECT_EQ(e.variable(), "ACCELERANT_MIXED_PRECISION");
       EXPECT_EQ(e.value(), bad);
-      EXPECT_TRUE(contains(message, std::string("ACCELERANT_MIXED_PRECISION=") + bad + " is not a")) << message;
+      EXPECT_TRUE(contains(message, std::string("ACCELERANT_MIXED_PRECISION=") + bad + " is not a"))
+          << message;
       EXPECT_TRUE(contains(message, "use no, fp16 or bf16")) << message;
     }
   }
-  const std::string message =
-      accelerant::testing::error_message([] { parse_mixed_precision("fp32", "ACCELERANT_MIXED_PRECISION"); });
+  const std::string message = accelerant::testing::error_message(
+      [] { parse_mixed_precision("fp32", "ACCELERANT_MIXED_PRECISION"); });
   EXPECT_TRUE(contains(message, "full precision is written no")) << message;
 }
 
 // One rule for every source of the setting: fp32 is refused by each, BF16 accepted by each.
 TEST(ParseMixedPrecision, EverySourceTakesTheSameSpellings) {
   auto none = env_of({});
-  EXPECT_THROW(resolve_accelerator_settings(AcceleratorOptions().mixed_precision("fp32"), none, {}), Error);
-  EXPECT_THROW(resolve_accelerator_settings({}, env_of({{"ACCELERANT_MIXED_PRECISION", "none"}}), {}), Error);
+  EXPECT_THROW(resolve_accelerator_settings(AcceleratorOptions().mixed_precision("fp32"), none, {}),
+               Error);
+  EXPECT_THROW(
+      resolve_accelerator_settings({}, env_of({{"ACCELERANT_MIXED_PRECISION", "none"}}), {}),
+      Error);
   EXPECT_THROW(resolve_accelerator_settings({}, none, {{"mixed_precision", "fp32"}}), Error);
-  EXPECT_THROW(parse_distributed_env(env_of({{"ACCELERANT_MIXED_PRECISION", "fp32"}})), EnvironmentError);
+  EXPECT_THROW(parse_distributed_env(env_of({{"ACCELERANT_MIXED_PRECISION", "fp32"}})),
+               EnvironmentError);
   Config config;
   config.mixed_precision = "fp32";
   EXPECT_THROW(validate_config(config), Error);
   EXPECT_THROW(launch([](int) {}, LaunchOptions().num_processes(1).mixed_precision("fp32")), Error);
 
-  EXPECT_EQ(resolve_accelerator_settings(AcceleratorOptions().mixed_precision("BF16"), none, {}).mixed_precision,
+  EXPECT_EQ(resolve_accelerator_settings(AcceleratorOptions().mixed_precision("BF16"), none, {})
+                .mixed_precision,
             MixedPrecision::kBf16);
   EXPECT_EQ(resolve_accelerator_settings({}, none, {{"mixed_precision", "Bf16"}}).mixed_precision,
             MixedPrecision::kBf16);

@@ -35,9 +35,11 @@ double total_pss_kb(const torch::Tensor& weights) {
         const int64_t parent = state.is_main_process() ? pss_kb(std::to_string(::getppid())) : 0;
         state.wait_for_everyone();
         const bool same = std::abs(sum - expected_sum) <= 1e-3 * std::abs(expected_sum);
-        return torch::tensor({static_cast<double>(mine + parent), same ? 1.0 : 0.0}, torch::kDouble);
+        return torch::tensor({static_cast<double>(mine + parent), same ? 1.0 : 0.0},
+                             torch::kDouble);
       },
-      std::cref(weights), LaunchOptions().processes_per_node(4).timeout(std::chrono::seconds(120)).verbose(false));
+      std::cref(weights),
+      LaunchOptions().processes_per_node(4).timeout(std::chrono::seconds(120)).verbose(false));
   double total = 0;
   for (const auto& r : results) {
     EXPECT_EQ(r[1].item<double>(), 1.0) << "a worker read different values";
@@ -55,10 +57,11 @@ TEST(ForkSharing, FourWorkersShareA200MBTensorBuiltBeforeLaunch) {
   const double with_model_kb = total_pss_kb(model);
   const double tensor_kb = kElements * 4 / 1024.0;
   const double added_kb = with_model_kb - baseline_kb;
-  std::printf("fork sharing: a %.0f MiB tensor built before launch adds %.0f MiB to the total PSS of "
-              "parent + 4 workers (%.0f -> %.0f MiB); unshared copies would add %.0f MiB\n",
-              tensor_kb / 1024, added_kb / 1024, baseline_kb / 1024, with_model_kb / 1024,
-              5 * tensor_kb / 1024);
+  std::printf(
+      "fork sharing: a %.0f MiB tensor built before launch adds %.0f MiB to the total PSS of "
+      "parent + 4 workers (%.0f -> %.0f MiB); unshared copies would add %.0f MiB\n",
+      tensor_kb / 1024, added_kb / 1024, baseline_kb / 1024, with_model_kb / 1024,
+      5 * tensor_kb / 1024);
   EXPECT_LT(added_kb, 2 * tensor_kb) << "the workers copied the tensor instead of sharing it";
   EXPECT_GT(added_kb, 0.5 * tensor_kb) << "the measurement did not see the tensor at all";
 }

@@ -17,10 +17,15 @@ TEST(ForkThreads, WorkersOfAMultiThreadedParentRunMultiThreadedOpsWithoutHanging
         auto y = x.matmul(x).add_(1).sigmoid().sum().item<float>();
         return torch::tensor({static_cast<float>(torch::get_num_threads()), y > 0 ? 1.0f : 0.0f});
       },
-      LaunchOptions().processes_per_node(2).threads_per_process(2).timeout(std::chrono::seconds(60)).verbose(true));
+      LaunchOptions()
+          .processes_per_node(2)
+          .threads_per_process(2)
+          .timeout(std::chrono::seconds(60))
+          .verbose(true));
   ASSERT_EQ(results.size(), 2u);
   for (const auto& r : results) {
-    EXPECT_EQ(r[0].item<float>(), 1.0f) << "workers of a multi-threaded parent must run single-threaded";
+    EXPECT_EQ(r[0].item<float>(), 1.0f)
+        << "workers of a multi-threaded parent must run single-threaded";
     EXPECT_EQ(r[1].item<float>(), 1.0f);
   }
   // The parent keeps its own threads.

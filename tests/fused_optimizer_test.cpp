@@ -36,7 +36,8 @@ torch::Tensor flat(const std::shared_ptr<Net>& net) {
   return torch::cat(parts);
 }
 
-void train(const std::shared_ptr<Net>& net, optim::Optimizer& optimizer, int steps, uint64_t data_seed = 3) {
+void train(const std::shared_ptr<Net>& net, optim::Optimizer& optimizer, int steps,
+           uint64_t data_seed = 3) {
   torch::manual_seed(data_seed);
   for (int s = 0; s < steps; ++s) {
     auto x = torch::randn({16, 7});
@@ -59,10 +60,12 @@ void compare(Options options, bool tensor_ops) {
   Torch reference(reference_net->parameters(), options);
   train(reference_net, reference, 25);
   auto fused_net = make_net(1);
-  Fused fused(fused_net->parameters(), options, FusedUpdaterOptions().tensor_ops_on_cpu(tensor_ops));
+  Fused fused(fused_net->parameters(), options,
+              FusedUpdaterOptions().tensor_ops_on_cpu(tensor_ops));
   train(fused_net, fused, 25);
   expect_close(flat(fused_net), flat(reference_net));
-  EXPECT_FALSE(torch::equal(flat(reference_net), flat(make_net(1)))) << "the reference did not train";
+  EXPECT_FALSE(torch::equal(flat(reference_net), flat(make_net(1))))
+      << "the reference did not train";
   // The parameter without gradients was left alone, as torch::optim leaves it.
   EXPECT_TRUE(torch::equal(fused_net->unused->weight, make_net(1)->unused->weight));
 }
@@ -72,7 +75,8 @@ void compare(Options options, bool tensor_ops) {
 class FusedPaths : public ::testing::TestWithParam<bool> {};
 
 TEST_P(FusedPaths, SgdWithMomentumNesterovAndWeightDecayMatchesTorch) {
-  compare<optim::SGD, FusedSGD>(optim::SGDOptions(0.05).momentum(0.9).nesterov(true).weight_decay(0.01), GetParam());
+  compare<optim::SGD, FusedSGD>(
+      optim::SGDOptions(0.05).momentum(0.9).nesterov(true).weight_decay(0.01), GetParam());
 }
 
 TEST_P(FusedPaths, SgdWithDampeningAndPlainSgdMatchTorch) {
@@ -81,16 +85,19 @@ TEST_P(FusedPaths, SgdWithDampeningAndPlainSgdMatchTorch) {
 }
 
 TEST_P(FusedPaths, AdamWithWeightDecayMatchesTorch) {
-  compare<optim::Adam, FusedAdam>(optim::AdamOptions(1e-2).weight_decay(0.1).betas({0.8, 0.99}), GetParam());
+  compare<optim::Adam, FusedAdam>(optim::AdamOptions(1e-2).weight_decay(0.1).betas({0.8, 0.99}),
+                                  GetParam());
 }
 
 TEST_P(FusedPaths, AdamWMatchesTorch) {
-  compare<optim::AdamW, FusedAdamW>(optim::AdamWOptions(1e-2).weight_decay(0.05).eps(1e-6), GetParam());
+  compare<optim::AdamW, FusedAdamW>(optim::AdamWOptions(1e-2).weight_decay(0.05).eps(1e-6),
+                                    GetParam());
 }
 
 TEST_P(FusedPaths, ASkipFlagChangesNothingAndACleanFlagSteps) {
   auto net = make_net(1);
-  FusedAdamW fused(net->parameters(), optim::AdamWOptions(1e-2), FusedUpdaterOptions().tensor_ops_on_cpu(GetParam()));
+  FusedAdamW fused(net->parameters(), optim::AdamWOptions(1e-2),
+                   FusedUpdaterOptions().tensor_ops_on_cpu(GetParam()));
   train(net, fused, 3);
   std::stringstream before;
   torch::serialize::OutputArchive saved;
@@ -116,7 +123,8 @@ TEST_P(FusedPaths, ASkipFlagChangesNothingAndACleanFlagSteps) {
 
 TEST_P(FusedPaths, ASkippedOverflowLeavesNoNanBehind) {
   auto net = make_net(1);
-  FusedAdamW fused(net->parameters(), optim::AdamWOptions(1e-2), FusedUpdaterOptions().tensor_ops_on_cpu(GetParam()));
+  FusedAdamW fused(net->parameters(), optim::AdamWOptions(1e-2),
+                   FusedUpdaterOptions().tensor_ops_on_cpu(GetParam()));
   auto twin = make_net(1);
   FusedAdamW twin_optimizer(twin->parameters(), optim::AdamWOptions(1e-2),
                             FusedUpdaterOptions().tensor_ops_on_cpu(GetParam()));
@@ -130,7 +138,8 @@ TEST_P(FusedPaths, ASkippedOverflowLeavesNoNanBehind) {
   EXPECT_TRUE(torch::equal(flat(net), flat(twin))) << "the skipped step changed something";
   train(net, fused, 3, 9);
   train(twin, twin_optimizer, 3, 9);
-  EXPECT_TRUE(torch::isfinite(flat(net)).all().item<bool>()) << "nan or inf leaked into the parameters";
+  EXPECT_TRUE(torch::isfinite(flat(net)).all().item<bool>())
+      << "nan or inf leaked into the parameters";
   EXPECT_LE((flat(net) - flat(twin)).abs().max().item<double>(), 1e-6);
 }
 
@@ -147,7 +156,8 @@ TEST(FusedOptimizer, ParametersAndGradientsLiveInOneArenaInParameterOrder) {
   auto params = net->parameters();
   for (size_t i = 1; i < params.size(); ++i) {
     EXPECT_EQ(static_cast<float*>(params[i].data_ptr()),
-              static_cast<float*>(params[i - 1].data_ptr()) + params[i - 1].numel()) << "parameter " << i;
+              static_cast<float*>(params[i - 1].data_ptr()) + params[i - 1].numel())
+        << "parameter " << i;
   }
   // The first step binds the gradients autograd made into the arena (those of a and b; the
   // unused layer's stay unset); later backwards accumulate there, and LibTorch's zero_grad
@@ -159,7 +169,8 @@ TEST(FusedOptimizer, ParametersAndGradientsLiveInOneArenaInParameterOrder) {
   fused.step();
   for (size_t i = 1; i < 4; ++i) {
     EXPECT_EQ(static_cast<float*>(params[i].grad().data_ptr()),
-              static_cast<float*>(params[i - 1].grad().data_ptr()) + params[i - 1].numel()) << "gradient " << i;
+              static_cast<float*>(params[i - 1].grad().data_ptr()) + params[i - 1].numel())
+        << "gradient " << i;
   }
   EXPECT_FALSE(net->unused->weight.grad().defined());
   EXPECT_TRUE(fused.updater().parameters_packed());
@@ -187,7 +198,8 @@ TEST(FusedOptimizer, ParametersMovedAwayArePackedAgainWithTheirState) {
   }
   EXPECT_TRUE(fused.updater().parameters_packed());
   expect_close(flat(net), flat(reference_net));
-  EXPECT_FALSE(torch::equal(flat(reference_net), flat(make_net(1)))) << "the reference did not train";
+  EXPECT_FALSE(torch::equal(flat(reference_net), flat(make_net(1))))
+      << "the reference did not train";
 }
 
 TEST(FusedOptimizer, StateRoundTripsAndResumesTheSameTrajectory) {
@@ -238,7 +250,9 @@ TEST(FusedOptimizer, StateForOtherParametersIsRefusedWithTheirSizes) {
     other_optimizer.load(in);
     FAIL() << "loading state for other parameters succeeded";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("6 parameters of sizes [231, 33, 165, 5, 9, 3]"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("6 parameters of sizes [231, 33, 165, 5, 9, 3]"),
+              std::string::npos)
+        << e.what();
     EXPECT_NE(std::string(e.what()).find("2 of sizes [8, 2]"), std::string::npos) << e.what();
   }
 }
@@ -257,23 +271,30 @@ TEST(FusedOptimizer, FollowsAScheduleThatChangesTheLearningRate) {
     schedule.step();
   }
   expect_close(flat(net), flat(reference_net));
-  EXPECT_FALSE(torch::equal(flat(reference_net), flat(make_net(1)))) << "the reference did not train";
+  EXPECT_FALSE(torch::equal(flat(reference_net), flat(make_net(1))))
+      << "the reference did not train";
 }
 
 TEST(FusedOptimizer, RefusesWhatItCannotDoAndSaysWhatToUse) {
   auto net = make_net(1);
   auto message = accelerant::testing::error_message;
-  EXPECT_NE(message([&] { FusedAdam(net->parameters(), optim::AdamOptions(1e-3).amsgrad(true)); }).find("amsgrad"),
+  EXPECT_NE(message([&] {
+              FusedAdam(net->parameters(), optim::AdamOptions(1e-3).amsgrad(true));
+            }).find("amsgrad"),
             std::string::npos);
   auto doubles = torch::nn::Linear(2, 2);
   doubles->to(torch::kDouble);
-  EXPECT_NE(message([&] { FusedSGD(doubles->parameters(), optim::SGDOptions(0.1)); }).find("dense fp32 parameters"),
+  EXPECT_NE(message([&] {
+              FusedSGD(doubles->parameters(), optim::SGDOptions(0.1));
+            }).find("dense fp32 parameters"),
             std::string::npos);
   optim::RMSprop rmsprop(net->parameters());
-  EXPECT_NE(message([&] { FusedUpdater updater(rmsprop); }).find("SGD, Adam and AdamW"), std::string::npos);
+  EXPECT_NE(message([&] { FusedUpdater updater(rmsprop); }).find("SGD, Adam and AdamW"),
+            std::string::npos);
   optim::SGD stepped(net->parameters(), optim::SGDOptions(0.1).momentum(0.9));
   train(net, stepped, 1);
-  EXPECT_NE(message([&] { FusedUpdater updater(stepped); }).find("already has state"), std::string::npos);
+  EXPECT_NE(message([&] { FusedUpdater updater(stepped); }).find("already has state"),
+            std::string::npos);
 }
 
 TEST(FusedOptimizer, TheScalerSkipsAnOverflowedStepThroughTheDeviceFlag) {
@@ -301,7 +322,8 @@ namespace {
 torch::Tensor train_prepared(int rank, bool fused) {
   Accelerator acc(AcceleratorOptions().fused_optimizers(fused).bucket_cap_mb(1));
   torch::manual_seed(5);
-  auto model = torch::nn::Sequential(torch::nn::Linear(16, 64), torch::nn::ReLU(), torch::nn::Linear(64, 4));
+  auto model =
+      torch::nn::Sequential(torch::nn::Linear(16, 64), torch::nn::ReLU(), torch::nn::Linear(64, 4));
   optim::AdamW adamw(model->parameters(), optim::AdamWOptions(1e-2).weight_decay(0.01));
   auto [m, o] = acc.prepare(model, adamw);
   torch::manual_seed(17 + rank);
@@ -313,27 +335,32 @@ torch::Tensor train_prepared(int rank, bool fused) {
   }
   std::vector<torch::Tensor> parts;
   for (auto& p : m->parameters()) parts.push_back(p.detach().reshape({-1}));
-  parts.push_back(torch::tensor({static_cast<float>(acc.reducer_stats(m).gradient_copies),
-                                 fused && o.fused_updater() && o.fused_updater()->parameters_packed() ? 1.0f : 0.0f}));
+  parts.push_back(torch::tensor(
+      {static_cast<float>(acc.reducer_stats(m).gradient_copies),
+       fused && o.fused_updater() && o.fused_updater()->parameters_packed() ? 1.0f : 0.0f}));
   return torch::cat(parts);
 }
 
 }  // namespace
 
 TEST(FusedOptimizer, PreparedOnTwoRanksItMatchesTorchAdamWWithGradientsInTheBuckets) {
-  auto options = LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(60)).verbose(false);
+  auto options =
+      LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(60)).verbose(false);
   auto fused = launch([](int rank) { return train_prepared(rank, true); }, options);
   auto plain = launch([](int rank) { return train_prepared(rank, false); }, options);
   const int64_t n = fused[0].numel() - 2;
   torch::manual_seed(5);  // the start train_prepared builds
-  auto start = torch::nn::Sequential(torch::nn::Linear(16, 64), torch::nn::ReLU(), torch::nn::Linear(64, 4));
+  auto start =
+      torch::nn::Sequential(torch::nn::Linear(16, 64), torch::nn::ReLU(), torch::nn::Linear(64, 4));
   std::vector<torch::Tensor> start_parts;
   for (auto& p : start->parameters()) start_parts.push_back(p.detach().reshape({-1}));
   const auto initial = torch::cat(start_parts);
   for (int r = 0; r < 2; ++r) {
     expect_close(fused[r].narrow(0, 0, n), plain[r].narrow(0, 0, n));
-    EXPECT_FALSE(torch::equal(plain[r].narrow(0, 0, n), initial)) << "rank " << r << ": nothing trained";
-    EXPECT_TRUE(torch::equal(fused[r].narrow(0, 0, n), fused[0].narrow(0, 0, n))) << "ranks diverged";
+    EXPECT_FALSE(torch::equal(plain[r].narrow(0, 0, n), initial))
+        << "rank " << r << ": nothing trained";
+    EXPECT_TRUE(torch::equal(fused[r].narrow(0, 0, n), fused[0].narrow(0, 0, n)))
+        << "ranks diverged";
     EXPECT_EQ(fused[r][n].item<float>(), 0) << "rank " << r << ": the reducer copied gradients";
     EXPECT_EQ(plain[r][n].item<float>(), 0) << "rank " << r << ": the reducer copied gradients";
     EXPECT_EQ(fused[r][n + 1].item<float>(), 1) << "rank " << r << ": parameters not in the arena";

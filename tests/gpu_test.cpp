@@ -20,17 +20,21 @@ using namespace accelerant;
 
 namespace {
 
-#define SKIP_WITHOUT_GPU() \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device: this test runs on a GPU machine (scripts/gpu-check)"
+#define SKIP_WITHOUT_GPU()          \
+  if (!torch::cuda::is_available()) \
+  GTEST_SKIP() << "no CUDA device: this test runs on a GPU machine (scripts/gpu-check)"
 
 const torch::Device kGpu(torch::kCUDA, 0);
 
 torch::nn::Sequential make_mlp() {
   torch::manual_seed(3);
-  return torch::nn::Sequential(torch::nn::Linear(32, 256), torch::nn::GELU(), torch::nn::Linear(256, 10));
+  return torch::nn::Sequential(torch::nn::Linear(32, 256), torch::nn::GELU(),
+                               torch::nn::Linear(256, 10));
 }
 
-torch::Tensor flat(const torch::nn::Module& m) { return accelerant::testing::flat_parameters(m).to(torch::kDouble); }
+torch::Tensor flat(const torch::nn::Module& m) {
+  return accelerant::testing::flat_parameters(m).to(torch::kDouble);
+}
 
 std::optional<GraphStepMetrics> metrics_of(const std::string& name) {
   for (const auto& s : metrics().steps) {
@@ -47,7 +51,8 @@ struct TrainingRun {
 };
 
 // `compiled`: through accelerator.compile; `poisoned`: the step whose gradients get an inf.
-TrainingRun train(bool compiled, const std::string& precision, int steps, int poisoned, const std::string& name) {
+TrainingRun train(bool compiled, const std::string& precision, int steps, int poisoned,
+                  const std::string& name) {
   Accelerator acc(AcceleratorOptions().fused_optimizers(true).mixed_precision(precision));
   auto model = make_mlp();
   torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-3));
@@ -62,7 +67,8 @@ TrainingRun train(bool compiled, const std::string& precision, int steps, int po
     acc.backward(loss);
     // in[2] is 0 or 1 on the device: an inf enters a gradient with no host branch.
     auto& g = m->parameters()[0].mutable_grad();
-    g.add_(torch::where(in[2] > 0, torch::full({}, std::numeric_limits<float>::infinity(), g.options()),
+    g.add_(torch::where(in[2] > 0,
+                        torch::full({}, std::numeric_limits<float>::infinity(), g.options()),
                         torch::zeros({}, g.options())));
     opt.step();
     sched.step();
@@ -73,7 +79,8 @@ TrainingRun train(bool compiled, const std::string& precision, int steps, int po
   torch::manual_seed(7);
   TrainingRun run;
   for (int i = 0; i < steps; ++i) {
-    GraphStep::Inputs in{torch::randn({64, 32}).to(kGpu), torch::randint(0, 10, {64}, torch::kLong).to(kGpu),
+    GraphStep::Inputs in{torch::randn({64, 32}).to(kGpu),
+                         torch::randint(0, 10, {64}, torch::kLong).to(kGpu),
                          torch::tensor(i == poisoned ? 1.0f : 0.0f).to(kGpu)};
     if (compiled) {
       step(in);
@@ -114,7 +121,8 @@ TEST(Gpu, AnInfInjectedAtAReplayedFp16StepIsSkippedCountedAndBacksTheScaleOff) {
   for (const TrainingRun* run : {&eager, &compiled}) {
     const char* what = run == &eager ? "eager" : "compiled";
     EXPECT_EQ(run->optimizer_steps, steps - 1) << what;
-    for (int i = 0; i < steps; ++i) EXPECT_EQ(run->skipped[i], i == poisoned) << what << " step " << i;
+    for (int i = 0; i < steps; ++i)
+      EXPECT_EQ(run->skipped[i], i == poisoned) << what << " step " << i;
     EXPECT_EQ(run->scale, 65536.0 / 2) << what;
     EXPECT_FALSE(torch::isnan(run->params).any().item<bool>()) << what;
   }
@@ -137,7 +145,9 @@ TEST(Gpu, TheCapturedScaledUpdateDoesNotWaitForTheDevice) {
     adamw.zero_grad();
     return GraphStep::Outputs{loss.detach()};
   });
-  const GraphStep::Inputs in{torch::randn({64, 32}, kGpu), torch::randint(0, 10, {64}, torch::TensorOptions(torch::kLong).device(kGpu))};
+  const GraphStep::Inputs in{
+      torch::randn({64, 32}, kGpu),
+      torch::randint(0, 10, {64}, torch::TensorOptions(torch::kLong).device(kGpu))};
   for (int i = 0; i < 6; ++i) step(in);  // warm-up, capture, replays
   torch::cuda::synchronize();
   // About 0.3 s of queued device work, measured.
@@ -155,6 +165,6 @@ TEST(Gpu, TheCapturedScaledUpdateDoesNotWaitForTheDevice) {
   step(in);
   const double replay = std::chrono::duration<double>(Clock::now() - t0).count();
   torch::cuda::synchronize();
-  EXPECT_LT(replay, work / 4) << "the replay waited for the device: " << replay << " s behind " << work
-                              << " s of queued work";
+  EXPECT_LT(replay, work / 4) << "the replay waited for the device: " << replay << " s behind "
+                              << work << " s of queued work";
 }

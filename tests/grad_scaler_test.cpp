@@ -101,14 +101,16 @@ TEST(GradScaler, AFusedOptimizerStepsAlikeThroughEitherEntryPoint) {
     GradScaler scaler;
     scaler.scale(model->forward(x).pow(2).mean()).backward();
     if (overflow) model->bias.grad()[0] = std::numeric_limits<float>::infinity();
-    const bool stepped = through_updater ? scaler.step(optimizer.updater()) : scaler.step(optimizer);
+    const bool stepped =
+        through_updater ? scaler.step(optimizer.updater()) : scaler.step(optimizer);
     EXPECT_EQ(stepped, !overflow);
     scaler.update();
     return torch::cat({model->weight.detach().reshape({-1}), model->bias.detach().reshape({-1})});
   };
   torch::manual_seed(0);
   torch::nn::Linear fresh(4, 2);
-  const auto initial = torch::cat({fresh->weight.detach().reshape({-1}), fresh->bias.detach().reshape({-1})});
+  const auto initial =
+      torch::cat({fresh->weight.detach().reshape({-1}), fresh->bias.detach().reshape({-1})});
   EXPECT_TRUE(torch::equal(run(false, false), run(true, false)));
   EXPECT_FALSE(torch::equal(run(false, false), initial));
   EXPECT_TRUE(torch::equal(run(false, true), initial));

@@ -28,7 +28,8 @@ std::vector<std::vector<size_t>> members(const std::vector<GradientBucket>& buck
 
 TEST(GradientBuckets, ReverseOrderSmallFirstBucketThenCapped) {
   std::vector<BucketParam> params(6, floats(kFloatsPerMiB));
-  auto buckets = plan_buckets(params, BucketPlanOptions().bucket_cap_bytes(3 * kMiB).first_bucket_cap_bytes(kMiB));
+  auto buckets = plan_buckets(
+      params, BucketPlanOptions().bucket_cap_bytes(3 * kMiB).first_bucket_cap_bytes(kMiB));
   EXPECT_EQ(members(buckets), (std::vector<std::vector<size_t>>{{5}, {4, 3, 2}, {1, 0}}));
   EXPECT_EQ(buckets[1].offsets, (std::vector<int64_t>{0, kFloatsPerMiB, 2 * kFloatsPerMiB}));
   EXPECT_EQ(buckets[1].numel, 3 * kFloatsPerMiB);
@@ -36,10 +37,12 @@ TEST(GradientBuckets, ReverseOrderSmallFirstBucketThenCapped) {
 
 TEST(GradientBuckets, AParameterLargerThanTheCapGetsItsOwnBucket) {
   std::vector<BucketParam> params{floats(10), floats(10 * kFloatsPerMiB), floats(10)};
-  auto buckets = plan_buckets(params, BucketPlanOptions().bucket_cap_bytes(kMiB).first_bucket_cap_bytes(kMiB));
+  auto buckets =
+      plan_buckets(params, BucketPlanOptions().bucket_cap_bytes(kMiB).first_bucket_cap_bytes(kMiB));
   EXPECT_EQ(members(buckets), (std::vector<std::vector<size_t>>{{2}, {1}, {0}}));
-  auto alone = plan_buckets({floats(10 * kFloatsPerMiB), floats(10)},
-                            BucketPlanOptions().bucket_cap_bytes(kMiB).first_bucket_cap_bytes(kMiB));
+  auto alone =
+      plan_buckets({floats(10 * kFloatsPerMiB), floats(10)},
+                   BucketPlanOptions().bucket_cap_bytes(kMiB).first_bucket_cap_bytes(kMiB));
   EXPECT_EQ(members(alone), (std::vector<std::vector<size_t>>{{1}, {0}}));  // never shares
 }
 
@@ -47,7 +50,8 @@ TEST(GradientBuckets, FrozenAndEmptyParametersAreLeftOutAndTheRestAppearOnce) {
   std::vector<BucketParam> params;
   for (int i = 0; i < 50; ++i) params.push_back(floats(1000 + i * 997, /*trainable=*/i % 7 != 0));
   params.push_back(floats(0));
-  auto buckets = plan_buckets(params, BucketPlanOptions().bucket_cap_bytes(64 * 1024).first_bucket_cap_bytes(8 * 1024));
+  auto buckets = plan_buckets(
+      params, BucketPlanOptions().bucket_cap_bytes(64 * 1024).first_bucket_cap_bytes(8 * 1024));
   std::vector<size_t> seen;
   for (const auto& b : buckets) {
     int64_t expected_offset = 0;
@@ -59,7 +63,8 @@ TEST(GradientBuckets, FrozenAndEmptyParametersAreLeftOutAndTheRestAppearOnce) {
     EXPECT_EQ(b.numel, expected_offset);
   }
   std::vector<size_t> trainable;
-  for (size_t i = 0; i < 50; ++i) if (i % 7 != 0) trainable.push_back(i);
+  for (size_t i = 0; i < 50; ++i)
+    if (i % 7 != 0) trainable.push_back(i);
   std::sort(seen.begin(), seen.end());
   EXPECT_EQ(seen, trainable);
 }

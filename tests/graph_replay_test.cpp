@@ -39,7 +39,8 @@ Batches make_batches(int n, uint64_t seed) {
 torch::Tensor train_accelerated(bool compiled, int steps, uint64_t data_seed) {
   Accelerator acc(AcceleratorOptions().fused_optimizers(true).gradient_accumulation_steps(2));
   auto model = small_mlp();
-  torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  torch::optim::AdamW adamw(model->parameters(),
+                            torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
   torch::optim::StepLR schedule(adamw, 2, 0.5);
   auto [m, opt, sched] = acc.prepare(model, adamw, schedule);
   auto body = [&, m = m, opt = opt, sched = sched](const GraphStep::Inputs& in) mutable {
@@ -62,14 +63,16 @@ torch::Tensor train_accelerated(bool compiled, int steps, uint64_t data_seed) {
       body({data.x[i], data.y[i]});
     }
   }
-  auto tail = torch::tensor({static_cast<double>(acc.state()->optimizer_steps),
-                             adamw.param_groups()[0].options().get_lr(),
-                             static_cast<double>(acc.state()->micro_steps), static_cast<double>(signatures)},
-                            torch::kDouble);
+  auto tail = torch::tensor(
+      {static_cast<double>(acc.state()->optimizer_steps),
+       adamw.param_groups()[0].options().get_lr(), static_cast<double>(acc.state()->micro_steps),
+       static_cast<double>(signatures)},
+      torch::kDouble);
   return torch::cat({flat_parameters(*m).to(torch::kDouble), tail});
 }
 
-void expect_same_training(const torch::Tensor& compiled, const torch::Tensor& eager, const char* what) {
+void expect_same_training(const torch::Tensor& compiled, const torch::Tensor& eager,
+                          const char* what) {
   const int64_t n = eager.numel() - 4;
   auto cp = compiled.slice(0, 0, n), ep = eager.slice(0, 0, n);
   // The emulated replays take the fused update's device path, the eager loop its CPU loop: the
@@ -77,7 +80,8 @@ void expect_same_training(const torch::Tensor& compiled, const torch::Tensor& ea
   EXPECT_TRUE(torch::allclose(cp, ep, 1e-5, 1e-6))
       << what << ": largest difference " << (cp - ep).abs().max().item<double>();
   EXPECT_EQ(compiled[n].item<double>(), eager[n].item<double>()) << what << ": optimizer steps";
-  EXPECT_DOUBLE_EQ(compiled[n + 1].item<double>(), eager[n + 1].item<double>()) << what << ": the scheduled lr";
+  EXPECT_DOUBLE_EQ(compiled[n + 1].item<double>(), eager[n + 1].item<double>())
+      << what << ": the scheduled lr";
   EXPECT_EQ(compiled[n + 2].item<double>(), eager[n + 2].item<double>()) << what << ": micro-steps";
 }
 
@@ -89,16 +93,21 @@ TEST(GraphReplay, AWholeAcceleratorStepWithAccumulationAndASchedulerTrainsAsTheE
   const auto compiled = train_accelerated(true, steps, 21);
   expect_same_training(compiled, eager, "one process");
   const int64_t n = eager.numel() - 4;
-  EXPECT_EQ(eager[n].item<double>(), steps / 2);                 // one update per two micro-steps
+  EXPECT_EQ(eager[n].item<double>(), steps / 2);  // one update per two micro-steps
   // LibTorch's StepLR(2, 0.5) halves on its 3rd and 5th step: twice in 6 updates.
   EXPECT_DOUBLE_EQ(eager[n + 1].item<double>(), 1e-2 / 4);
-  EXPECT_EQ(compiled[n + 3].item<double>(), 2);                  // accumulate and sync: two graphs
+  EXPECT_EQ(compiled[n + 3].item<double>(), 2);  // accumulate and sync: two graphs
   // The parameters moved: a comparison of untrained models would prove nothing.
-  EXPECT_GT((compiled.slice(0, 0, n) - flat_parameters(*small_mlp()).to(torch::kDouble)).abs().max().item<double>(), 1e-3);
+  EXPECT_GT((compiled.slice(0, 0, n) - flat_parameters(*small_mlp()).to(torch::kDouble))
+                .abs()
+                .max()
+                .item<double>(),
+            1e-3);
 }
 
 TEST(GraphReplay, OnTwoRanksTheReplayedStepAveragesGradientsAsTheEagerLoop) {
-  auto options = LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(60)).verbose(false);
+  auto options =
+      LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(60)).verbose(false);
   auto compiled = launch([](int rank) { return train_accelerated(true, 8, 40 + rank); }, options);
   auto eager = launch([](int rank) { return train_accelerated(false, 8, 40 + rank); }, options);
   ASSERT_EQ(compiled.size(), 2u);
@@ -130,7 +139,8 @@ ScaledRun train_scaled(bool replayed, int steps, int poisoned) {
     state->scaler->scale(loss).backward();
     // in[2] is 0 or 1: inf enters a gradient with no host branch, as it would on a GPU.
     auto& g = model->parameters()[0].mutable_grad();
-    g.add_(torch::where(in[2] > 0, torch::full({}, std::numeric_limits<float>::infinity()), torch::zeros({})));
+    g.add_(torch::where(in[2] > 0, torch::full({}, std::numeric_limits<float>::infinity()),
+                        torch::zeros({})));
     opt.step();
     opt.zero_grad();
     return GraphStep::Outputs{loss.detach()};
@@ -160,9 +170,11 @@ TEST(GraphReplay, AnInfInjectedIntoAReplayedFp16StepIsSkippedAndCountedAfterTheS
   for (const ScaledRun* run : {&eager, &replayed}) {
     const char* what = run == &eager ? "eager" : "replayed";
     EXPECT_EQ(run->optimizer_steps, steps - 1) << what;
-    for (int i = 0; i < steps; ++i) EXPECT_EQ(run->skipped[i], i == poisoned) << what << " step " << i;
+    for (int i = 0; i < steps; ++i)
+      EXPECT_EQ(run->skipped[i], i == poisoned) << what << " step " << i;
     EXPECT_EQ(run->scale, 512.0) << what << ": halved once by the overflow";
-    EXPECT_FALSE(torch::isnan(run->params).any().item<bool>()) << what << ": the inf leaked into the parameters";
+    EXPECT_FALSE(torch::isnan(run->params).any().item<bool>())
+        << what << ": the inf leaked into the parameters";
   }
   EXPECT_TRUE(torch::allclose(replayed.params, eager.params, 1e-5, 1e-6))
       << "largest difference " << (replayed.params - eager.params).abs().max().item<float>();
@@ -195,7 +207,8 @@ TEST(GraphReplay, StepClosuresAddedInsideTheStepRunAfterEveryStepWithThatStepsVa
         return GraphStep::Outputs{total};
       },
       GraphStepOptions().emulate_replays(true));
-  for (int i = 0; i < 5; ++i) returned.push_back(step({torch::full({3}, static_cast<float>(i))})[0].item<float>());
+  for (int i = 0; i < 5; ++i)
+    returned.push_back(step({torch::full({3}, static_cast<float>(i))})[0].item<float>());
   EXPECT_EQ(logged, returned);
   EXPECT_EQ(logged, (std::vector<float>{0, 3, 6, 9, 12}));
 }
@@ -207,37 +220,56 @@ TEST(GraphReplay, WhatACaptureCannotDoIsRefusedWithTheFix) {
   PreparedOptimizer unfused(adam, state);
   const auto x = torch::randn({4, 8});
   auto in_a_graph_step = [&](std::function<void()> body) {
-    GraphStep step([&](const GraphStep::Inputs&) { body(); return GraphStep::Outputs{}; },
-                   GraphStepOptions().emulate_replays(true));
+    GraphStep step(
+        [&](const GraphStep::Inputs&) {
+          body();
+          return GraphStep::Outputs{};
+        },
+        GraphStepOptions().emulate_replays(true));
     return error_message([&] { step({x}); });
   };
   auto backward = [&] { model->forward(x).sum().backward(); };
 
-  auto message = in_a_graph_step([&] { backward(); unfused.step(); });
+  auto message = in_a_graph_step([&] {
+    backward();
+    unfused.step();
+  });
   EXPECT_TRUE(contains(message, "unfused")) << message;
   EXPECT_TRUE(contains(message, "fused_optimizers(true)")) << message;
   EXPECT_EQ(state->optimizer_steps, 0);
 
   FusedUpdater fused(adam);
   GradScaler scaler;
-  message = in_a_graph_step([&] { backward(); scaler.step(fused); });
+  message = in_a_graph_step([&] {
+    backward();
+    scaler.step(fused);
+  });
   EXPECT_TRUE(contains(message, "step_on_device")) << message;
   torch::optim::Adam plain_adam(model->parameters());  // no fused update bound to it
-  message = in_a_graph_step([&] { backward(); scaler.step(plain_adam); });
+  message = in_a_graph_step([&] {
+    backward();
+    scaler.step(plain_adam);
+  });
   EXPECT_TRUE(contains(message, "found_inf on the host")) << message;
 
   Accelerator acc(AcceleratorOptions().gradient_accumulation_steps(2));
   auto prepared = acc.prepare(small_mlp());
   message = in_a_graph_step([&] { auto guard = acc.accumulate(prepared); });
   EXPECT_TRUE(contains(message, "accelerator.compile")) << message;
-  message = in_a_graph_step([&] { backward(); acc.clip_grad_norm_(model->parameters(), 1.0); });
+  message = in_a_graph_step([&] {
+    backward();
+    acc.clip_grad_norm_(model->parameters(), 1.0);
+  });
   EXPECT_TRUE(contains(message, "clip_grad_norm_tensor")) << message;
-  EXPECT_TRUE(contains(error_message([&] { acc.compile([](const GraphStep::Inputs&) { return GraphStep::Outputs{}; },
-                                                       GraphStepOptions().phase([] { return GraphStepOptions::Phase{}; })); }),
+  EXPECT_TRUE(contains(error_message([&] {
+                         acc.compile(
+                             [](const GraphStep::Inputs&) { return GraphStep::Outputs{}; },
+                             GraphStepOptions().phase([] { return GraphStepOptions::Phase{}; }));
+                       }),
                        "sets GraphStepOptions::phase itself"));
 
   GraphStep inner([](const GraphStep::Inputs&) { return GraphStep::Outputs{}; },
-                 GraphStepOptions().emulate_replays(true));
+                  GraphStepOptions().emulate_replays(true));
   message = in_a_graph_step([&] { inner({x}); });
   EXPECT_TRUE(contains(message, "inside another graph step")) << message;
 }
@@ -250,11 +282,13 @@ TEST(GraphReplay, ClipGradNormTensorClipsAsClipGradNormWithoutAHostRead) {
       const auto x = torch::randn({4, 8});
       a->forward(x).pow(2).sum().backward();
       b->forward(x).pow(2).sum().backward();
-      const double expected = torch::nn::utils::clip_grad_norm_(a->parameters(), max_norm, norm_type);
+      const double expected =
+          torch::nn::utils::clip_grad_norm_(a->parameters(), max_norm, norm_type);
       const torch::Tensor got = acc.clip_grad_norm_tensor(b->parameters(), max_norm, norm_type);
       EXPECT_NEAR(got.item<double>(), expected, 1e-5 * expected) << "norm " << norm_type;
       for (size_t i = 0; i < a->parameters().size(); ++i) {
-        EXPECT_TRUE(torch::allclose(a->parameters()[i].grad(), b->parameters()[i].grad(), 1e-5, 1e-7))
+        EXPECT_TRUE(
+            torch::allclose(a->parameters()[i].grad(), b->parameters()[i].grad(), 1e-5, 1e-7))
             << "norm " << norm_type << " max " << max_norm << " parameter " << i;
       }
     }

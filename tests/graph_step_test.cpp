@@ -52,7 +52,8 @@ TEST(GraphStep, ACompiledStepTrainsExactlyAsTheEagerLoop) {
   auto eager = small_mlp();
   torch::optim::SGD eager_sgd(eager->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   std::vector<float> eager_losses;
-  for (int i = 0; i < 12; ++i) eager_losses.push_back(train_step(eager, eager_sgd, {xs[i], ys[i]})[0].item<float>());
+  for (int i = 0; i < 12; ++i)
+    eager_losses.push_back(train_step(eager, eager_sgd, {xs[i], ys[i]})[0].item<float>());
 
   auto compiled = small_mlp();
   torch::optim::SGD sgd(compiled->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
@@ -60,7 +61,8 @@ TEST(GraphStep, ACompiledStepTrainsExactlyAsTheEagerLoop) {
   std::vector<float> losses;
   for (int i = 0; i < 12; ++i) losses.push_back(step({xs[i], ys[i]})[0].item<float>());
   EXPECT_TRUE(torch::equal(flat_parameters(*compiled), flat_parameters(*eager)));
-  EXPECT_FALSE(torch::equal(flat_parameters(*compiled), flat_parameters(*small_mlp()))) << "nothing trained";
+  EXPECT_FALSE(torch::equal(flat_parameters(*compiled), flat_parameters(*small_mlp())))
+      << "nothing trained";
   EXPECT_EQ(step.signatures(), 3);
   EXPECT_EQ(losses, eager_losses) << "the step's outputs are the eager step's";
 }
@@ -85,7 +87,9 @@ TEST(GraphStep, EveryNewShapeIsACaptureAndKnownShapesAreCacheHits) {
   step({torch::ones({4, 8}, torch::kDouble)});
   EXPECT_EQ(metrics_of(metrics(), "counting").captures, 4);
   const std::string report = metrics_report();
-  EXPECT_TRUE(contains(report, "step 'counting' (eager): 8 steps, 4 captures (3 recompiles), 4 cache hits")) << report;
+  EXPECT_TRUE(
+      contains(report, "step 'counting' (eager): 8 steps, 4 captures (3 recompiles), 4 cache hits"))
+      << report;
   EXPECT_TRUE(contains(report, "signature 4: Double[4, 8]")) << report;
 }
 
@@ -100,7 +104,9 @@ TEST(GraphStep, BeyondTheThresholdEachNewShapeIsWarnedAboutNamingWhatChanged) {
   ::testing::internal::CaptureStderr();
   step({torch::ones({4, 12}), torch::zeros({4}, torch::kLong)});
   const std::string warned = ::testing::internal::GetCapturedStderr();
-  EXPECT_TRUE(contains(warned, "graph step 'warned' met its input signature number 3 (a recompile)")) << warned;
+  EXPECT_TRUE(
+      contains(warned, "graph step 'warned' met its input signature number 3 (a recompile)"))
+      << warned;
   EXPECT_TRUE(contains(warned, "input 0 Float[4, 8] -> Float[4, 12]")) << warned;
   EXPECT_FALSE(contains(warned, "input 1")) << "the unchanged input is not named: " << warned;
   EXPECT_TRUE(contains(warned, "pad_to_bucket")) << "the fix is named: " << warned;
@@ -115,7 +121,8 @@ TEST(GraphStep, StepClosuresRunAfterTheirStepInTheOrderAdded) {
     auto value = in[0].sum();
     add_step_closure([&events, mine] { events.push_back(std::to_string(mine) + ".a"); });
     add_step_closure([&events, mine, value] {
-      events.push_back(std::to_string(mine) + ".b=" + std::to_string(static_cast<int>(value.item<float>())));
+      events.push_back(std::to_string(mine) +
+                       ".b=" + std::to_string(static_cast<int>(value.item<float>())));
     });
     events.push_back("step " + std::to_string(mine) + " returns");
     return GraphStep::Outputs{value};
@@ -148,10 +155,13 @@ TEST(GraphStep, AThrowingClosureDoesNotStopTheOthersAndItsErrorArrives) {
 }
 
 TEST(StaticShapes, PaddingGivesValuesMaskAndLengths) {
-  std::vector<torch::Tensor> seqs{torch::tensor({1, 2, 3}, torch::kLong), torch::tensor({4}, torch::kLong)};
+  std::vector<torch::Tensor> seqs{torch::tensor({1, 2, 3}, torch::kLong),
+                                  torch::tensor({4}, torch::kLong)};
   auto fixed = pad_to_length(seqs, 5, 9);
-  EXPECT_TRUE(torch::equal(fixed.values, torch::tensor({{1, 2, 3, 9, 9}, {4, 9, 9, 9, 9}}, torch::kLong)));
-  EXPECT_TRUE(torch::equal(fixed.mask, torch::tensor({{1, 1, 1, 0, 0}, {1, 0, 0, 0, 0}}).to(torch::kBool)));
+  EXPECT_TRUE(
+      torch::equal(fixed.values, torch::tensor({{1, 2, 3, 9, 9}, {4, 9, 9, 9, 9}}, torch::kLong)));
+  EXPECT_TRUE(
+      torch::equal(fixed.mask, torch::tensor({{1, 1, 1, 0, 0}, {1, 0, 0, 0, 0}}).to(torch::kBool)));
   EXPECT_TRUE(torch::equal(fixed.lengths, torch::tensor({3, 1}, torch::kLong)));
   EXPECT_EQ(pad_to_longest(seqs).values.size(1), 3);
   EXPECT_EQ(pad_to_bucket(seqs, {2, 4, 8}).values.size(1), 4);
@@ -163,12 +173,21 @@ TEST(StaticShapes, PaddingGivesValuesMaskAndLengths) {
 TEST(StaticShapes, BadInputIsRefusedWithTheFix) {
   std::vector<torch::Tensor> seqs{torch::ones({7}, torch::kLong)};
   auto message = accelerant::testing::error_message;
-  EXPECT_TRUE(contains(message([&] { pad_to_length(seqs, 5); }), "sequence 0 has 7 elements, more than the length 5"));
-  EXPECT_TRUE(contains(message([&] { pad_to_bucket(seqs, {2, 4}); }), "add a bucket of at least 7"));
+  EXPECT_TRUE(contains(message([&] { pad_to_length(seqs, 5); }),
+                       "sequence 0 has 7 elements, more than the length 5"));
+  EXPECT_TRUE(contains(message([&] {
+                         pad_to_bucket(seqs, {2, 4});
+                       }),
+                       "add a bucket of at least 7"));
   EXPECT_TRUE(contains(message([&] { pad_to_bucket(seqs, {8, 4}); }), "positive and ascending"));
   EXPECT_TRUE(contains(message([&] { pad_to_longest({}); }), "no sequences"));
-  EXPECT_TRUE(contains(message([&] { pad_to_longest({torch::ones({2, 2})}); }), "must be a 1-D tensor"));
-  EXPECT_TRUE(contains(message([&] { pad_to_longest({torch::ones({2}), torch::ones({2}, torch::kLong)}); }),
+  EXPECT_TRUE(contains(message([&] {
+                         pad_to_longest({torch::ones({2, 2})});
+                       }),
+                       "must be a 1-D tensor"));
+  EXPECT_TRUE(contains(message([&] {
+                         pad_to_longest({torch::ones({2}), torch::ones({2}, torch::kLong)});
+                       }),
                        "convert them to one dtype"));
 }
 
@@ -179,14 +198,15 @@ TEST(StaticShapes, BucketsBoundTheRecompilesThatDynamicPaddingCauses) {
   for (auto& batch : batches) {
     for (int i = 0; i < 8; ++i) batch.push_back(torch::ones({length(rng)}, torch::kLong));
   }
-  auto signatures = [&](const std::function<PaddedSequences(const std::vector<torch::Tensor>&)>& collate) {
-    auto step = shape_counter("collate", 1000);
-    for (const auto& batch : batches) {
-      auto padded = collate(batch);
-      step({padded.values, padded.mask});
-    }
-    return step.signatures();
-  };
+  auto signatures =
+      [&](const std::function<PaddedSequences(const std::vector<torch::Tensor>&)>& collate) {
+        auto step = shape_counter("collate", 1000);
+        for (const auto& batch : batches) {
+          auto padded = collate(batch);
+          step({padded.values, padded.mask});
+        }
+        return step.signatures();
+      };
   const auto buckets = bucket_lengths(128, 4);
   const int64_t dynamic = signatures([](const auto& b) { return pad_to_longest(b); });
   const int64_t bucketed = signatures([&](const auto& b) { return pad_to_bucket(b, buckets); });
@@ -214,5 +234,7 @@ TEST(Metrics, EachForkedWorkerPrintsItsReportAtExitWhenAsked) {
     ++reports;
   }
   EXPECT_EQ(reports, 2u) << out;
-  EXPECT_TRUE(contains(out, "step 'worker' (eager): 2 steps, 1 captures (0 recompiles), 1 cache hits")) << out;
+  EXPECT_TRUE(
+      contains(out, "step 'worker' (eager): 2 steps, 1 captures (0 recompiles), 1 cache hits"))
+      << out;
 }

@@ -49,7 +49,8 @@ int main(int argc, char** argv) {
   }
   if (mode == "worker") {  // started by `accelerant launch`: join the group the environment names
     auto& state = ProcessState::get();
-    auto sum = state.communicator().all_reduce(torch::tensor({state.process_index() + 1}), ReduceOp::kSum);
+    auto sum =
+        state.communicator().all_reduce(torch::tensor({state.process_index() + 1}), ReduceOp::kSum);
     std::cout << "worker rank=" << state.process_index() << " world=" << state.num_processes()
               << " local=" << state.local_process_index() << " sum=" << sum.item<int64_t>()
               << " path=" << state.communicator().all_reduce_path() << std::endl;
@@ -59,23 +60,28 @@ int main(int argc, char** argv) {
     Accelerator accelerator;
     const auto& s = accelerator.settings();
     std::cout << "settings rank=" << accelerator.process_index()
-              << " gradient_accumulation_steps=" << s.gradient_accumulation_steps << " cpu=" << s.cpu
-              << " downcast_bf16=" << s.downcast_bf16 << std::endl;
+              << " gradient_accumulation_steps=" << s.gradient_accumulation_steps
+              << " cpu=" << s.cpu << " downcast_bf16=" << s.downcast_bf16 << std::endl;
     return 0;
   }
   if (mode == "park" && argc == 3) {  // started by `accelerant launch`: join, all-reduce, then wait
     auto& state = ProcessState::get();
-    auto sum = state.communicator().all_reduce(torch::tensor({state.process_index() + 1}), ReduceOp::kSum);
-    std::cout << "parked rank=" << state.process_index() << " sum=" << sum.item<int64_t>() << std::endl;
-    std::ofstream(std::string(argv[2]) + "/pid." + std::to_string(state.process_index())) << ::getpid() << "\n";
+    auto sum =
+        state.communicator().all_reduce(torch::tensor({state.process_index() + 1}), ReduceOp::kSum);
+    std::cout << "parked rank=" << state.process_index() << " sum=" << sum.item<int64_t>()
+              << std::endl;
+    std::ofstream(std::string(argv[2]) + "/pid." + std::to_string(state.process_index()))
+        << ::getpid() << "\n";
     std::this_thread::sleep_for(std::chrono::minutes(10));
     return 0;
   }
   if (mode == "throw") {  // started by `accelerant launch`: dies of an uncaught exception
     ProcessState::get();
-    if (ProcessState::get().process_index() == 1) throw std::runtime_error("the data file shard-7 is corrupt");
+    if (ProcessState::get().process_index() == 1)
+      throw std::runtime_error("the data file shard-7 is corrupt");
     return 0;
   }
-  std::cerr << "usage: launch_helper node NODE_RANK PORT | sleepy DIR | worker | settings | park DIR | throw\n";
+  std::cerr << "usage: launch_helper node NODE_RANK PORT | sleepy DIR | worker | settings | park "
+               "DIR | throw\n";
   return 2;
 }

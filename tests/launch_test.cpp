@@ -14,12 +14,15 @@ using namespace accelerant::testing;
 
 namespace {
 
-LaunchOptions quiet(int n) { return LaunchOptions().processes_per_node(n).timeout(std::chrono::seconds(30)).verbose(false); }
+LaunchOptions quiet(int n) {
+  return LaunchOptions().processes_per_node(n).timeout(std::chrono::seconds(30)).verbose(false);
+}
 
 using accelerant::testing::contains;
 
 void record_pid(const std::string& dir, int index) {
-  std::ofstream(dir + "/pid." + std::to_string(index) + "." + std::to_string(::getpid())) << ::getpid();
+  std::ofstream(dir + "/pid." + std::to_string(index) + "." + std::to_string(::getpid()))
+      << ::getpid();
 }
 
 }  // namespace
@@ -28,8 +31,9 @@ TEST(Launch, FourWorkersReturnTheirResultsInRankOrder) {
   auto results = launch(
       [](int index, const std::string& greeting) {
         auto& state = ProcessState::get();
-        return greeting + " " + std::to_string(index) + "/" + std::to_string(state.num_processes()) +
-               " local " + std::to_string(state.local_process_index()) +
+        return greeting + " " + std::to_string(index) + "/" +
+               std::to_string(state.num_processes()) + " local " +
+               std::to_string(state.local_process_index()) +
                (state.is_main_process() ? " main" : "");
       },
       std::string("hello"), quiet(4));
@@ -55,7 +59,8 @@ TEST(Launch, WorkersSeeTheOptionsAndTheTorchrunContract) {
         auto& state = ProcessState::get();
         return std::string(std::getenv("RANK")) + "," + std::getenv("WORLD_SIZE") + "," +
                std::getenv("ACCELERANT_MIXED_PRECISION") + "," + state.env().mixed_precision + "," +
-               (state.debug_mode() ? "debug" : "nodebug") + "," + std::to_string(state.restart_count());
+               (state.debug_mode() ? "debug" : "nodebug") + "," +
+               std::to_string(state.restart_count());
       },
       quiet(2).mixed_precision("bf16").debug(true));
   EXPECT_EQ(results[1], "1,2,bf16,bf16,debug,0");
@@ -126,7 +131,11 @@ TEST(Launch, UncaughtExceptionTextAndExitCodeAreReported) {
     EXPECT_TRUE(contains(e.what(), "loss became NaN at step 7")) << e.what();
   }
   try {
-    launch([](int index) { if (index == 0) ::_exit(3); }, quiet(2));
+    launch(
+        [](int index) {
+          if (index == 0) ::_exit(3);
+        },
+        quiet(2));
     FAIL() << "launch should have thrown";
   } catch (const LaunchError& e) {
     EXPECT_EQ(e.first_failure().rank, 0);
@@ -137,7 +146,11 @@ TEST(Launch, UncaughtExceptionTextAndExitCodeAreReported) {
 
 TEST(Launch, RestartsExhaustedReportsTheLastAttempt) {
   try {
-    launch([](int index) { if (index == 0) ::_exit(4); }, quiet(2).max_restarts(2));
+    launch(
+        [](int index) {
+          if (index == 0) ::_exit(4);
+        },
+        quiet(2).max_restarts(2));
     FAIL() << "launch should have thrown";
   } catch (const LaunchError& e) {
     EXPECT_EQ(e.restarts_used(), 2);
@@ -146,7 +159,10 @@ TEST(Launch, RestartsExhaustedReportsTheLastAttempt) {
 }
 
 TEST(Launch, BadOptionsAreRefusedWithTheValueAndAFix) {
-  struct Case { LaunchOptions options; std::string phrase; };
+  struct Case {
+    LaunchOptions options;
+    std::string phrase;
+  };
   const std::vector<Case> cases = {
       {quiet(0), "processes_per_node is 0"},
       {quiet(1).num_nodes(2).node_rank(2).master_port(29500), "node_rank 2 is outside 0..1"},

@@ -23,7 +23,8 @@ TEST(ProcessState, PlainProcessIsAWorldOfOneOnTheCpu) {
     ProcessState::initialize(ProcessStateOptions().timeout(std::chrono::seconds(5)));
     FAIL() << "initialize after get() must be refused";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("Fix: call initialize once"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Fix: call initialize once"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -31,7 +32,8 @@ TEST(ProcessState, MainProcessFirstRunsTheMainProcessBeforeTheOthers) {
   const std::string dir = accelerant::testing::make_temp_dir();
   auto saw_marker = launch(
       [&dir](int index) {
-        auto& state = ProcessState::initialize(ProcessStateOptions().timeout(std::chrono::seconds(30)));
+        auto& state =
+            ProcessState::initialize(ProcessStateOptions().timeout(std::chrono::seconds(30)));
         bool found = false;
         state.main_process_first([&] {
           if (state.is_main_process()) {

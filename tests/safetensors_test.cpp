@@ -1,18 +1,18 @@
 // safetensors: the exact bytes written, round trips of every dtype, hostile files refused with a
 // reason, sharded model saves with an index, and files read and written by an independent
 // implementation (tests/safetensors_interop.py, json + numpy only).
+#include <accelerant/accelerant.h>
+#include <accelerant/checkpoint.h>
+#include <accelerant/safetensors.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
 
 #include <cstring>
 #include <fstream>
-#include <random>
 #include <nlohmann/json.hpp>
+#include <random>
 
-#include <accelerant/accelerant.h>
-#include <accelerant/checkpoint.h>
-#include <accelerant/safetensors.h>
 #include "test_support.h"
 
 namespace {
@@ -26,7 +26,8 @@ std::string slurp(const std::string& path) {
 }
 
 void spit(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 // Raw bytes of a file from a header text and data, as a hostile writer would make them.
@@ -94,13 +95,15 @@ TEST(Safetensors, RoundTripsEveryDtypeShapeAndMetadata) {
   AllDtypes model;
   SafetensorsContents c;
   for (const auto& [name, tensor] : state_of(*model)) c.tensors.emplace_back(name, tensor);
-  c.tensors.emplace_back("strided", torch::arange(12, torch::kFloat).reshape({3, 4}).t());  // not contiguous
+  c.tensors.emplace_back("strided",
+                         torch::arange(12, torch::kFloat).reshape({3, 4}).t());  // not contiguous
   c.metadata = {{"format", "pt"}, {"note", "x"}};
   const auto back = decode_safetensors(encode_safetensors(c), "memory");
   ASSERT_EQ(back.tensors.size(), c.tensors.size());
   for (size_t i = 0; i < c.tensors.size(); ++i) {
     EXPECT_EQ(back.tensors[i].first, c.tensors[i].first) << "file order is write order";
-    EXPECT_EQ(back.tensors[i].second.scalar_type(), c.tensors[i].second.scalar_type()) << c.tensors[i].first;
+    EXPECT_EQ(back.tensors[i].second.scalar_type(), c.tensors[i].second.scalar_type())
+        << c.tensors[i].first;
     EXPECT_EQ(back.tensors[i].second.sizes(), c.tensors[i].second.sizes()) << c.tensors[i].first;
     EXPECT_TRUE(torch::equal(back.tensors[i].second, c.tensors[i].second)) << c.tensors[i].first;
   }
@@ -129,37 +132,47 @@ TEST(Safetensors, HostileFilesAreRefusedWithTheReason) {
   EXPECT_NE(decode_error("abc").find("fewer than the 8"), std::string::npos);
   std::string huge(8, '\0');
   huge[7] = 0x01;  // 2^56 bytes of header
-  EXPECT_NE(decode_error(huge + "{}").find("header length is 72057594037927936"), std::string::npos);
-  EXPECT_NE(decode_error(raw_file(ok, f32x2).substr(0, 40)).find("only 32 follow"), std::string::npos);
+  EXPECT_NE(decode_error(huge + "{}").find("header length is 72057594037927936"),
+            std::string::npos);
+  EXPECT_NE(decode_error(raw_file(ok, f32x2).substr(0, 40)).find("only 32 follow"),
+            std::string::npos);
   EXPECT_NE(decode_error(raw_file(R"({"a": )", "")).find("not valid JSON"), std::string::npos);
   EXPECT_NE(decode_error(raw_file("[1]", "")).find("does not start with '{'"), std::string::npos);
   EXPECT_NE(decode_error(raw_file(ok, f32x2.substr(0, 4))).find("truncated"), std::string::npos);
   EXPECT_NE(decode_error(raw_file(ok, f32x2 + "xx")).find("bytes left over"), std::string::npos);
-  EXPECT_NE(decode_error(raw_file(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", f32x2))
-                .find("needs 12 bytes, its data_offsets [0, 8] hold 8"),
-            std::string::npos);
-  EXPECT_NE(decode_error(raw_file(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", f32x2))
-                .find("not a non-negative integer: -2"),
-            std::string::npos);
-  EXPECT_NE(decode_error(raw_file(R"({"a":{"dtype":"F8_E4M3","shape":[8],"data_offsets":[0,8]}})", f32x2))
-                .find("dtype F8_E4M3, which this build cannot hold"),
-            std::string::npos);
+  EXPECT_NE(
+      decode_error(raw_file(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", f32x2))
+          .find("needs 12 bytes, its data_offsets [0, 8] hold 8"),
+      std::string::npos);
+  EXPECT_NE(
+      decode_error(raw_file(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", f32x2))
+          .find("not a non-negative integer: -2"),
+      std::string::npos);
+  EXPECT_NE(
+      decode_error(raw_file(R"({"a":{"dtype":"F8_E4M3","shape":[8],"data_offsets":[0,8]}})", f32x2))
+          .find("dtype F8_E4M3, which this build cannot hold"),
+      std::string::npos);
   EXPECT_NE(decode_error(raw_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
                                   R"("b":{"dtype":"F32","shape":[1],"data_offsets":[2,6]}})",
                                   std::string(6, '\0')))
                 .find("overlaps"),
             std::string::npos);
-  EXPECT_NE(decode_error(raw_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", f32x2))
-                .find("a gap before it"),
-            std::string::npos);
-  EXPECT_NE(decode_error(raw_file(R"({"a":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})", "\x01\x02"))
+  EXPECT_NE(
+      decode_error(raw_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", f32x2))
+          .find("a gap before it"),
+      std::string::npos);
+  EXPECT_NE(decode_error(
+                raw_file(R"({"a":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})", "\x01\x02"))
                 .find("holds the byte 2"),
             std::string::npos);
-  EXPECT_NE(decode_error(raw_file(R"({"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,8]}})",
-                                  f32x2))
-                .find("too large to address"),
+  EXPECT_NE(
+      decode_error(
+          raw_file(R"({"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,8]}})",
+                   f32x2))
+          .find("too large to address"),
+      std::string::npos);
+  EXPECT_NE(decode_error(raw_file(R"({"__metadata__":{"k":1}})", "")).find("\"k\" is not a string"),
             std::string::npos);
-  EXPECT_NE(decode_error(raw_file(R"({"__metadata__":{"k":1}})", "")).find("\"k\" is not a string"), std::string::npos);
 }
 
 // A cheap in-test fuzzer: random bit flips, byte writes, truncations and header-length edits of
@@ -183,10 +196,18 @@ TEST(Safetensors, RandomlyDamagedFilesDecodeOrFailCleanly) {
     for (int e = 0; e < edits && !bytes.empty(); ++e) {
       const size_t at = rng() % bytes.size();
       switch (rng() % 5) {
-        case 0: bytes[at] = static_cast<char>(bytes[at] ^ (1 << (rng() % 8))); break;
-        case 1: bytes[at] = "{}[]\":,0-9e \\"[rng() % 15]; break;
-        case 2: bytes.resize(at); break;
-        case 3: bytes.insert(at, std::string(1 + rng() % 8, static_cast<char>(rng()))); break;
+        case 0:
+          bytes[at] = static_cast<char>(bytes[at] ^ (1 << (rng() % 8)));
+          break;
+        case 1:
+          bytes[at] = "{}[]\":,0-9e \\"[rng() % 15];
+          break;
+        case 2:
+          bytes.resize(at);
+          break;
+        case 3:
+          bytes.insert(at, std::string(1 + rng() % 8, static_cast<char>(rng())));
+          break;
         case 4:  // the header length, as a hostile writer would set it
           if (!of_manifest && bytes.size() >= 8) bytes[rng() % 8] = static_cast<char>(rng());
           break;
@@ -229,12 +250,12 @@ TEST(CheckpointJson, NumbersOutOfRangeOfTheirFieldAreRefusedNotConverted) {
     return text.replace(at, from.size(), to);
   };
   const std::vector<std::pair<std::string, std::string>> bad_states = {
-      {"\"micro_steps\": 0", "\"micro_steps\": 3e52"},          // a float beyond int64
-      {"\"micro_steps\": 0", "\"micro_steps\": 2.5"},           // not an integer
-      {"\"seed\": 42", "\"seed\": -1"},                          // negative into unsigned
-      {"\"step_count\": 3", "\"step_count\": 5000000000"},       // beyond unsigned (32-bit)
-      {"\"epoch\": 1", "\"epoch\": 99999999999999999999999"},    // beyond uint64
-      {"\"epoch\": 1", "\"epoch\": 6666661e30866666"},           // beyond double: json's overflow
+      {"\"micro_steps\": 0", "\"micro_steps\": 3e52"},         // a float beyond int64
+      {"\"micro_steps\": 0", "\"micro_steps\": 2.5"},          // not an integer
+      {"\"seed\": 42", "\"seed\": -1"},                        // negative into unsigned
+      {"\"step_count\": 3", "\"step_count\": 5000000000"},     // beyond unsigned (32-bit)
+      {"\"epoch\": 1", "\"epoch\": 99999999999999999999999"},  // beyond uint64
+      {"\"epoch\": 1", "\"epoch\": 6666661e30866666"},         // beyond double: json's overflow
   };
   for (const auto& [from, to] : bad_states) {
     try {
@@ -248,11 +269,13 @@ TEST(CheckpointJson, NumbersOutOfRangeOfTheirFieldAreRefusedNotConverted) {
   }
   const std::vector<std::pair<std::string, std::string>> bad_manifests = {
       {"\"world_size\": 1", "\"world_size\": 1099511627776"},  // beyond int
-      {"\"size\": 10", "\"size\": -3"},                         // negative into uint64
-      {"\"step\": 0", "\"step\": 1e400"},                       // beyond double
+      {"\"size\": 10", "\"size\": -3"},                        // negative into uint64
+      {"\"step\": 0", "\"step\": 1e400"},                      // beyond double
   };
   for (const auto& [from, to] : bad_manifests) {
-    EXPECT_THROW(parse_checkpoint_manifest(with(valid_manifest, from, to), "manifest.json"), CheckpointError) << to;
+    EXPECT_THROW(parse_checkpoint_manifest(with(valid_manifest, from, to), "manifest.json"),
+                 CheckpointError)
+        << to;
   }
 }
 
@@ -272,8 +295,10 @@ TEST(SafetensorsModel, ShardsWithAnIndexAndLoadsBack) {
   // linear.weight is 60 bytes: a 64-byte limit forces several shards.
   const auto saved = save_model_safetensors(*model, dir, 64);
   ASSERT_GT(saved.weight_files.size(), 2u);
-  EXPECT_EQ(saved.weight_files[0], "model-00001-of-" + std::string(5 - std::to_string(saved.weight_files.size()).size(), '0') +
-                                       std::to_string(saved.weight_files.size()) + ".safetensors");
+  EXPECT_EQ(saved.weight_files[0],
+            "model-00001-of-" +
+                std::string(5 - std::to_string(saved.weight_files.size()).size(), '0') +
+                std::to_string(saved.weight_files.size()) + ".safetensors");
   EXPECT_EQ(saved.index_file, "model.safetensors.index.json");
   const auto index = nlohmann::json::parse(slurp(dir + "/" + saved.index_file));
   int64_t bytes = 0;
@@ -286,25 +311,32 @@ TEST(SafetensorsModel, ShardsWithAnIndexAndLoadsBack) {
   for (const auto& file : saved.weight_files) {
     const auto shard = read_safetensors(dir + "/" + file);
     int64_t shard_bytes = 0;
-    for (const auto& [n, tensor] : shard.tensors) shard_bytes += tensor.numel() * tensor.element_size();
-    EXPECT_TRUE(shard_bytes <= 64 || shard.tensors.size() == 1) << file << " holds " << shard_bytes << " bytes";
+    for (const auto& [n, tensor] : shard.tensors)
+      shard_bytes += tensor.numel() * tensor.element_size();
+    EXPECT_TRUE(shard_bytes <= 64 || shard.tensors.size() == 1)
+        << file << " holds " << shard_bytes << " bytes";
     EXPECT_EQ(shard.metadata.at("format"), "pt");
   }
 
   AllDtypes other;
   torch::NoGradGuard no_grad;
   for (auto& [name, tensor] : state_of(*other)) {
-    if (tensor.scalar_type() == torch::kBool) tensor.logical_not_(); else tensor.zero_();
+    if (tensor.scalar_type() == torch::kBool)
+      tensor.logical_not_();
+    else
+      tensor.zero_();
   }
   load_model_safetensors(*other, dir);
-  for (const auto& [name, tensor] : state_of(*other)) EXPECT_TRUE(torch::equal(tensor, state_of(*model).at(name))) << name;
+  for (const auto& [name, tensor] : state_of(*other))
+    EXPECT_TRUE(torch::equal(tensor, state_of(*model).at(name))) << name;
 
   // Saving again in one file removes the shards and the index, keeps the user's files.
   spit(dir + "/config.json", "{}");
   const auto single = save_model_safetensors(*model, dir, parse_byte_size("10GB"));
   EXPECT_EQ(single.weight_files, std::vector<std::string>{"model.safetensors"});
   EXPECT_TRUE(single.index_file.empty());
-  for (const auto& file : saved.weight_files) EXPECT_FALSE(std::ifstream(dir + "/" + file).good()) << file << " left behind";
+  for (const auto& file : saved.weight_files)
+    EXPECT_FALSE(std::ifstream(dir + "/" + file).good()) << file << " left behind";
   EXPECT_FALSE(std::ifstream(dir + "/model.safetensors.index.json").good());
   EXPECT_TRUE(std::ifstream(dir + "/config.json").good());
   EXPECT_EQ(read_model_safetensors(dir).size(), state_of(*model).size());
@@ -313,9 +345,11 @@ TEST(SafetensorsModel, ShardsWithAnIndexAndLoadsBack) {
 
 TEST(SafetensorsModel, AMismatchedModelIsListedAndLeftUnchanged) {
   const std::string dir = t::make_temp_dir();
-  torch::nn::Sequential saved_model(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 2));
+  torch::nn::Sequential saved_model(torch::nn::Linear(4, 8), torch::nn::ReLU(),
+                                    torch::nn::Linear(8, 2));
   save_model_safetensors(*saved_model, dir, 1 << 20);
-  torch::nn::Sequential other(torch::nn::Linear(4, 16), torch::nn::ReLU(), torch::nn::Linear(16, 2), torch::nn::Linear(2, 2));
+  torch::nn::Sequential other(torch::nn::Linear(4, 16), torch::nn::ReLU(), torch::nn::Linear(16, 2),
+                              torch::nn::Linear(2, 2));
   const auto before = other->parameters()[0].clone();
   try {
     load_model_safetensors(*other, dir);
@@ -337,7 +371,8 @@ TEST(SafetensorsModel, AMismatchedModelIsListedAndLeftUnchanged) {
     read_model_safetensors(dir);
     FAIL() << "mixed shards were read";
   } catch (const CheckpointError& e) {
-    EXPECT_NE(std::string(e.what()).find("shards of two saves mixed"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("shards of two saves mixed"), std::string::npos)
+        << e.what();
   }
   t::remove_tree(dir);
 }
@@ -353,7 +388,8 @@ TEST(SafetensorsInterop, AnIndependentJsonAndNumpyReaderAgrees) {
     const std::string dir = t::make_temp_dir();
     AllDtypes model;
     const auto saved = save_model_safetensors(*model, dir, shard);
-    auto run = t::start_program({"/usr/bin/python3", t::test_file_path("safetensors_interop.py"), dir, dir + "/py.safetensors"});
+    auto run = t::start_program({"/usr/bin/python3", t::test_file_path("safetensors_interop.py"),
+                                 dir, dir + "/py.safetensors"});
     std::string out;
     ASSERT_EQ(t::finish_program(run, out, std::chrono::seconds(60)), 0) << out;
     const auto summary = nlohmann::json::parse(out);
@@ -364,11 +400,13 @@ TEST(SafetensorsInterop, AnIndependentJsonAndNumpyReaderAgrees) {
     const auto back = read_safetensors(dir + "/py.safetensors");
     EXPECT_EQ(back.metadata.at("written_by"), "safetensors_interop.py");
     ASSERT_EQ(back.tensors.size(), state_of(*model).size());
-    EXPECT_GT(back.tensors.front().first, back.tensors.back().first) << "python wrote reverse name order";
+    EXPECT_GT(back.tensors.front().first, back.tensors.back().first)
+        << "python wrote reverse name order";
     for (const auto& [name, tensor] : back.tensors) {
       const torch::Tensor original = state_of(*model).at(name);
       ASSERT_EQ(tensor.scalar_type(), original.scalar_type()) << name;
-      const torch::Tensor expected = original.scalar_type() == torch::kBool ? original.logical_not() : original * 2;
+      const torch::Tensor expected =
+          original.scalar_type() == torch::kBool ? original.logical_not() : original * 2;
       EXPECT_TRUE(torch::equal(tensor, expected.to(original.scalar_type()))) << name;
     }
     t::remove_tree(dir);
@@ -387,7 +425,8 @@ TEST(SafetensorsAccelerator, SaveModelOnTwoProcesses) {
         torch::manual_seed(99);
         auto other = torch::nn::Linear(6, 4);
         accelerator.load_model(other, dir);
-        if (!torch::equal(other->weight, model->weight)) throw std::runtime_error("weights differ after load_model");
+        if (!torch::equal(other->weight, model->weight))
+          throw std::runtime_error("weights differ after load_model");
         try {
           accelerator.save_model(model, dir, "a lot");
           throw std::runtime_error("a bad size was accepted");

@@ -3,8 +3,8 @@
 // the hierarchical path on ranks labelled into two nodes (reduce in the node, all-reduce between
 // node leaders, hand out in the node).
 #include <accelerant/accelerant.h>
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -35,7 +35,8 @@ const std::vector<int64_t> kSizes = {1, 17, 65536, 70001, 300000};
 // double tensor; the first element says whether the shared-memory path carried them.
 torch::Tensor reduce_everything(int index) {
   auto& comm = ProcessState::get().communicator();
-  std::vector<torch::Tensor> out{torch::tensor({comm.shared_memory_all_reduce() ? 1.0 : 0.0}, torch::kDouble)};
+  std::vector<torch::Tensor> out{
+      torch::tensor({comm.shared_memory_all_reduce() ? 1.0 : 0.0}, torch::kDouble)};
   torch::manual_seed(100 + index);
   for (int64_t n : kSizes) {
     auto f = torch::randn({n}) * std::pow(10.0f, index);
@@ -52,7 +53,9 @@ torch::Tensor reduce_everything(int index) {
 
 std::vector<torch::Tensor> run_with_shm(bool on, int ranks) {
   ::setenv("ACCELERANT_SHM_ALLREDUCE", on ? "1" : "0", 1);
-  auto results = launch(reduce_everything, LaunchOptions().processes_per_node(ranks).timeout(std::chrono::seconds(60)).verbose(false));
+  auto results = launch(
+      reduce_everything,
+      LaunchOptions().processes_per_node(ranks).timeout(std::chrono::seconds(60)).verbose(false));
   ::unsetenv("ACCELERANT_SHM_ALLREDUCE");
   return results;
 }
@@ -67,7 +70,8 @@ bool shm_has_segment_of(pid_t pid) {
 
 // In a worker: runs `collectives` until one throws, then writes "<ms waited>\n<message>" (or
 // "no error") to `path` and leaves at once, without the orderly shutdown of a broken group.
-[[noreturn]] void report_first_error(const std::string& path, const std::function<void()>& collectives) {
+[[noreturn]] void report_first_error(const std::string& path,
+                                     const std::function<void()>& collectives) {
   const auto t0 = Clock::now();
   std::string text = "no error";
   try {
@@ -75,7 +79,8 @@ bool shm_has_segment_of(pid_t pid) {
   } catch (const CollectiveError& e) {
     text = e.what();
   }
-  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+  const auto waited =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
   { std::ofstream(path) << waited << "\n" << text; }
   ::_exit(0);
 }
@@ -87,7 +92,8 @@ TEST(ShmAllReduce, TwoRanksGetGloosBitsExactly) {
   const auto gloo = run_with_shm(false, 2);
   ASSERT_EQ(shm.size(), 2u);
   for (int r = 0; r < 2; ++r) {
-    EXPECT_EQ(shm[r][0].item<double>(), 1.0) << "the shared-memory path should carry the all-reduces";
+    EXPECT_EQ(shm[r][0].item<double>(), 1.0)
+        << "the shared-memory path should carry the all-reduces";
     EXPECT_EQ(gloo[r][0].item<double>(), 0.0) << "ACCELERANT_SHM_ALLREDUCE=0 should turn it off";
     EXPECT_TRUE(torch::equal(shm[r].slice(0, 1), gloo[r].slice(0, 1))) << "rank " << r;
     EXPECT_TRUE(torch::equal(shm[r], shm[0]));
@@ -99,7 +105,8 @@ TEST(ShmAllReduce, FourRanksSumInRankOrderAndAgreeBitForBit) {
   auto results = launch(
       [n](int index) {
         torch::manual_seed(7 + index);
-        auto mine = torch::randn({n}) * std::pow(1000.0f, index);  // magnitudes make the order matter
+        auto mine =
+            torch::randn({n}) * std::pow(1000.0f, index);  // magnitudes make the order matter
         return ProcessState::get().communicator().all_reduce(mine);
       },
       LaunchOptions().processes_per_node(4).timeout(std::chrono::seconds(60)).verbose(false));
@@ -120,18 +127,18 @@ TEST(ShmAllReduce, APeerThatDiesIsNamedWithinSecondsAndNothingStaysInDevShm) {
   // The peer vanishes with exit status 0, so that the launcher does not stop rank 0 first (it
   // would on a failure) and rank 0 meets the death inside the all-reduce.
   try {
-      launch(
-          [&](int index) {
-            auto& comm = ProcessState::get().communicator();
-            auto big = torch::ones({1 << 20});
-            comm.all_reduce_(big);
-            if (index == 1) ::_exit(0);
-            { std::ofstream(report + ".pid") << ::getpid(); }
-            report_first_error(report, [&] {
-              for (int i = 0; i < 1000; ++i) comm.all_reduce_(big);
-            });
-          },
-          LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(60)).verbose(false));
+    launch(
+        [&](int index) {
+          auto& comm = ProcessState::get().communicator();
+          auto big = torch::ones({1 << 20});
+          comm.all_reduce_(big);
+          if (index == 1) ::_exit(0);
+          { std::ofstream(report + ".pid") << ::getpid(); }
+          report_first_error(report, [&] {
+            for (int i = 0; i < 1000; ++i) comm.all_reduce_(big);
+          });
+        },
+        LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(60)).verbose(false));
   } catch (const LaunchError&) {
     // rank 1 returned no result; what matters is rank 0's report
   }
@@ -156,7 +163,8 @@ TEST(ShmAllReduce, SegmentsOfDeadCreatorsAreRemovedLiveOnesKept) {
   ASSERT_GT(child, 0);
   ::waitpid(child, nullptr, 0);
   auto make = [](pid_t pid) {
-    const std::string name = segments::SharedMemorySegment::kNamePrefix + std::to_string(pid) + "-test";
+    const std::string name =
+        segments::SharedMemorySegment::kNamePrefix + std::to_string(pid) + "-test";
     const int fd = ::shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
     EXPECT_GE(fd, 0);
     ::close(fd);
@@ -172,7 +180,8 @@ TEST(ShmAllReduce, SegmentsOfDeadCreatorsAreRemovedLiveOnesKept) {
 TEST(ShmAllReduce, ABadSettingIsAClearError) {
   ::setenv("ACCELERANT_SHM_ALLREDUCE", "maybe", 1);  // a bool (parse_bool): yes would be accepted
   auto run = [] {
-    launch([](int) { ProcessState::get(); }, LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(20)).verbose(false));
+    launch([](int) { ProcessState::get(); },
+           LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(20)).verbose(false));
   };
   try {
     run();
@@ -210,10 +219,13 @@ TEST(ShmAllReduce, TwoNodesReduceInTheNodeThenBetweenLeadersAndAgreeWithGloo) {
     const auto nodes = run_on_simulated_nodes(ranks);
     const auto gloo = run_with_shm(false, ranks);
     for (int r = 0; r < ranks; ++r) {
-      EXPECT_EQ(nodes[r][0].item<double>(), 1.0) << "rank " << r << " did not take the hierarchical path";
-      EXPECT_TRUE(torch::equal(nodes[r], nodes[0])) << "rank " << r << " got other bits than rank 0";
+      EXPECT_EQ(nodes[r][0].item<double>(), 1.0)
+          << "rank " << r << " did not take the hierarchical path";
+      EXPECT_TRUE(torch::equal(nodes[r], nodes[0]))
+          << "rank " << r << " got other bits than rank 0";
       // Another summation order than Gloo's ring: equal within float rounding, ints exactly.
-      EXPECT_TRUE(torch::allclose(nodes[r].slice(0, 1), gloo[r].slice(0, 1), 1e-5, 1e-3)) << "rank " << r;
+      EXPECT_TRUE(torch::allclose(nodes[r].slice(0, 1), gloo[r].slice(0, 1), 1e-5, 1e-3))
+          << "rank " << r;
     }
   }
 }
@@ -255,7 +267,8 @@ TEST(ShmAllReduce, ALeaderThatDiesFailsBothNodesWithinSeconds) {
         LaunchOptions().processes_per_node(4).timeout(std::chrono::seconds(60)).verbose(false));
   } catch (const LaunchError&) {
   }
-  EXPECT_LT(Clock::now() - start, std::chrono::seconds(40)) << "the job ended long before the 60 s timeout";
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(40))
+      << "the job ended long before the 60 s timeout";
   int reports = 0;
   for (int index : {0, 1, 3}) {
     std::ifstream in(scratch.path + "/rank" + std::to_string(index));
@@ -269,7 +282,8 @@ TEST(ShmAllReduce, ALeaderThatDiesFailsBothNodesWithinSeconds) {
     EXPECT_FALSE(contains(message, "no error"));
     EXPECT_LT(waited, 15000) << "noticed long before the 60 s timeout";
     std::transform(message.begin(), message.end(), message.begin(), ::tolower);
-    EXPECT_TRUE(contains(message, "rank 2") || contains(message, "ranks 2")) << "the dead leader is named";
+    EXPECT_TRUE(contains(message, "rank 2") || contains(message, "ranks 2"))
+        << "the dead leader is named";
     if (index == 3) EXPECT_TRUE(contains(message, "rank 2 (pid")) << "named by its rank in the job";
     if (index == 0) EXPECT_TRUE(contains(message, "all-reduce between node leaders failed"));
   }
@@ -291,10 +305,12 @@ TEST(ShmAllReduce, RanksThatDisagreeAboutTheSizeFailNamingBothInsteadOfMixingDat
         LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(60)).verbose(false));
   } catch (const LaunchError&) {
   }
-  EXPECT_LT(Clock::now() - start, std::chrono::seconds(30)) << "found at the first barrier, not at the timeout";
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(30))
+      << "found at the first barrier, not at the timeout";
   for (int index : {0, 1}) {
     std::ifstream in(scratch.path + "/rank" + std::to_string(index));
-    const std::string message((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string message((std::istreambuf_iterator<char>(in)),
+                              std::istreambuf_iterator<char>());
     SCOPED_TRACE("rank " + std::to_string(index) + ": " + message);
     EXPECT_TRUE(contains(message, "the ranks disagree about this all-reduce"));
     EXPECT_TRUE(contains(message, "1000 Float elements (sum)"));

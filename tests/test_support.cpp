@@ -37,7 +37,8 @@ bool process_alive(pid_t pid) {
   return state != 'Z' && state != 'X';
 }
 
-std::vector<pid_t> wait_until_dead(const std::vector<pid_t>& pids, std::chrono::milliseconds limit) {
+std::vector<pid_t> wait_until_dead(const std::vector<pid_t>& pids,
+                                   std::chrono::milliseconds limit) {
   const auto deadline = std::chrono::steady_clock::now() + limit;
   while (true) {
     std::vector<pid_t> alive;
@@ -100,8 +101,10 @@ int finish_program(ProgramRun& run, std::string& output, std::chrono::millisecon
     pollfd p{run.out_fd, POLLIN, 0};
     if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
     ssize_t n = ::read(run.out_fd, buffer, sizeof buffer);
-    if (n <= 0) open = false;
-    else output.append(buffer, static_cast<size_t>(n));
+    if (n <= 0)
+      open = false;
+    else
+      output.append(buffer, static_cast<size_t>(n));
   }
   ::close(run.out_fd);
   int status = 0;
@@ -136,17 +139,21 @@ std::string error_message(const std::function<void()>& f) {
   return "";
 }
 
-bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+bool contains(const std::string& text, const std::string& what) {
+  return text.find(what) != std::string::npos;
+}
 
 torch::Tensor flat_parameters(const torch::nn::Module& module) {
   std::vector<torch::Tensor> parts;
-  for (const auto& p : module.parameters()) parts.push_back(p.detach().reshape({-1}).to(torch::kCPU).clone());
+  for (const auto& p : module.parameters())
+    parts.push_back(p.detach().reshape({-1}).to(torch::kCPU).clone());
   return torch::cat(parts);
 }
 
 torch::nn::Sequential small_mlp() {
   torch::manual_seed(3);
-  return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 3));
+  return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(),
+                               torch::nn::Linear(16, 3));
 }
 
 }  // namespace accelerant::testing

@@ -18,7 +18,8 @@ std::vector<uint8_t> read_gzip(const std::string& path) {
   std::vector<uint8_t> bytes;
   uint8_t buffer[1 << 16];
   int n;
-  while ((n = gzread(file, buffer, sizeof buffer)) > 0) bytes.insert(bytes.end(), buffer, buffer + n);
+  while ((n = gzread(file, buffer, sizeof buffer)) > 0)
+    bytes.insert(bytes.end(), buffer, buffer + n);
   const bool failed = n < 0;
   gzclose(file);
   if (failed) throw std::runtime_error(path + " is not a readable gzip file (corrupt download?)");
@@ -26,7 +27,8 @@ std::vector<uint8_t> read_gzip(const std::string& path) {
 }
 
 uint32_t big_endian(const std::vector<uint8_t>& b, size_t at) {
-  return (uint32_t(b[at]) << 24) | (uint32_t(b[at + 1]) << 16) | (uint32_t(b[at + 2]) << 8) | b[at + 3];
+  return (uint32_t(b[at]) << 24) | (uint32_t(b[at + 1]) << 16) | (uint32_t(b[at + 2]) << 8) |
+         b[at + 3];
 }
 
 }  // namespace
@@ -42,7 +44,8 @@ Split load_split(const std::string& dir, const std::string& name) {
   if (labels.size() < 8 || big_endian(labels, 0) != 2049) {
     throw std::runtime_error(labels_path + " is not an IDX label file (magic 2049 expected)");
   }
-  const int64_t count = big_endian(images, 4), rows = big_endian(images, 8), cols = big_endian(images, 12);
+  const int64_t count = big_endian(images, 4), rows = big_endian(images, 8),
+                cols = big_endian(images, 12);
   if (big_endian(labels, 4) != count || images.size() != size_t(16 + count * rows * cols) ||
       labels.size() != size_t(8 + count)) {
     throw std::runtime_error("the sizes in " + images_path + " and " + labels_path + " disagree");

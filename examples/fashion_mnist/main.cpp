@@ -75,7 +75,8 @@ double evaluate(accelerant::Accelerator& acc, Net& model, accelerant::DataLoader
   return 100.0 * static_cast<double>(correct) / static_cast<double>(seen);
 }
 
-double train(const fashion_mnist::Split& train_split, const fashion_mnist::Split& test_split, const Settings& s) {
+double train(const fashion_mnist::Split& train_split, const fashion_mnist::Split& test_split,
+             const Settings& s) {
   // With a project_dir, a run started again (by hand, or by a launcher's max_restarts) resumes
   // from the newest complete checkpoint mid-epoch and ends as the uninterrupted run would have.
   accelerant::Accelerator acc(accelerant::AcceleratorOptions()
@@ -86,24 +87,30 @@ double train(const fashion_mnist::Split& train_split, const fashion_mnist::Split
                                   .auto_resume(!s.project_dir.empty()));
   Net model;  // seeded by the Accelerator; prepare broadcasts rank 0's weights anyway
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(s.lr));
-  const int64_t n = s.train_samples > 0 ? std::min(s.train_samples, train_split.images.size(0)) : train_split.images.size(0);
-  auto train_loader = accelerant::make_data_loader(
-      train_split.images.narrow(0, 0, n), train_split.labels.narrow(0, 0, n),
-      accelerant::DataLoaderOptions().batch_size(s.batch_size).shuffle(true).num_workers(s.num_workers));
+  const int64_t n = s.train_samples > 0 ? std::min(s.train_samples, train_split.images.size(0))
+                                        : train_split.images.size(0);
+  auto train_loader = accelerant::make_data_loader(train_split.images.narrow(0, 0, n),
+                                                   train_split.labels.narrow(0, 0, n),
+                                                   accelerant::DataLoaderOptions()
+                                                       .batch_size(s.batch_size)
+                                                       .shuffle(true)
+                                                       .num_workers(s.num_workers));
   auto test_loader = accelerant::make_data_loader(test_split.images, test_split.labels,
                                                   accelerant::DataLoaderOptions().batch_size(500));
-  auto [net, opt, train_batches, test_batches] = acc.prepare(model, optimizer, train_loader, test_loader);
+  auto [net, opt, train_batches, test_batches] =
+      acc.prepare(model, optimizer, train_loader, test_loader);
   // The loop below reads the epoch before its first batch: resume now rather than at that batch.
   acc.auto_resume_now();
-  acc.print("Training on ", acc.num_processes(), " process", acc.num_processes() == 1 ? "" : "es", " x ",
-            acc.threads(), " thread", acc.threads() == 1 ? "" : "s", ", mixed precision ",
-            accelerant::to_string(acc.mixed_precision()), ", ", train_batches.size(), " steps per epoch");
+  acc.print("Training on ", acc.num_processes(), " process", acc.num_processes() == 1 ? "" : "es",
+            " x ", acc.threads(), " thread", acc.threads() == 1 ? "" : "s", ", mixed precision ",
+            accelerant::to_string(acc.mixed_precision()), ", ", train_batches.size(),
+            " steps per epoch");
   double accuracy = 0;
   // The loader knows the epoch: after a resume the loop continues where the checkpoint was.
   while (train_batches.epoch() < s.epochs) {
     const int64_t epoch = train_batches.epoch() + 1;
-    Progress progress("epoch " + std::to_string(epoch) + "/" + std::to_string(s.epochs), train_batches.size(),
-                      acc.is_main_process());
+    Progress progress("epoch " + std::to_string(epoch) + "/" + std::to_string(s.epochs),
+                      train_batches.size(), acc.is_main_process());
     int64_t step = 0;
     for (auto& batch : train_batches) {
       torch::Tensor loss;
@@ -116,7 +123,8 @@ double train(const fashion_mnist::Split& train_split, const fashion_mnist::Split
       opt.zero_grad();
       progress.update(++step, loss.item<double>());
       const int64_t steps_done = acc.state()->optimizer_steps;
-      if (!s.project_dir.empty() && s.checkpoint_every > 0 && steps_done % s.checkpoint_every == 0) {
+      if (!s.project_dir.empty() && s.checkpoint_every > 0 &&
+          steps_done % s.checkpoint_every == 0) {
         acc.save_state();
       }
     }
@@ -140,38 +148,51 @@ bool started_by_a_launcher() {
 
 int main(int argc, char** argv) {
   Settings s;
-  CLI::App app{"Train a small CNN on Fashion-MNIST with accelerant::Accelerator, on one process or several.\n\n"
-               "Examples:\n"
-               "  fashion_mnist                               2 processes, 2 epochs\n"
-               "  fashion_mnist -n 4 --epochs 3               4 processes, 3 epochs\n"
-               "  fashion_mnist -n 1 --mixed_precision bf16   one process, bf16 autocast\n"
-               "  accelerant launch -n 2 fashion_mnist        under the launcher (also torchrun, srun)\n"
-               "  accelerant launch -n 2 --max_restarts 2 fashion_mnist --project_dir runs/a --checkpoint_every 200\n"
-               "                                              a killed worker restarts the group, which resumes\n"
-               "                                              from the newest checkpoint"};
-  app.add_option("-n,--num_processes", s.num_processes, "Worker processes to fork (ignored under a launcher)")
+  CLI::App app{
+      "Train a small CNN on Fashion-MNIST with accelerant::Accelerator, on one process or "
+      "several.\n\n"
+      "Examples:\n"
+      "  fashion_mnist                               2 processes, 2 epochs\n"
+      "  fashion_mnist -n 4 --epochs 3               4 processes, 3 epochs\n"
+      "  fashion_mnist -n 1 --mixed_precision bf16   one process, bf16 autocast\n"
+      "  accelerant launch -n 2 fashion_mnist        under the launcher (also torchrun, srun)\n"
+      "  accelerant launch -n 2 --max_restarts 2 fashion_mnist --project_dir runs/a "
+      "--checkpoint_every 200\n"
+      "                                              a killed worker restarts the group, which "
+      "resumes\n"
+      "                                              from the newest checkpoint"};
+  app.add_option("-n,--num_processes", s.num_processes,
+                 "Worker processes to fork (ignored under a launcher)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--epochs", s.epochs, "Passes over the training set")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--epochs", s.epochs, "Passes over the training set")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--batch_size", s.batch_size, "Samples per step on each process")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--lr", s.lr, "Adam learning rate")->capture_default_str();
   app.add_option("--seed", s.seed, "Seed of the weights and the shuffling")->capture_default_str();
-  app.add_option("--num_workers", s.num_workers, "Loader threads per process")->capture_default_str();
+  app.add_option("--num_workers", s.num_workers, "Loader threads per process")
+      ->capture_default_str();
   app.add_option("--mixed_precision", s.mixed_precision, "no or bf16 (fp16 needs CUDA)")
       ->capture_default_str()
       ->check(CLI::IsMember({"no", "fp16", "bf16"}));
-  app.add_option("--data_dir", s.data_dir, "Directory of the *-idx*-ubyte.gz files")->capture_default_str();
-  app.add_option("--train_samples", s.train_samples, "Train on the first N images only (0: all 60000)")
+  app.add_option("--data_dir", s.data_dir, "Directory of the *-idx*-ubyte.gz files")
+      ->capture_default_str();
+  app.add_option("--train_samples", s.train_samples,
+                 "Train on the first N images only (0: all 60000)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--project_dir", s.project_dir,
-                 "Save checkpoints under DIR/checkpoints, and resume from the newest one when started again");
-  app.add_option("--checkpoint_every", s.checkpoint_every, "Checkpoint every N steps (0: at the end of each epoch)")
+  app.add_option(
+      "--project_dir", s.project_dir,
+      "Save checkpoints under DIR/checkpoints, and resume from the newest one when started again");
+  app.add_option("--checkpoint_every", s.checkpoint_every,
+                 "Checkpoint every N steps (0: at the end of each epoch)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--checkpoint_total_limit", s.checkpoint_total_limit, "Checkpoints kept (the oldest are removed)")
+  app.add_option("--checkpoint_total_limit", s.checkpoint_total_limit,
+                 "Checkpoints kept (the oldest are removed)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   app.add_option("--save_weights", s.save_weights, "Write the final model as safetensors into DIR");
@@ -187,17 +208,18 @@ int main(int argc, char** argv) {
     double accuracy = 0;
     int processes = s.num_processes;
     if (fork_here) {
-      accuracy = accelerant::launch(train, std::cref(train_split), std::cref(test_split), std::cref(s),
-                                    accelerant::LaunchOptions().processes_per_node(s.num_processes))
-                     .front();
+      accuracy =
+          accelerant::launch(train, std::cref(train_split), std::cref(test_split), std::cref(s),
+                             accelerant::LaunchOptions().processes_per_node(s.num_processes))
+              .front();
     } else {
       accuracy = train(train_split, test_split, s);
       const auto env = accelerant::read_distributed_env();
       if (env.rank != 0) return 0;  // the summary line comes from rank 0 only
       processes = env.world_size;
     }
-    std::printf("Fashion-MNIST test accuracy: %.2f%% after %d epoch%s on %d process%s\n", accuracy, s.epochs,
-                s.epochs == 1 ? "" : "s", processes, processes == 1 ? "" : "es");
+    std::printf("Fashion-MNIST test accuracy: %.2f%% after %d epoch%s on %d process%s\n", accuracy,
+                s.epochs, s.epochs == 1 ? "" : "s", processes, processes == 1 ? "" : "es");
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fashion_mnist: %s\n", e.what());

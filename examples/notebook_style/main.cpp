@@ -18,7 +18,8 @@ std::pair<torch::Tensor, torch::Tensor> two_spirals(int64_t n) {
   auto t = torch::linspace(0.5, 3 * M_PI, n / 2);
   auto a = torch::stack({t * torch::cos(t), t * torch::sin(t)}, 1);
   auto points = torch::cat({a, -a}) / (3 * M_PI) + 0.02 * torch::randn({2 * (n / 2), 2});
-  auto labels = torch::cat({torch::zeros({n / 2}, torch::kLong), torch::ones({n / 2}, torch::kLong)});
+  auto labels =
+      torch::cat({torch::zeros({n / 2}, torch::kLong), torch::ones({n / 2}, torch::kLong)});
   return {points, labels};
 }
 
@@ -27,7 +28,8 @@ double training_loop(int index, torch::nn::Sequential model, const torch::Tensor
                      const torch::Tensor& labels, int64_t steps) {
   accelerant::Accelerator acc;
   torch::optim::Adam adam(model->parameters(), 1e-2);
-  auto loader = accelerant::make_data_loader(points, labels, accelerant::DataLoaderOptions().batch_size(64).shuffle(true));
+  auto loader = accelerant::make_data_loader(
+      points, labels, accelerant::DataLoaderOptions().batch_size(64).shuffle(true));
   auto [m, opt, batches] = acc.prepare(model, adam, loader);
   double loss_value = 0;
   for (int64_t step = 0; step < steps;) {
@@ -50,21 +52,29 @@ double training_loop(int index, torch::nn::Sequential model, const torch::Tensor
 int main(int argc, char** argv) {
   int processes = 2;
   int64_t steps = 400;
-  CLI::App app{"The notebook pattern: the model is built once in main, then accelerant::launch(fn, model, ...).\n\n"
-               "Examples:\n  notebook_style\n  notebook_style -n 4 --steps 300"};
-  app.add_option("-n,--num_processes", processes, "Worker processes")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--steps", steps, "Optimizer steps")->capture_default_str()->check(CLI::PositiveNumber);
+  CLI::App app{
+      "The notebook pattern: the model is built once in main, then accelerant::launch(fn, model, "
+      "...).\n\n"
+      "Examples:\n  notebook_style\n  notebook_style -n 4 --steps 300"};
+  app.add_option("-n,--num_processes", processes, "Worker processes")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--steps", steps, "Optimizer steps")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
 
   try {
     torch::set_num_threads(1);  // keep the parent's thread pool unstarted before fork
     torch::manual_seed(0);
     auto [points, labels] = two_spirals(2048);
-    torch::nn::Sequential model(torch::nn::Linear(2, 64), torch::nn::Tanh(), torch::nn::Linear(64, 64),
-                                torch::nn::Tanh(), torch::nn::Linear(64, 2));
+    torch::nn::Sequential model(torch::nn::Linear(2, 64), torch::nn::Tanh(),
+                                torch::nn::Linear(64, 64), torch::nn::Tanh(),
+                                torch::nn::Linear(64, 2));
     auto losses = accelerant::launch(training_loop, model, points, labels, steps,
                                      accelerant::LaunchOptions().processes_per_node(processes));
-    std::printf("final mean loss %.4f on %d workers (chance: %.4f)\n", losses.front(), processes, std::log(2.0));
+    std::printf("final mean loss %.4f on %d workers (chance: %.4f)\n", losses.front(), processes,
+                std::log(2.0));
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "notebook_style: %s\n", e.what());

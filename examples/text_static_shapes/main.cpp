@@ -15,7 +15,6 @@
 #include <accelerant/accelerant.h>
 
 #include <CLI/CLI.hpp>
-
 #include <algorithm>
 #include <cstdio>
 #include <functional>
@@ -29,8 +28,9 @@ namespace {
 constexpr int64_t kVocab = 64;
 constexpr int64_t kWidth = 32;
 
-// Lengths 8 + an exponential tail (mean max_length / 5), capped at max_length. Label 1 when more than half of a sequence's tokens come from the lower half of the
-// vocabulary: the model has to look at every real position and ignore the padding.
+// Lengths 8 + an exponential tail (mean max_length / 5), capped at max_length. Label 1 when more
+// than half of a sequence's tokens come from the lower half of the vocabulary: the model has to
+// look at every real position and ignore the padding.
 struct Example {
   torch::Tensor tokens;
   int64_t label = 0;
@@ -67,7 +67,9 @@ struct ClassifierImpl : nn::Module {
     tokens = register_module("tokens", nn::Embedding(kVocab, kWidth));
     positions = register_module("positions", nn::Embedding(max_length, kWidth));
     encoder = register_module(
-        "encoder", nn::TransformerEncoderLayer(nn::TransformerEncoderLayerOptions(kWidth, 4).dim_feedforward(64).dropout(0.0)));
+        "encoder",
+        nn::TransformerEncoderLayer(
+            nn::TransformerEncoderLayerOptions(kWidth, 4).dim_feedforward(64).dropout(0.0)));
     head = register_module("head", nn::Linear(kWidth, 2));
   }
   // values, mask: [batch, length]; mask true at real tokens.
@@ -93,8 +95,9 @@ struct Outcome {
   double accuracy = 0;
 };
 
-Outcome train(const std::string& name, const Collate& collate, const std::vector<Example>& train_set,
-              const std::vector<Example>& test_set, int64_t batch, int64_t max_length) {
+Outcome train(const std::string& name, const Collate& collate,
+              const std::vector<Example>& train_set, const std::vector<Example>& test_set,
+              int64_t batch, int64_t max_length) {
   // Fused optimizers: the update a GPU can capture (its step sizes and lr live on the device).
   accelerant::Accelerator accelerator(accelerant::AcceleratorOptions().fused_optimizers(true));
   torch::manual_seed(0);
@@ -110,11 +113,13 @@ Outcome train(const std::string& name, const Collate& collate, const std::vector
         optimizer.zero_grad();
         return accelerant::GraphStep::Outputs{loss.detach()};
       },
-      accelerant::GraphStepOptions().name(name).recompile_warning_after(1000));  // the table says it
+      accelerant::GraphStepOptions().name(name).recompile_warning_after(
+          1000));  // the table says it
 
   int64_t real = 0, total = 0;
   std::vector<double> times;
-  for (size_t first = 0; first + static_cast<size_t>(batch) <= train_set.size(); first += static_cast<size_t>(batch)) {
+  for (size_t first = 0; first + static_cast<size_t>(batch) <= train_set.size();
+       first += static_cast<size_t>(batch)) {
     std::vector<torch::Tensor> seqs;
     std::vector<int64_t> labels;
     for (size_t k = first; k < first + static_cast<size_t>(batch); ++k) {
@@ -126,7 +131,8 @@ Outcome train(const std::string& name, const Collate& collate, const std::vector
     total += padded.values.numel();
     const auto t0 = std::chrono::steady_clock::now();
     auto loss = step({padded.values, padded.mask, torch::tensor(labels, torch::kLong)})[0].clone();
-    times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    times.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     // Logging in a step closure, outside the step function (a CUDA graph replay would not run
     // code inside it): it runs when the next step ends, without stalling this one.
     const int64_t now = static_cast<int64_t>(times.size());
@@ -139,7 +145,8 @@ Outcome train(const std::string& name, const Collate& collate, const std::vector
   accelerant::mark_step();  // the last step's closures
   Outcome out;
   out.signatures = step.signatures();
-  std::nth_element(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(times.size() / 2), times.end());
+  std::nth_element(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(times.size() / 2),
+                   times.end());
   out.step_ms_median = times[times.size() / 2];
   out.padding_share = 1.0 - static_cast<double>(real) / static_cast<double>(total);
   torch::NoGradGuard no_grad;
@@ -155,13 +162,22 @@ Outcome train(const std::string& name, const Collate& collate, const std::vector
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app("Dynamic padding vs buckets vs max-length padding under graph mode (recompiles, step time)");
+  CLI::App app(
+      "Dynamic padding vs buckets vs max-length padding under graph mode (recompiles, step time)");
   int64_t steps = 60, batch = 8, max_length = 128;
   int buckets = 4;
-  app.add_option("--steps", steps, "training steps per run")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--batch", batch, "sequences per batch")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--max_length", max_length, "longest generated sequence")->check(CLI::Range(8, 4096))->capture_default_str();
-  app.add_option("--buckets", buckets, "bucket lengths for the bucketed run")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--steps", steps, "training steps per run")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--batch", batch, "sequences per batch")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max_length", max_length, "longest generated sequence")
+      ->check(CLI::Range(8, 4096))
+      ->capture_default_str();
+  app.add_option("--buckets", buckets, "bucket lengths for the bucketed run")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.footer("Example: ACCELERANT_METRICS=1 text_static_shapes --steps 100 --buckets 4");
   CLI11_PARSE(app, argc, argv);
 
@@ -174,22 +190,30 @@ int main(int argc, char** argv) {
       {"max_length", [&](const auto& s) { return accelerant::pad_to_length(s, max_length); }},
   };
   std::vector<Outcome> outcomes;
-  for (const auto& [name, collate] : runs) outcomes.push_back(train(name, collate, train_set, test_set, batch, max_length));
+  for (const auto& [name, collate] : runs)
+    outcomes.push_back(train(name, collate, train_set, test_set, batch, max_length));
 
-  std::printf("\n%zu steps of %lld sequences of 8..%lld tokens; buckets [", static_cast<size_t>(steps),
-              static_cast<long long>(batch), static_cast<long long>(max_length));
-  for (size_t i = 0; i < lengths.size(); ++i) std::printf("%s%lld", i ? ", " : "", static_cast<long long>(lengths[i]));
-  std::printf("]\n\n| padding | signatures (captures) | recompiles | step ms (median) | padded positions | test accuracy |\n");
+  std::printf("\n%zu steps of %lld sequences of 8..%lld tokens; buckets [",
+              static_cast<size_t>(steps), static_cast<long long>(batch),
+              static_cast<long long>(max_length));
+  for (size_t i = 0; i < lengths.size(); ++i)
+    std::printf("%s%lld", i ? ", " : "", static_cast<long long>(lengths[i]));
+  std::printf(
+      "]\n\n| padding | signatures (captures) | recompiles | step ms (median) | padded positions | "
+      "test accuracy |\n");
   std::printf("|---|---:|---:|---:|---:|---:|\n");
   for (size_t i = 0; i < runs.size(); ++i) {
     const Outcome& o = outcomes[i];
     std::printf("| %s | %lld | %lld | %.2f | %.0f %% | %.1f %% |\n", runs[i].first.c_str(),
-                static_cast<long long>(o.signatures), static_cast<long long>(o.signatures - 1), o.step_ms_median,
-                100 * o.padding_share, 100 * o.accuracy);
+                static_cast<long long>(o.signatures), static_cast<long long>(o.signatures - 1),
+                o.step_ms_median, 100 * o.padding_share, 100 * o.accuracy);
   }
-  const bool bounded = outcomes[1].signatures <= static_cast<int64_t>(lengths.size()) && outcomes[2].signatures == 1;
-  std::printf("\nstatic shapes: buckets %s the recompiles (%lld signatures for %zu buckets; dynamic padding: %lld)\n",
-              bounded ? "bounded" : "did NOT bound", static_cast<long long>(outcomes[1].signatures), lengths.size(),
-              static_cast<long long>(outcomes[0].signatures));
+  const bool bounded =
+      outcomes[1].signatures <= static_cast<int64_t>(lengths.size()) && outcomes[2].signatures == 1;
+  std::printf(
+      "\nstatic shapes: buckets %s the recompiles (%lld signatures for %zu buckets; dynamic "
+      "padding: %lld)\n",
+      bounded ? "bounded" : "did NOT bound", static_cast<long long>(outcomes[1].signatures),
+      lengths.size(), static_cast<long long>(outcomes[0].signatures));
   return bounded ? 0 : 1;
 }

@@ -6,8 +6,8 @@
 //   for (auto& batch : loader) {
 //     auto guard = acc.accumulate(model);            // only with gradient accumulation
 //     torch::Tensor loss;
-//     { auto autocast = acc.autocast(); loss = criterion(model->forward(batch.data), batch.target); }
-//     acc.backward(loss);                             // gradients averaged across processes
+//     { auto autocast = acc.autocast(); loss = criterion(model->forward(batch.data), batch.target);
+//     } acc.backward(loss);                             // gradients averaged across processes
 //     opt.step(); opt.zero_grad();
 //   }
 //
@@ -65,7 +65,8 @@ std::shared_ptr<torch::nn::Module> module_ptr(const M& model) {
   if constexpr (is_shared_module<M>::value) {
     return model;
   } else {
-    static_assert(is_module_holder_v<M>, "expected a std::shared_ptr<Module> or a TORCH_MODULE holder");
+    static_assert(is_module_holder_v<M>,
+                  "expected a std::shared_ptr<Module> or a TORCH_MODULE holder");
     return model.ptr();
   }
 }
@@ -121,7 +122,8 @@ class Accelerator {
 
   /// Clips the gradients' global norm (they are averaged already, so every rank sees the same
   /// norm); unscales fp16 gradients first. Returns the norm before clipping.
-  double clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm, double norm_type = 2.0);
+  double clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm,
+                         double norm_type = 2.0);
   template <class M>
   double clip_grad_norm_(const M& model, double max_norm, double norm_type = 2.0) {
     return clip_grad_norm_(detail::module_ptr(model)->parameters(), max_norm, norm_type);
@@ -156,7 +158,8 @@ class Accelerator {
   torch::Tensor gather_for_metrics(const torch::Tensor& tensor);
   /// all_reduce across ranks (bf16 reduced and returned as fp32).
   torch::Tensor reduce(const torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
-  torch::Tensor pad_across_processes(const torch::Tensor& tensor, int64_t dim = 0, double pad_value = 0);
+  torch::Tensor pad_across_processes(const torch::Tensor& tensor, int64_t dim = 0,
+                                     double pad_value = 0);
   void wait_for_everyone();
 
   /// Writes the arguments (streamed, no separators) and a newline on the main process only.
@@ -183,7 +186,8 @@ class Accelerator {
   /// latter readable with torch::load(module, path)).
   void save(const torch::Tensor& tensor, const std::string& path) const;
   void save(const std::vector<torch::Tensor>& tensors, const std::string& path) const;
-  template <class M, class = std::enable_if_t<detail::is_shared_module<M>::value || detail::is_module_holder_v<M>>>
+  template <class M, class = std::enable_if_t<detail::is_shared_module<M>::value ||
+                                              detail::is_module_holder_v<M>>>
   void save(const M& model, const std::string& path) const {
     save_module(*detail::module_ptr(model), path);
   }
@@ -216,13 +220,16 @@ class Accelerator {
   /// Writes a model's weights as safetensors (accelerant/safetensors.h) into `dir`, from the main
   /// process: model.safetensors, or shards of at most `max_shard_size` ("10GB", "500MB", bytes)
   /// plus model.safetensors.index.json. Call it on every process; a failure throws on all.
-  template <class M, class = std::enable_if_t<detail::is_shared_module<M>::value || detail::is_module_holder_v<M>>>
-  void save_model(const M& model, const std::string& dir, const std::string& max_shard_size = "10GB") {
+  template <class M, class = std::enable_if_t<detail::is_shared_module<M>::value ||
+                                              detail::is_module_holder_v<M>>>
+  void save_model(const M& model, const std::string& dir,
+                  const std::string& max_shard_size = "10GB") {
     save_model_module(*detail::module_ptr(model), dir, max_shard_size);
   }
   /// Loads weights written by save_model into `model`; every process reads `dir`. Names and shapes
   /// are checked before anything changes, and a failure on any process throws on all.
-  template <class M, class = std::enable_if_t<detail::is_shared_module<M>::value || detail::is_module_holder_v<M>>>
+  template <class M, class = std::enable_if_t<detail::is_shared_module<M>::value ||
+                                              detail::is_module_holder_v<M>>>
   void load_model(M& model, const std::string& dir) {
     load_model_module(*detail::module_ptr(model), dir);
   }
@@ -260,7 +267,8 @@ class Accelerator {
   template <class T>
   auto prepare_one(T&& object);
   void save_module(const torch::nn::Module& module, const std::string& path) const;
-  void save_model_module(const torch::nn::Module& module, const std::string& dir, const std::string& max_shard_size);
+  void save_model_module(const torch::nn::Module& module, const std::string& dir,
+                         const std::string& max_shard_size);
   void load_model_module(torch::nn::Module& module, const std::string& dir);
   void register_checkpoint_object(std::function<void(torch::serialize::OutputArchive&)> save,
                                   std::function<void(torch::serialize::InputArchive&)> load);
@@ -299,7 +307,8 @@ class Accelerator {
 
 class Accelerator::AccumulationGuard {
  public:
-  explicit AccumulationGuard(std::vector<GradientReducer*> reducers) : reducers_(std::move(reducers)) {}
+  explicit AccumulationGuard(std::vector<GradientReducer*> reducers)
+      : reducers_(std::move(reducers)) {}
   ~AccumulationGuard() {
     for (auto* reducer : reducers_) reducer->set_sync(true);
   }
@@ -356,10 +365,11 @@ auto Accelerator::prepare_one(T&& object) {
   } else if constexpr (std::is_same_v<D, DataLoader>) {
     return prepare_data_loader(object);
   } else {
-    static_assert(detail::always_false_v<D>,
-                  "prepare() accepts std::shared_ptr<nn::Module subclass>, TORCH_MODULE holders, "
-                  "torch::optim optimizers and LR schedulers (as lvalues) and accelerant::DataLoader "
-                  "(make_data_loader). Fix: wrap other data sources with make_data_loader.");
+    static_assert(
+        detail::always_false_v<D>,
+        "prepare() accepts std::shared_ptr<nn::Module subclass>, TORCH_MODULE holders, "
+        "torch::optim optimizers and LR schedulers (as lvalues) and accelerant::DataLoader "
+        "(make_data_loader). Fix: wrap other data sources with make_data_loader.");
   }
 }
 

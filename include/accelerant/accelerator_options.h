@@ -4,7 +4,8 @@
 //   2. the environment a launcher sets (ACCELERANT_MIXED_PRECISION, ...; table in
 //      docs/accelerator.md; every variable in docs/environment.md);
 //   3. the config file (accelerant config): $ACCELERANT_CONFIG_FILE, else
-//      $XDG_CACHE_HOME/accelerant/default_config.yaml, else ~/.cache/accelerant/default_config.yaml;
+//      $XDG_CACHE_HOME/accelerant/default_config.yaml, else
+//      ~/.cache/accelerant/default_config.yaml;
 //   4. the default.
 #pragma once
 #include <torch/arg.h>
@@ -89,8 +90,8 @@ struct AcceleratorSettings {
 /// (downcast_bf16, cpu, gradient_accumulation_steps) come from parse_distributed_env(env), the one
 /// reader of the launch contract. Throws accelerant::Error (EnvironmentError for a variable)
 /// naming the source, the value and the accepted values when one is invalid.
-AcceleratorSettings resolve_accelerator_settings(const AcceleratorOptions& options, const EnvLookup& env,
-                                                 const ConfigValues& config,
+AcceleratorSettings resolve_accelerator_settings(const AcceleratorOptions& options,
+                                                 const EnvLookup& env, const ConfigValues& config,
                                                  const std::string& config_path = "config file");
 
 }  // namespace accelerant

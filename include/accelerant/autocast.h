@@ -20,7 +20,8 @@ class AutocastGuard {
   /// is when `enabled` is false). CPU: bf16 only (LibTorch's CPU autocast rejects fp16), so fp16
   /// on the CPU throws accelerant::Error saying so. CUDA: fp16 or bf16.
   AutocastGuard(torch::Device device, torch::ScalarType dtype, bool enabled = true);
-  /// Restores the autocast state (on or off, and its dtype) that was in force when the guard opened.
+  /// Restores the autocast state (on or off, and its dtype) that was in force when the guard
+  /// opened.
   ~AutocastGuard();
   AutocastGuard(const AutocastGuard&) = delete;
   AutocastGuard& operator=(const AutocastGuard&) = delete;

@@ -59,12 +59,14 @@ struct CheckpointTrainingState {
 };
 
 /// Parses state.json text; `where` names it in errors. Throws CheckpointError naming the field.
-CheckpointTrainingState parse_checkpoint_state(const std::string& json_text, const std::string& where);
+CheckpointTrainingState parse_checkpoint_state(const std::string& json_text,
+                                               const std::string& where);
 std::string format_checkpoint_state(const CheckpointTrainingState& state);
 
 /// Parses manifest.json text; `where` names it in errors. Throws CheckpointError for malformed
 /// JSON, a missing or mistyped field, or a format version newer than this build reads.
-CheckpointManifest parse_checkpoint_manifest(const std::string& json_text, const std::string& where);
+CheckpointManifest parse_checkpoint_manifest(const std::string& json_text,
+                                             const std::string& where);
 std::string format_checkpoint_manifest(const CheckpointManifest& manifest);
 
 /// DIR/manifest.json, parsed. Throws CheckpointError when DIR is not a (complete) checkpoint.

@@ -65,7 +65,8 @@ void save_config(const Config& config, const std::string& path);
 /// Writes a basic config (Config's defaults: one machine, one process, port 29500) with
 /// `mixed_precision` to `path`, or to the default location when `path` is empty; returns the path
 /// written. Accelerate's write_basic_config.
-std::string write_basic_config(const std::string& mixed_precision = "no", const std::string& path = "");
+std::string write_basic_config(const std::string& mixed_precision = "no",
+                               const std::string& path = "");
 
 /// Top-level keys of a config file with their values as text.
 using ConfigValues = std::map<std::string, std::string>;

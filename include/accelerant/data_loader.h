@@ -143,7 +143,8 @@ class DataLoader::Iterator {
 
 /// A loader over two tensors whose first dimension indexes samples (images and labels); batches
 /// are gathered with index_select, the fastest collation.
-DataLoader make_data_loader(torch::Tensor data, torch::Tensor targets, DataLoaderOptions options = {});
+DataLoader make_data_loader(torch::Tensor data, torch::Tensor targets,
+                            DataLoaderOptions options = {});
 
 /// A loader over a torch::data dataset (anything with get(index) -> Example<> and size()); a batch
 /// stacks the examples' data and targets.
@@ -152,8 +153,9 @@ DataLoader make_data_loader(Dataset dataset, DataLoaderOptions options = {}) {
   auto shared = std::make_shared<Dataset>(std::move(dataset));
   const auto size = shared->size();
   if (!size.has_value()) {
-    throw Error("make_data_loader: the dataset does not know its size (size() returned nullopt). "
-                "Fix: give the dataset a size() so that it can be sharded across processes.");
+    throw Error(
+        "make_data_loader: the dataset does not know its size (size() returned nullopt). "
+        "Fix: give the dataset a size() so that it can be sharded across processes.");
   }
   BatchMaker make_batch = [shared](const std::vector<int64_t>& indices) {
     std::vector<torch::Tensor> data, targets;

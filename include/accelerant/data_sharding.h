@@ -29,7 +29,8 @@ struct ShardingOptions {
   /// epoch's order; gather_for_metrics drops exactly those repeats. Without it, the last batches
   /// are short or missing on some ranks, and collectives in the step must cope. Default: true.
   TORCH_ARG(bool, even_batches) = true;
-  /// batch_size is the global batch, split evenly across processes (it must divide). Default: false.
+  /// batch_size is the global batch, split evenly across processes (it must divide). Default:
+  /// false.
   TORCH_ARG(bool, split_batches) = false;
 };
 

@@ -33,13 +33,13 @@ struct DistributedEnv {
   int local_world_size = 1;  ///< processes on this machine
   int node_rank = 0;         ///< GROUP_RANK / SLURM_NODEID / rank / local_world_size
   int num_nodes = 1;
-  std::string master_addr;   ///< MASTER_ADDR; required when world_size > 1
-  int master_port = 29500;   ///< MASTER_PORT. Default: 29500 (torchrun's)
+  std::string master_addr;  ///< MASTER_ADDR; required when world_size > 1
+  int master_port = 29500;  ///< MASTER_PORT. Default: 29500 (torchrun's)
   /// The launcher's agent hosts the TCPStore (TORCHELASTIC_USE_AGENT_STORE or
   /// ACCELERANT_AGENT_STORE); otherwise rank 0 hosts it.
   bool agent_hosts_store = false;
-  int restart_count = 0;     ///< ACCELERANT_RESTART_COUNT / TORCHELASTIC_RESTART_COUNT
-  bool debug_mode = false;   ///< ACCELERANT_DEBUG_MODE
+  int restart_count = 0;    ///< ACCELERANT_RESTART_COUNT / TORCHELASTIC_RESTART_COUNT
+  bool debug_mode = false;  ///< ACCELERANT_DEBUG_MODE
   /// ACCELERANT_TIMEOUT_MS: collective and rendezvous timeout chosen by the launcher.
   std::optional<std::chrono::milliseconds> timeout;
   std::string mixed_precision = "no";  ///< ACCELERANT_MIXED_PRECISION: no | fp16 | bf16
@@ -47,9 +47,10 @@ struct DistributedEnv {
   std::string error_file;              ///< ACCELERANT_ERROR_FILE: where to record a fatal error
   // Accelerator settings the launcher chose for its workers; unset = the launcher left them to the
   // worker's own resolution (accelerator_options.h), which reads them from here.
-  std::optional<bool> downcast_bf16;                ///< ACCELERANT_DOWNCAST_BF16
-  std::optional<bool> use_cpu;                      ///< ACCELERANT_USE_CPU
-  std::optional<int64_t> gradient_accumulation_steps;  ///< ACCELERANT_GRADIENT_ACCUMULATION_STEPS, ≥ 1
+  std::optional<bool> downcast_bf16;  ///< ACCELERANT_DOWNCAST_BF16
+  std::optional<bool> use_cpu;        ///< ACCELERANT_USE_CPU
+  std::optional<int64_t>
+      gradient_accumulation_steps;  ///< ACCELERANT_GRADIENT_ACCUMULATION_STEPS, ≥ 1
 
   bool distributed() const { return world_size > 1; }
 };

@@ -17,8 +17,8 @@ namespace accelerant {
 
 /// One row of the table: what a variable holds and who reads it.
 struct EnvVariable {
-  const char* name;           ///< e.g. "ACCELERANT_METRICS"
-  const char* type;           ///< the values it takes, e.g. "bool", "integer ≥ 0", "no | fp16 | bf16"
+  const char* name;  ///< e.g. "ACCELERANT_METRICS"
+  const char* type;  ///< the values it takes, e.g. "bool", "integer ≥ 0", "no | fp16 | bf16"
   const char* default_value;  ///< what applies when it is unset
   const char* meaning;        ///< what it does
   const char* read_by;        ///< the layer and file (or outside program) that reads it
@@ -39,10 +39,11 @@ std::optional<std::string> environment_value(const std::string& name);
 /// environment_value(name) parsed by parse_bool; std::nullopt when unset or empty.
 std::optional<bool> environment_flag(const std::string& name);
 
-/// The one bool parser. Accepted, in any case: 1, true, yes, y, on (true) and 0, false, no, n, off (false):
-/// what the environment readers, YAML 1.1's booleans and the config questions took. `from` names where the
-/// text came from: a variable's name (then the error is an EnvironmentError for it, reading NAME=value), or a
-/// description such as "my.yaml (key use_cpu)". Anything else throws, naming `from`, the text and the accepted values.
+/// The one bool parser. Accepted, in any case: 1, true, yes, y, on (true) and 0, false, no, n, off
+/// (false): what the environment readers, YAML 1.1's booleans and the config questions took. `from`
+/// names where the text came from: a variable's name (then the error is an EnvironmentError for it,
+/// reading NAME=value), or a description such as "my.yaml (key use_cpu)". Anything else throws,
+/// naming `from`, the text and the accepted values.
 bool parse_bool(const std::string& text, const std::string& from);
 
 enum class MixedPrecision { kNo, kFp16, kBf16 };

@@ -56,13 +56,13 @@ class CollectiveMismatchError : public CollectiveError {
 
 /// How one worker process ended.
 struct WorkerExit {
-  int rank = -1;           ///< global rank
-  int local_rank = -1;     ///< index on its node
-  int pid = -1;            ///< its process id (on its own machine)
-  int exit_code = -1;      ///< valid when signal == 0
-  int signal = 0;          ///< the signal that killed it, 0 when it exited
-  std::string error_text;  ///< the uncaught exception's text, when the worker recorded one
-  std::string stderr_tail; ///< the last lines it wrote to stderr
+  int rank = -1;            ///< global rank
+  int local_rank = -1;      ///< index on its node
+  int pid = -1;             ///< its process id (on its own machine)
+  int exit_code = -1;       ///< valid when signal == 0
+  int signal = 0;           ///< the signal that killed it, 0 when it exited
+  std::string error_text;   ///< the uncaught exception's text, when the worker recorded one
+  std::string stderr_tail;  ///< the last lines it wrote to stderr
 };
 
 /// accelerant::launch gave up: a worker failed after all restarts were used, or setup failed.
@@ -73,7 +73,8 @@ class LaunchError : public Error {
       : Error(message), first_failure_(std::move(first_failure)), restarts_used_(restarts_used) {}
   /// The first worker that failed in the last attempt (rank -1 when no worker had failed).
   const WorkerExit& first_failure() const noexcept { return first_failure_; }
-  /// How many times the workers were restarted before giving up (at most LaunchOptions::max_restarts).
+  /// How many times the workers were restarted before giving up (at most
+  /// LaunchOptions::max_restarts).
   int restarts_used() const noexcept { return restarts_used_; }
 
  private:
@@ -83,11 +84,13 @@ class LaunchError : public Error {
 
 /// A checkpoint could not be written, or one that was asked for is missing, damaged, from an
 /// unknown format version or does not fit the objects it should be loaded into. Nothing was
-/// changed: a failed save keeps the previous checkpoint, a failed load leaves every object as it was.
+/// changed: a failed save keeps the previous checkpoint, a failed load leaves every object as it
+/// was.
 class CheckpointError : public Error {
  public:
   /// `message` is the whole text; `path` as path() returns it ("" when no one file is at fault).
-  CheckpointError(const std::string& message, std::string path = {}) : Error(message), path_(std::move(path)) {}
+  CheckpointError(const std::string& message, std::string path = {})
+      : Error(message), path_(std::move(path)) {}
   /// The file or directory at fault, when one is.
   const std::string& path() const noexcept { return path_; }
 

@@ -16,8 +16,8 @@
 // Two ways in:
 //   // 1. drop-in types, torch::optim::SGD / Adam / AdamW underneath (same options, schedulers):
 //   accelerant::FusedAdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
-//   // 2. keep torch::optim and let prepare switch the update (AcceleratorOptions::fused_optimizers):
-//   torch::optim::AdamW adamw(model->parameters(), 1e-3);
+//   // 2. keep torch::optim and let prepare switch the update
+//   (AcceleratorOptions::fused_optimizers): torch::optim::AdamW adamw(model->parameters(), 1e-3);
 //   auto optimizer = accelerator.prepare(adamw);  // step() runs a FusedUpdater bound to adamw
 //
 // Limits (each refused with an error that says so): fp32 dense parameters on one device;
@@ -101,7 +101,8 @@ class FusedOptimizer : public TorchOptimizer, public FusedOptimizerBase {
                  FusedUpdaterOptions fused = {})
       : TorchOptimizer(std::move(param_groups), std::move(defaults)), updater_(*this, fused) {}
   /// As TorchOptimizer's constructor over one list of parameters; `fused` for the update.
-  FusedOptimizer(std::vector<torch::Tensor> params, Options defaults, FusedUpdaterOptions fused = {})
+  FusedOptimizer(std::vector<torch::Tensor> params, Options defaults,
+                 FusedUpdaterOptions fused = {})
       : TorchOptimizer(std::move(params), std::move(defaults)), updater_(*this, fused) {}
 
   /// Evaluates `closure` (with gradients on) when given, then runs the fused update. Returns the

@@ -36,9 +36,9 @@ struct BucketParam {
 /// One bucket of the plan: a flat buffer of one dtype on one device that holds the gradients of
 /// `params` side by side and is all-reduced as one tensor.
 struct GradientBucket {
-  std::vector<size_t> params;   ///< indices into the parameter list, in the order they are packed
-  std::vector<int64_t> offsets; ///< element offset of each parameter in the flat buffer
-  int64_t numel = 0;            ///< elements in the flat buffer
+  std::vector<size_t> params;    ///< indices into the parameter list, in the order they are packed
+  std::vector<int64_t> offsets;  ///< element offset of each parameter in the flat buffer
+  int64_t numel = 0;             ///< elements in the flat buffer
   torch::ScalarType dtype = torch::kFloat;  ///< the buffer's dtype, that of every parameter in it
   torch::Device device = torch::kCPU;       ///< the buffer's device, that of every parameter in it
 };

@@ -50,7 +50,7 @@ namespace accelerant {
 struct GraphStepOptions {
   /// What GraphStepOptions::phase returns: a key for this step's kind, a scope held while it runs.
   struct Phase {
-    std::string key;              ///< joins the cache key: steps with different keys are different graphs
+    std::string key;  ///< joins the cache key: steps with different keys are different graphs
     std::shared_ptr<void> scope;  ///< held until the step ends, then released; may be null
   };
 

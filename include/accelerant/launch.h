@@ -48,7 +48,8 @@ struct LaunchOptions {
   TORCH_ARG(int, max_restarts) = 0;
   /// How often the agent checks its workers. Default: 100 ms.
   TORCH_ARG(std::chrono::milliseconds, monitor_interval) = std::chrono::milliseconds(100);
-  /// Passed to workers as ACCELERANT_MIXED_PRECISION: no, fp16 or bf16 (parse_mixed_precision). Default: "no".
+  /// Passed to workers as ACCELERANT_MIXED_PRECISION: no, fp16 or bf16 (parse_mixed_precision).
+  /// Default: "no".
   TORCH_ARG(std::string, mixed_precision) = "no";
   /// Passed to workers as ACCELERANT_DOWNCAST_BF16: the Accelerator keeps bf16 weights.
   /// Default: unset (each worker resolves it: its environment, its config file, false).
@@ -57,11 +58,12 @@ struct LaunchOptions {
   /// available. Default: unset (each worker resolves it: its environment, its config file, false).
   TORCH_ARG(std::optional<bool>, use_cpu) = std::nullopt;
   /// Passed to workers as ACCELERANT_GRADIENT_ACCUMULATION_STEPS: micro-batches per optimizer
-  /// step, 1 or more. Default: unset (each worker resolves it: its environment, its config file, 1).
+  /// step, 1 or more. Default: unset (each worker resolves it: its environment, its config file,
+  /// 1).
   TORCH_ARG(std::optional<int64_t>, gradient_accumulation_steps) = std::nullopt;
-  /// Intra-op threads per worker. 0 = cores / processes_per_node (at least 1). When this process has
-  /// already started threads (LibTorch's OpenMP pool, OpenBLAS), forked workers cannot use thread
-  /// pools safely, so they run single-threaded and launch says so. Default: 0.
+  /// Intra-op threads per worker. 0 = cores / processes_per_node (at least 1). When this process
+  /// has already started threads (LibTorch's OpenMP pool, OpenBLAS), forked workers cannot use
+  /// thread pools safely, so they run single-threaded and launch says so. Default: 0.
   TORCH_ARG(int, threads_per_process) = 0;
   /// Debug mode: a dry fork first, then cross-rank shape checks before every collective.
   /// Default: ACCELERANT_DEBUG_MODE, else off.
@@ -130,8 +132,9 @@ decltype(auto) call_worker(Fn& fn, int index, Tuple& args, std::index_sequence<I
   if constexpr (std::is_invocable_v<Fn&, int, decltype(std::get<I>(args))...>) {
     return std::invoke(fn, index, std::get<I>(args)...);
   } else {
-    static_assert(std::is_invocable_v<Fn&, decltype(std::get<I>(args))...>,
-                  "accelerant::launch: fn must be callable as fn(int index, args...) or fn(args...)");
+    static_assert(
+        std::is_invocable_v<Fn&, decltype(std::get<I>(args))...>,
+        "accelerant::launch: fn must be callable as fn(int index, args...) or fn(args...)");
     return std::invoke(fn, std::get<I>(args)...);
   }
 }
@@ -168,8 +171,9 @@ auto launch_with(const LaunchOptions& options, Fn& fn, Tuple& args) {
 template <class Fn, class... Rest>
 auto launch(Fn&& fn, Rest&&... rest) {
   constexpr size_t n = sizeof...(Rest);
-  if constexpr (n > 0 && std::is_same_v<std::decay_t<std::tuple_element_t<n - 1, std::tuple<Rest...>>>,
-                                        LaunchOptions>) {
+  if constexpr (n > 0 &&
+                std::is_same_v<std::decay_t<std::tuple_element_t<n - 1, std::tuple<Rest...>>>,
+                               LaunchOptions>) {
     auto all = std::forward_as_tuple(std::forward<Rest>(rest)...);
     const LaunchOptions& options = std::get<n - 1>(all);
     return detail::launch_with<Fn, decltype(all), n - 1>(options, fn, all);

@@ -71,7 +71,8 @@ class ProcessState {
   /// This process's contiguous share of `items`: the first (size % N) processes get one more.
   /// With `apply_padding`, every share has the same length, padded with the last item.
   template <class T>
-  std::vector<T> split_between_processes(const std::vector<T>& items, bool apply_padding = false) const;
+  std::vector<T> split_between_processes(const std::vector<T>& items,
+                                         bool apply_padding = false) const;
 
   ProcessState(const ProcessState&) = delete;
   ProcessState& operator=(const ProcessState&) = delete;

@@ -26,13 +26,14 @@ struct PaddedSequences {
 
 /// Pads 1-D sequences (all of one dtype) to `length`. A longer sequence is an error naming it,
 /// unless `truncate` cuts it to `length`.
-PaddedSequences pad_to_length(const std::vector<torch::Tensor>& sequences, int64_t length, int64_t pad_value = 0,
-                              bool truncate = false);
+PaddedSequences pad_to_length(const std::vector<torch::Tensor>& sequences, int64_t length,
+                              int64_t pad_value = 0, bool truncate = false);
 
 /// Pads to the smallest of `bucket_lengths` (ascending) that holds the longest sequence; longer
 /// than the largest bucket is an error unless `truncate` cuts to it.
-PaddedSequences pad_to_bucket(const std::vector<torch::Tensor>& sequences, const std::vector<int64_t>& bucket_lengths,
-                              int64_t pad_value = 0, bool truncate = false);
+PaddedSequences pad_to_bucket(const std::vector<torch::Tensor>& sequences,
+                              const std::vector<int64_t>& bucket_lengths, int64_t pad_value = 0,
+                              bool truncate = false);
 
 /// Pads to the longest sequence of this batch (dynamic padding).
 PaddedSequences pad_to_longest(const std::vector<torch::Tensor>& sequences, int64_t pad_value = 0);

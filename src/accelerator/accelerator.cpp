@@ -3,44 +3,48 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/serialize.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <sstream>
 
 #include "accelerant/error.h"
 #include "accelerant/metrics.h"
-#include "graph/metrics_recording.h"
 #include "accelerant/process_state.h"
 #include "base/cpu_settings.h"
-#include "base/step_recording.h"
 #include "base/file_io.h"
+#include "base/step_recording.h"
 #include "base/text.h"
 #include "base/torch_compat.h"
 #include "checkpoint/training_checkpoint.h"
+#include "graph/metrics_recording.h"
 #include "train/data_loader_internal.h"
 #include "train/resume_hook.h"
 
 namespace accelerant {
 namespace {
 
-// Serialises with `write` into memory, then writes the file crash-safely (detail::write_file_atomically).
+// Serialises with `write` into memory, then writes the file crash-safely
+// (detail::write_file_atomically).
 template <class Write>
 void save_atomically(const std::string& path, Write&& write) {
   std::ostringstream bytes;
   write(bytes);
   if (!detail::write_file_atomically(path, bytes.str())) {
-    throw Error(detail::str("save: could not write ", path, " (through ", path, ".tmp). Fix: check that the ",
+    throw Error(detail::str("save: could not write ", path, " (through ", path,
+                            ".tmp). Fix: check that the ",
                             "directory exists and is writable and that the disk is not full."));
   }
 }
 
 // Module::save's layout (parameters, buffers, then one nested archive per child), with every
 // tensor copied to the CPU, so that torch::load(module, path) reads it on any device.
-void write_module_on_cpu(const torch::nn::Module& module, torch::serialize::OutputArchive& archive) {
-  for (const auto& p : module.named_parameters(/*recurse=*/false)) archive.write(p.key(), p.value().cpu());
+void write_module_on_cpu(const torch::nn::Module& module,
+                         torch::serialize::OutputArchive& archive) {
+  for (const auto& p : module.named_parameters(/*recurse=*/false))
+    archive.write(p.key(), p.value().cpu());
   for (const auto& b : module.named_buffers(/*recurse=*/false)) {
     archive.write(b.key(), b.value().cpu(), /*is_buffer=*/true);
   }
@@ -60,7 +64,9 @@ torch::Tensor fp32_if_bf16(const torch::Tensor& t) {
 void broadcast_from_main(Communicator& communicator, torch::nn::Module& module) {
   torch::NoGradGuard no_grad;
   std::map<std::pair<torch::ScalarType, std::string>, std::vector<torch::Tensor>> groups;
-  auto add = [&](const torch::Tensor& t) { groups[{t.scalar_type(), t.device().str()}].push_back(t); };
+  auto add = [&](const torch::Tensor& t) {
+    groups[{t.scalar_type(), t.device().str()}].push_back(t);
+  };
   for (const auto& p : module.parameters()) add(p);
   for (const auto& b : module.buffers()) add(b);
   for (auto& [key, tensors] : groups) {
@@ -85,20 +91,24 @@ Accelerator::Accelerator(AcceleratorOptions options)
       resume_hook_(std::make_shared<detail::ResumeHook>()) {
   const EnvLookup lookup = process_environment();
   const std::string config_path = options_.config_file().value_or(default_config_path(lookup));
-  settings_ = resolve_accelerator_settings(options_, lookup, read_config_values(config_path), config_path);
+  settings_ =
+      resolve_accelerator_settings(options_, lookup, read_config_values(config_path), config_path);
   if (settings_.downcast_bf16 && settings_.mixed_precision != MixedPrecision::kBf16) {
-    throw Error(detail::str("downcast_bf16 is set but mixed_precision is ", to_string(settings_.mixed_precision),
-                            ". downcast_bf16 stores the weights in bf16 and belongs to bf16 training. ",
-                            "Fix: set mixed_precision to bf16 as well, or drop downcast_bf16."));
+    throw Error(detail::str(
+        "downcast_bf16 is set but mixed_precision is ", to_string(settings_.mixed_precision),
+        ". downcast_bf16 stores the weights in bf16 and belongs to bf16 training. ",
+        "Fix: set mixed_precision to bf16 as well, or drop downcast_bf16."));
   }
-  ProcessState& process = ProcessState::initialized() ? ProcessState::get() : ProcessState::initialize();
+  ProcessState& process =
+      ProcessState::initialized() ? ProcessState::get() : ProcessState::initialize();
   process_index_ = process.process_index();
   num_processes_ = process.num_processes();
   local_process_index_ = process.local_process_index();
   rank_prefix_ = process.rank_prefix();
   device_ = settings_.cpu ? torch::Device(torch::kCPU) : process.device();
   if (settings_.mixed_precision == MixedPrecision::kFp16 && !device_.is_cuda()) {
-    throw Error(detail::str(process.rank_prefix(), "mixed_precision fp16 needs a CUDA device, but this ",
+    throw Error(detail::str(process.rank_prefix(),
+                            "mixed_precision fp16 needs a CUDA device, but this ",
                             "process trains on the CPU (LibTorch's CPU autocast has no fp16). ",
                             "Fix: use mixed_precision bf16 on the CPU, or run on a GPU."));
   }
@@ -125,17 +135,18 @@ Accelerator::~Accelerator() {
 
 Communicator& Accelerator::communicator() const {
   if (ended_) {
-    throw Error("This Accelerator's training has ended (end_training() was called), so it can no longer "
-                "communicate. Fix: call end_training() last, after every gather, reduce and step.");
+    throw Error(
+        "This Accelerator's training has ended (end_training() was called), so it can no longer "
+        "communicate. Fix: call end_training() last, after every gather, reduce and step.");
   }
   return ProcessState::get().communicator();
 }
 
-
 void Accelerator::prepare_model(const std::shared_ptr<torch::nn::Module>& model) {
   if (!model) {
-    throw Error("prepare() got an empty model pointer. Fix: construct the model first, e.g. "
-                "std::make_shared<Net>(), and pass that.");
+    throw Error(
+        "prepare() got an empty model pointer. Fix: construct the model first, e.g. "
+        "std::make_shared<Net>(), and pass that.");
   }
   for (const auto& prepared : models_) {
     if (prepared.module == model) return;  // preparing twice changes nothing
@@ -158,7 +169,8 @@ void Accelerator::prepare_model(const std::shared_ptr<torch::nn::Module>& model)
 PreparedOptimizer Accelerator::prepare_optimizer(torch::optim::Optimizer& optimizer) {
   auto& optimizers = checkpointed_->optimizers;
   for (const auto& prepared : optimizers) {
-    if (prepared.optimizer == &optimizer) return PreparedOptimizer(optimizer, state_, prepared.fused);
+    if (prepared.optimizer == &optimizer)
+      return PreparedOptimizer(optimizer, state_, prepared.fused);
   }
   // A fused type already steps fused; a torch::optim one gets an updater bound to it.
   const bool wrap = options_.fused_optimizers() && fused_updater_of(optimizer) == nullptr;
@@ -195,18 +207,21 @@ DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
       auto move = [&](const torch::Tensor& t) {
         const bool cast = downcast && t.is_floating_point();
         if (!device.is_cpu() && t.is_cpu()) detail::record_transfer(/*to_device=*/true, t.nbytes());
-        return detail::to_device_from_worker(t, device, cast ? torch::kBFloat16 : t.scalar_type(), pin);
+        return detail::to_device_from_worker(t, device, cast ? torch::kBFloat16 : t.scalar_type(),
+                                             pin);
       };
       return Batch{move(batch.data), move(batch.target)};
     };
   }
   // The device prefetch loader of graph mode: batches bound for a GPU are built and copied by a
   // worker thread while the current step runs, even when the loader asked for none.
-  const DataLoader& source = !device.is_cpu() && o.num_workers() == 0 ? loader.with_workers(1) : loader;
+  const DataLoader& source =
+      !device.is_cpu() && o.num_workers() == 0 ? loader.with_workers(1) : loader;
   DataLoader prepared = [&] {
     try {
       return detail::DataLoaderAccess::sharded(
-          source, {process_index(), num_processes(), sharding, state_, std::move(transform), resume_hook_});
+          source,
+          {process_index(), num_processes(), sharding, state_, std::move(transform), resume_hook_});
     } catch (const Error& e) {
       throw Error(detail::str(rank_prefix_, "prepare(data loader): ", e.what()));
     }
@@ -218,8 +233,9 @@ DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
     const CheckpointLoaderState& saved = checkpointed_->loaded_loaders[index];
     if (saved.dataset_size != prepared.dataset_size()) {
       throw CheckpointError(detail::str(
-          rank_prefix_, "prepare(data loader ", index, "): the checkpoint loaded by auto_resume saved this loader ",
-          "over ", saved.dataset_size, " samples, but it has ", prepared.dataset_size(),
+          rank_prefix_, "prepare(data loader ", index,
+          "): the checkpoint loaded by auto_resume saved this loader ", "over ", saved.dataset_size,
+          " samples, but it has ", prepared.dataset_size(),
           ". Fix: prepare the same datasets, in the same order, as the run that saved it."));
     }
     prepared.set_seed(saved.seed);
@@ -234,26 +250,31 @@ DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
 
 void Accelerator::backward(const torch::Tensor& loss) {
   if (!loss.defined() || loss.numel() != 1) {
-    throw Error(detail::str("backward() needs a scalar loss; got ",
-                            loss.defined() ? c10::str("a tensor of shape ", loss.sizes()) : "an undefined tensor",
-                            ". Fix: reduce it first, e.g. loss.mean()."));
+    throw Error(detail::str(
+        "backward() needs a scalar loss; got ",
+        loss.defined() ? c10::str("a tensor of shape ", loss.sizes()) : "an undefined tensor",
+        ". Fix: reduce it first, e.g. loss.mean()."));
   }
   torch::Tensor scaled = loss;
-  if (settings_.gradient_accumulation_steps > 1) scaled = scaled / settings_.gradient_accumulation_steps;
+  if (settings_.gradient_accumulation_steps > 1)
+    scaled = scaled / settings_.gradient_accumulation_steps;
   if (state_->scaler) scaled = state_->scaler->scale(scaled);
   scaled.backward();
 }
 
-Accelerator::AccumulationGuard Accelerator::accumulate_modules(std::vector<std::shared_ptr<torch::nn::Module>> modules) {
+Accelerator::AccumulationGuard Accelerator::accumulate_modules(
+    std::vector<std::shared_ptr<torch::nn::Module>> modules) {
   if (detail::recording_step()) {
-    throw Error("accumulate() inside a graph step: which micro-steps synchronise is decided on the host, "
-                "and a replay would repeat the captured decision. Fix: build the step with "
-                "accelerator.compile(fn), which decides it before each step (and keeps one graph per kind "
-                "of micro-step), and remove accumulate() from the step function.");
+    throw Error(
+        "accumulate() inside a graph step: which micro-steps synchronise is decided on the host, "
+        "and a replay would repeat the captured decision. Fix: build the step with "
+        "accelerator.compile(fn), which decides it before each step (and keeps one graph per kind "
+        "of micro-step), and remove accumulate() from the step function.");
   }
   TrainingState& s = *state_;
   ++s.micro_steps;
-  s.sync_gradients = s.micro_steps % settings_.gradient_accumulation_steps == 0 || s.end_of_dataloader;
+  s.sync_gradients =
+      s.micro_steps % settings_.gradient_accumulation_steps == 0 || s.end_of_dataloader;
   std::vector<GradientReducer*> reducers;
   if (modules.empty()) {
     for (auto& prepared : models_) reducers.push_back(prepared.reducer.get());
@@ -268,23 +289,25 @@ GradientReducer& Accelerator::reducer_for(const torch::nn::Module& module) const
   for (const auto& prepared : models_) {
     if (prepared.module.get() == &module) return *prepared.reducer;
   }
-  throw Error(detail::str("The model '", module.name(), "' was not prepared by this Accelerator. ",
-                          "Fix: pass it through accelerator.prepare(model) first and use what it returns."));
+  throw Error(detail::str(
+      "The model '", module.name(), "' was not prepared by this Accelerator. ",
+      "Fix: pass it through accelerator.prepare(model) first and use what it returns."));
 }
 
 double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm,
                                     double norm_type) {
   if (detail::recording_step()) {
-    throw Error("clip_grad_norm_() inside a graph step: it returns the norm as a double, read on the host, "
-                "which a captured step cannot do. Fix: use accelerator.clip_grad_norm_tensor(...), which "
-                "clips on the device and returns the norm as a tensor (read it in a step closure).");
+    throw Error(
+        "clip_grad_norm_() inside a graph step: it returns the norm as a double, read on the host, "
+        "which a captured step cannot do. Fix: use accelerator.clip_grad_norm_tensor(...), which "
+        "clips on the device and returns the norm as a tensor (read it in a step closure).");
   }
   if (state_->scaler && state_->sync_gradients) state_->scaler->unscale_(parameters);
   return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
 }
 
-torch::Tensor Accelerator::clip_grad_norm_tensor(const std::vector<torch::Tensor>& parameters, double max_norm,
-                                                 double norm_type) {
+torch::Tensor Accelerator::clip_grad_norm_tensor(const std::vector<torch::Tensor>& parameters,
+                                                 double max_norm, double norm_type) {
   if (state_->scaler && state_->sync_gradients) state_->scaler->unscale_(parameters);
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads, norms;
@@ -305,13 +328,16 @@ torch::Tensor Accelerator::clip_grad_norm_tensor(const std::vector<torch::Tensor
 
 GraphStep Accelerator::compile(GraphStep::Function step, GraphStepOptions options) {
   if (options.phase()) {
-    throw Error("Accelerator::compile sets GraphStepOptions::phase itself (the accumulation phase). Fix: leave it "
-                "unset, or build a GraphStep directly if you need your own.");
+    throw Error(
+        "Accelerator::compile sets GraphStepOptions::phase itself (the accumulation phase). Fix: "
+        "leave it "
+        "unset, or build a GraphStep directly if you need your own.");
   }
   if (settings_.gradient_accumulation_steps > 1) {
     options.phase([this] {
       auto scope = std::make_shared<AccumulationGuard>(accumulate_modules({}));
-      return GraphStepOptions::Phase{state_->sync_gradients ? "sync" : "accumulate", std::move(scope)};
+      return GraphStepOptions::Phase{state_->sync_gradients ? "sync" : "accumulate",
+                                     std::move(scope)};
     });
   }
   return GraphStep(std::move(step), std::move(options));
@@ -319,7 +345,8 @@ GraphStep Accelerator::compile(GraphStep::Function step, GraphStepOptions option
 
 AutocastGuard Accelerator::autocast() const {
   const bool enabled = settings_.mixed_precision != MixedPrecision::kNo;
-  const auto dtype = settings_.mixed_precision == MixedPrecision::kFp16 ? torch::kHalf : torch::kBFloat16;
+  const auto dtype =
+      settings_.mixed_precision == MixedPrecision::kFp16 ? torch::kHalf : torch::kBFloat16;
   return AutocastGuard(device_, dtype, enabled);
 }
 
@@ -330,7 +357,8 @@ torch::Tensor Accelerator::gather(const torch::Tensor& tensor) {
 torch::Tensor Accelerator::gather_for_metrics(const torch::Tensor& tensor) {
   torch::Tensor all = gather(tensor);
   const int64_t padding = state_->end_of_dataloader ? state_->padding_in_last_step : 0;
-  if (padding > 0 && all.dim() > 0 && all.size(0) >= padding) all = all.narrow(0, 0, all.size(0) - padding);
+  if (padding > 0 && all.dim() > 0 && all.size(0) >= padding)
+    all = all.narrow(0, 0, all.size(0) - padding);
   return all;
 }
 
@@ -338,7 +366,8 @@ torch::Tensor Accelerator::reduce(const torch::Tensor& tensor, ReduceOp op) {
   return communicator().all_reduce(fp32_if_bf16(tensor), op);
 }
 
-torch::Tensor Accelerator::pad_across_processes(const torch::Tensor& tensor, int64_t dim, double pad_value) {
+torch::Tensor Accelerator::pad_across_processes(const torch::Tensor& tensor, int64_t dim,
+                                                double pad_value) {
   return communicator().pad_across_processes(tensor, dim, pad_value);
 }
 

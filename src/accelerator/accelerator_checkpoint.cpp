@@ -12,10 +12,13 @@ detail::CheckpointRanks Accelerator::checkpoint_ranks() const {
   return {&communicator(), process_index_, num_processes_, rank_prefix_};
 }
 
-std::string Accelerator::checkpoints_dir() const { return detail::checkpoints_dir_of(options_.project_dir()); }
+std::string Accelerator::checkpoints_dir() const {
+  return detail::checkpoints_dir_of(options_.project_dir());
+}
 
-void Accelerator::register_checkpoint_object(std::function<void(torch::serialize::OutputArchive&)> save,
-                                             std::function<void(torch::serialize::InputArchive&)> load) {
+void Accelerator::register_checkpoint_object(
+    std::function<void(torch::serialize::OutputArchive&)> save,
+    std::function<void(torch::serialize::InputArchive&)> load) {
   checkpointed_->objects.push_back({std::move(save), std::move(load)});
 }
 
@@ -34,7 +37,8 @@ std::string Accelerator::load_state(const std::string& dir) {
 void Accelerator::auto_resume_now() { resume_hook_->fire(); }
 
 void Accelerator::resume_from_latest() {
-  const std::string latest = detail::agreed_latest_checkpoint(checkpoint_ranks(), checkpoints_dir());
+  const std::string latest =
+      detail::agreed_latest_checkpoint(checkpoint_ranks(), checkpoints_dir());
   if (latest.empty()) return;
   load_state(latest);
   print("Resumed from ", latest, " (step ", state_->optimizer_steps, ")");
@@ -42,7 +46,8 @@ void Accelerator::resume_from_latest() {
 
 void Accelerator::save_model_module(const torch::nn::Module& module, const std::string& dir,
                                     const std::string& max_shard_size) {
-  const int64_t max_bytes = parse_byte_size(max_shard_size);  // same text on every rank: throws on all
+  const int64_t max_bytes =
+      parse_byte_size(max_shard_size);  // same text on every rank: throws on all
   detail::on_every_process(checkpoint_ranks(), "save_model into " + dir, [&] {
     if (is_main_process()) save_model_safetensors(module, dir, max_bytes);
   });

@@ -40,7 +40,8 @@ bool keep_freed_memory_in_heap() {
   constexpr int kMmapThresholdBytes = 32 * 1024 * 1024;  // glibc refuses more (HEAP_MAX_SIZE / 2)
   constexpr int kTrimThresholdBytes = 1024 * 1024 * 1024;
   // Both together: raising only the trim threshold was measured to make the faults far worse.
-  return mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes) == 1 && mallopt(M_TRIM_THRESHOLD, kTrimThresholdBytes) == 1;
+  return mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes) == 1 &&
+         mallopt(M_TRIM_THRESHOLD, kTrimThresholdBytes) == 1;
 }
 
 int openblas_threads() {

@@ -17,18 +17,21 @@ constexpr const char* kConfig = "settings (config.cpp: the config file's locatio
 
 const std::vector<EnvVariable> kTable = {
     // torchrun's contract, which Accelerant's launchers also set.
-    {"RANK", "integer ≥ 0", "unset (one process)", "This process's index in the job, 0 ≤ RANK < WORLD_SIZE.",
+    {"RANK", "integer ≥ 0", "unset (one process)",
+     "This process's index in the job, 0 ≤ RANK < WORLD_SIZE.", kContract},
+    {"WORLD_SIZE", "integer ≥ 1", "unset (one process)", "The number of processes in the job.",
      kContract},
-    {"WORLD_SIZE", "integer ≥ 1", "unset (one process)", "The number of processes in the job.", kContract},
     {"LOCAL_RANK", "integer ≥ 0", "RANK", "This process's index on its machine.", kContract},
-    {"LOCAL_WORLD_SIZE", "integer ≥ 1", "WORLD_SIZE", "The number of processes on this machine.", kContract},
+    {"LOCAL_WORLD_SIZE", "integer ≥ 1", "WORLD_SIZE", "The number of processes on this machine.",
+     kContract},
     {"GROUP_RANK", "integer ≥ 0", "RANK / LOCAL_WORLD_SIZE", "This machine's index.", kContract},
     {"MASTER_ADDR", "host or address", "127.0.0.1 (required when WORLD_SIZE > 1)",
      "Where the processes meet: the machine that runs rank 0.", kContract},
     {"MASTER_PORT", "integer 1..65535", "29500", "The rendezvous port on MASTER_ADDR.", kContract},
-    {"TORCHELASTIC_USE_AGENT_STORE", "bool", "false", "torchrun's agent hosts the TCPStore (not rank 0).",
-     kContract},
-    {"TORCHELASTIC_RESTART_COUNT", "integer ≥ 0", "0", "How many times torchrun restarted the group.", kContract},
+    {"TORCHELASTIC_USE_AGENT_STORE", "bool", "false",
+     "torchrun's agent hosts the TCPStore (not rank 0).", kContract},
+    {"TORCHELASTIC_RESTART_COUNT", "integer ≥ 0", "0",
+     "How many times torchrun restarted the group.", kContract},
     // Slurm's srun.
     {"SLURM_PROCID", "integer ≥ 0", "unset", "srun's rank of this task.", kContract},
     {"SLURM_NTASKS", "integer ≥ 1", "unset", "srun's number of tasks.", kContract},
@@ -40,19 +43,19 @@ const std::vector<EnvVariable> kTable = {
     // Open MPI's mpirun.
     {"OMPI_COMM_WORLD_RANK", "integer ≥ 0", "unset", "mpirun's rank of this process.", kContract},
     {"OMPI_COMM_WORLD_SIZE", "integer ≥ 1", "unset", "mpirun's number of processes.", kContract},
-    {"OMPI_COMM_WORLD_LOCAL_RANK", "integer ≥ 0", "0", "mpirun's index of this process on its machine.",
-     kContract},
-    {"OMPI_COMM_WORLD_LOCAL_SIZE", "integer ≥ 1", "OMPI_COMM_WORLD_SIZE", "mpirun's processes on this machine.",
-     kContract},
+    {"OMPI_COMM_WORLD_LOCAL_RANK", "integer ≥ 0", "0",
+     "mpirun's index of this process on its machine.", kContract},
+    {"OMPI_COMM_WORLD_LOCAL_SIZE", "integer ≥ 1", "OMPI_COMM_WORLD_SIZE",
+     "mpirun's processes on this machine.", kContract},
     // Accelerant's own part of the launch contract.
-    {"ACCELERANT_LAUNCHER", "any non-empty text", "unset", "Set by Accelerant's launchers: the job is theirs.",
-     kContract},
-    {"ACCELERANT_AGENT_STORE", "bool", "false", "The launcher's agent hosts the TCPStore (not rank 0).",
-     kContract},
+    {"ACCELERANT_LAUNCHER", "any non-empty text", "unset",
+     "Set by Accelerant's launchers: the job is theirs.", kContract},
+    {"ACCELERANT_AGENT_STORE", "bool", "false",
+     "The launcher's agent hosts the TCPStore (not rank 0).", kContract},
     {"ACCELERANT_RESTART_COUNT", "integer ≥ 0", "TORCHELASTIC_RESTART_COUNT",
      "How many times the launcher restarted the group.", kContract},
-    {"ACCELERANT_DEBUG_MODE", "bool", "false", "Check every collective across ranks (and a dry fork first).",
-     kContract},
+    {"ACCELERANT_DEBUG_MODE", "bool", "false",
+     "Check every collective across ranks (and a dry fork first).", kContract},
     {"ACCELERANT_TIMEOUT_MS", "integer ≥ 1", "unset (the library's default)",
      "Collective and rendezvous timeout in milliseconds.", kContract},
     {"ACCELERANT_MIXED_PRECISION", "no | fp16 | bf16", "no (then the config file)",
@@ -61,51 +64,59 @@ const std::vector<EnvVariable> kTable = {
      "settings (distributed_env.cpp, accelerator_options.cpp)"},
     {"ACCELERANT_THREADS_PER_PROCESS", "integer 0..4096", "0 (cores / processes on the machine)",
      "Intra-op threads per worker, chosen by the launcher.", kContract},
-    {"ACCELERANT_ERROR_FILE", "path", "unset", "Where a worker records its fatal error for the launcher.",
-     kContract},
+    {"ACCELERANT_ERROR_FILE", "path", "unset",
+     "Where a worker records its fatal error for the launcher.", kContract},
     // The Accelerator's settings (option > environment > config file > default).
-    {"ACCELERANT_DOWNCAST_BF16", "bool", "false (then the config file)", "Keep the model's weights in bf16.",
-     kOptions},
+    {"ACCELERANT_DOWNCAST_BF16", "bool", "false (then the config file)",
+     "Keep the model's weights in bf16.", kOptions},
     {"ACCELERANT_GRADIENT_ACCUMULATION_STEPS", "integer ≥ 1", "1 (then the config file)",
      "Micro-batches per optimizer step.", kOptions},
-    {"ACCELERANT_SPLIT_BATCHES", "bool", "false", "A loader's batch_size is the global batch.", kOptions},
-    {"ACCELERANT_EVEN_BATCHES", "bool", "true", "Pad the last step so every process has as many batches.",
+    {"ACCELERANT_SPLIT_BATCHES", "bool", "false", "A loader's batch_size is the global batch.",
      kOptions},
-    {"ACCELERANT_USE_CPU", "bool", "false (then the config file)", "Train on the CPU even when CUDA is available.",
-     kOptions},
-    {"ACCELERANT_CPU_DEFAULTS", "bool", "true", "Thread counts and malloc thresholds sized for the CPU.", kOptions},
-    {"ACCELERANT_SEED", "integer ≥ 0", "unset (generators untouched)", "Seed every generator and the loaders.",
-     kOptions},
+    {"ACCELERANT_EVEN_BATCHES", "bool", "true",
+     "Pad the last step so every process has as many batches.", kOptions},
+    {"ACCELERANT_USE_CPU", "bool", "false (then the config file)",
+     "Train on the CPU even when CUDA is available.", kOptions},
+    {"ACCELERANT_CPU_DEFAULTS", "bool", "true",
+     "Thread counts and malloc thresholds sized for the CPU.", kOptions},
+    {"ACCELERANT_SEED", "integer ≥ 0", "unset (generators untouched)",
+     "Seed every generator and the loaders.", kOptions},
     // Where the config file is.
     {"ACCELERANT_CONFIG_FILE", "path", "unset", "The config file to read and write.", kConfig},
-    {"XDG_CACHE_HOME", "path", "unset", "Without ACCELERANT_CONFIG_FILE: <it>/accelerant/default_config.yaml.",
+    {"XDG_CACHE_HOME", "path", "unset",
+     "Without ACCELERANT_CONFIG_FILE: <it>/accelerant/default_config.yaml.", kConfig},
+    {"HOME", "path", "unset (then .)", "Otherwise: <it>/.cache/accelerant/default_config.yaml.",
      kConfig},
-    {"HOME", "path", "unset (then .)", "Otherwise: <it>/.cache/accelerant/default_config.yaml.", kConfig},
     // comm.
-    {"GLOO_SOCKET_IFNAME", "comma-separated interface names", "unset (the address towards MASTER_ADDR)",
-     "The network interfaces Gloo uses, as in PyTorch.", "comm (process_state.cpp)"},
+    {"GLOO_SOCKET_IFNAME", "comma-separated interface names",
+     "unset (the address towards MASTER_ADDR)", "The network interfaces Gloo uses, as in PyTorch.",
+     "comm (process_state.cpp)"},
     {"ACCELERANT_SHM_ALLREDUCE", "bool", "true",
-     "All-reduce between the ranks of one machine through shared memory (false: through Gloo only).",
+     "All-reduce between the ranks of one machine through shared memory (false: through Gloo "
+     "only).",
      "comm (machine_identity.cpp)"},
     {"ACCELERANT_SHM_GROUP", "text", "unset",
-     "A label added to the machine's identity: ranks with different labels do not share memory (tests use it "
+     "A label added to the machine's identity: ranks with different labels do not share memory "
+     "(tests use it "
      "to stand for separate machines).",
      "comm (machine_identity.cpp)"},
     {"ACCELERANT_SHM_CHUNK_BYTES", "integer 4096..1073741824", "the built-in chunk size",
      "Bytes per chunk of the shared-memory all-reduce.", "comm (shm_all_reduce.cpp)"},
     // launch.
-    {"PATH", "directories separated by :", "/usr/bin:/bin", "Where accelerant launch looks for the program.",
-     "launch (launch_program.cpp)"},
+    {"PATH", "directories separated by :", "/usr/bin:/bin",
+     "Where accelerant launch looks for the program.", "launch (launch_program.cpp)"},
     // The Accelerator and the graph layer.
-    {"OMP_NUM_THREADS", "integer", "unset", "When set, the CPU defaults leave the thread count alone.",
+    {"OMP_NUM_THREADS", "integer", "unset",
+     "When set, the CPU defaults leave the thread count alone.",
      "accelerator (accelerator.cpp); set by the launchers"},
-    {"ACCELERANT_METRICS", "bool", "false", "Print the graph-step metrics report when the program exits.",
-     "graph (metrics.cpp)"},
+    {"ACCELERANT_METRICS", "bool", "false",
+     "Print the graph-step metrics report when the program exits.", "graph (metrics.cpp)"},
     {"ACCELERANT_EMULATE_REPLAYS", "bool", "false",
-     "Graph steps on the CPU emulate GPU replays (GraphStepOptions' default).", "graph (graph_step.cpp)"},
+     "Graph steps on the CPU emulate GPU replays (GraphStepOptions' default).",
+     "graph (graph_step.cpp)"},
     // Shown by accelerant env only.
-    {"OPENBLAS_NUM_THREADS", "integer", "unset", "OpenBLAS's thread count (read by OpenBLAS itself).",
-     "the CLI (accelerant env shows it)"},
+    {"OPENBLAS_NUM_THREADS", "integer", "unset",
+     "OpenBLAS's thread count (read by OpenBLAS itself).", "the CLI (accelerant env shows it)"},
 };
 
 }  // namespace
@@ -121,11 +132,12 @@ const EnvVariable* find_environment_variable(const std::string& name) {
 
 std::optional<std::string> environment_value(const std::string& name) {
   if (find_environment_variable(name) == nullptr) {
-    throw Error(detail::str("Accelerant read the environment variable ", name,
-                            ", which the table of environment variables (src/base/environment.cpp, "
-                            "docs/environment.md) does not declare. Likely cause: a new read was added "
-                            "without its row. Fix: add the row to the table and regenerate docs/environment.md "
-                            "with `accelerant env --markdown`."));
+    throw Error(detail::str(
+        "Accelerant read the environment variable ", name,
+        ", which the table of environment variables (src/base/environment.cpp, "
+        "docs/environment.md) does not declare. Likely cause: a new read was added "
+        "without its row. Fix: add the row to the table and regenerate docs/environment.md "
+        "with `accelerant env --markdown`."));
   }
   const char* value = std::getenv(name.c_str());
   if (value == nullptr) return std::nullopt;

@@ -11,7 +11,8 @@ bool write_file_atomically(const std::string& path, const std::string& bytes) {
   bool written = false;
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    written = static_cast<bool>(out.write(bytes.data(), static_cast<std::streamsize>(bytes.size())).flush());
+    written = static_cast<bool>(
+        out.write(bytes.data(), static_cast<std::streamsize>(bytes.size())).flush());
   }
   if (written && std::rename(tmp.c_str(), path.c_str()) == 0) return true;
   std::remove(tmp.c_str());

@@ -31,17 +31,28 @@ bool recorded_work_runs_now() { return mode == Mode::kRecording && work_runs_now
 
 void host_effect(std::function<void()> effect) {
   switch (mode) {
-    case Mode::kEager: effect(); return;
-    case Mode::kRecording: active->after_replay.push_back({std::move(effect), false}); return;
-    case Mode::kReplaying: return;  // the recorded copy runs after the step
+    case Mode::kEager:
+      effect();
+      return;
+    case Mode::kRecording:
+      active->after_replay.push_back({std::move(effect), false});
+      return;
+    case Mode::kReplaying:
+      return;  // the recorded copy runs after the step
   }
 }
 
 void host_effect_on_step_values(std::function<void()> effect) {
   switch (mode) {
-    case Mode::kEager: effect(); return;
-    case Mode::kRecording: active->after_replay.push_back({std::move(effect), true}); return;
-    case Mode::kReplaying: effect(); return;  // this re-run's tensors, not the recording's
+    case Mode::kEager:
+      effect();
+      return;
+    case Mode::kRecording:
+      active->after_replay.push_back({std::move(effect), true});
+      return;
+    case Mode::kReplaying:
+      effect();
+      return;  // this re-run's tensors, not the recording's
   }
 }
 
@@ -53,8 +64,9 @@ namespace {
 
 void enter(Mode next) {
   if (mode != Mode::kEager) {
-    throw Error("A graph step was started inside another graph step's function. Fix: call one GraphStep "
-                "per training step, not one from within another.");
+    throw Error(
+        "A graph step was started inside another graph step's function. Fix: call one GraphStep "
+        "per training step, not one from within another.");
   }
   mode = next;
 }

@@ -12,14 +12,16 @@ namespace accelerant::detail {
 
 /// `sizes`-shaped contiguous alias of `flat`'s elements [offset, offset + numel(sizes)).
 inline torch::Tensor alias_into(const torch::Tensor& flat, int64_t offset, c10::IntArrayRef sizes) {
-  return torch::empty({0}, flat.options()).set_(flat.storage(), flat.storage_offset() + offset, sizes);
+  return torch::empty({0}, flat.options())
+      .set_(flat.storage(), flat.storage_offset() + offset, sizes);
 }
 
 /// Whether `t` is exactly the alias that alias_into(flat, offset, t.sizes()) would give.
 inline bool aliases(const torch::Tensor& t, const torch::Tensor& flat, int64_t offset) {
   return t.defined() && t.is_contiguous() && t.scalar_type() == flat.scalar_type() &&
          t.device() == flat.device() &&
-         t.data_ptr() == static_cast<void*>(static_cast<char*>(flat.data_ptr()) + offset * flat.element_size());
+         t.data_ptr() ==
+             static_cast<void*>(static_cast<char*>(flat.data_ptr()) + offset * flat.element_size());
 }
 
 }  // namespace accelerant::detail

@@ -16,7 +16,9 @@ namespace accelerant::detail {
 bool autocast_enabled(c10::DeviceType d) { return at::autocast::is_autocast_enabled(d); }
 void set_autocast_enabled(c10::DeviceType d, bool on) { at::autocast::set_autocast_enabled(d, on); }
 c10::ScalarType autocast_dtype(c10::DeviceType d) { return at::autocast::get_autocast_dtype(d); }
-void set_autocast_dtype(c10::DeviceType d, c10::ScalarType t) { at::autocast::set_autocast_dtype(d, t); }
+void set_autocast_dtype(c10::DeviceType d, c10::ScalarType t) {
+  at::autocast::set_autocast_dtype(d, t);
+}
 #else
 bool autocast_enabled(c10::DeviceType d) {
   return d == c10::DeviceType::CUDA ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
@@ -41,7 +43,8 @@ void leave_autocast() {
 
 bool cuda_available() { return torch::cuda::is_available(); }
 
-torch::Tensor to_device_from_worker(const torch::Tensor& t, torch::Device device, torch::ScalarType dtype, bool pin) {
+torch::Tensor to_device_from_worker(const torch::Tensor& t, torch::Device device,
+                                    torch::ScalarType dtype, bool pin) {
 #ifdef USE_C10D_NCCL
   if (device.is_cuda() && t.is_cpu()) {
     const torch::Tensor staged = pin && !t.is_pinned() ? t.pin_memory() : t;

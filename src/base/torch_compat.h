@@ -44,6 +44,7 @@ bool cuda_available();
 /// page-locked memory when `pin`, copied on a side stream of the worker's own, and waited for by
 /// the worker, so that the copy overlaps the training step and the batch is complete when the
 /// loop receives it; the memory is recorded for the device's default stream, which uses it.
-torch::Tensor to_device_from_worker(const torch::Tensor& t, torch::Device device, torch::ScalarType dtype, bool pin);
+torch::Tensor to_device_from_worker(const torch::Tensor& t, torch::Device device,
+                                    torch::ScalarType dtype, bool pin);
 
 }  // namespace accelerant::detail

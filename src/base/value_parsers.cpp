@@ -13,11 +13,11 @@ namespace {
                          const std::string& accepted, const std::string& fix) {
   if (find_environment_variable(from) != nullptr) {
     throw EnvironmentError(from, text,
-                           detail::str(from, "=", text, " is ", what, ". Accepted: ", accepted, ". Fix: ", fix,
-                                       " (or unset ", from, ")."));
+                           detail::str(from, "=", text, " is ", what, ". Accepted: ", accepted,
+                                       ". Fix: ", fix, " (or unset ", from, ")."));
   }
-  throw Error(detail::str("\"", text, "\" (from ", from, ") is ", what, ". Accepted: ", accepted, ". Fix: ", fix,
-                          "."));
+  throw Error(detail::str("\"", text, "\" (from ", from, ") is ", what, ". Accepted: ", accepted,
+                          ". Fix: ", fix, "."));
 }
 
 }  // namespace
@@ -32,9 +32,12 @@ bool parse_bool(const std::string& text, const std::string& from) {
 
 const char* to_string(MixedPrecision precision) {
   switch (precision) {
-    case MixedPrecision::kNo: return "no";
-    case MixedPrecision::kFp16: return "fp16";
-    case MixedPrecision::kBf16: return "bf16";
+    case MixedPrecision::kNo:
+      return "no";
+    case MixedPrecision::kFp16:
+      return "fp16";
+    case MixedPrecision::kBf16:
+      return "bf16";
   }
   return "unknown";
 }
@@ -44,9 +47,11 @@ MixedPrecision parse_mixed_precision(const std::string& text, const std::string&
   if (v == "no") return MixedPrecision::kNo;
   if (v == "fp16") return MixedPrecision::kFp16;
   if (v == "bf16") return MixedPrecision::kBf16;
-  refuse(text, from, v == "fp32" || v == "none" ? "not a mixed precision (full precision is written no)"
-                                                : "not a known mixed precision",
-         "no (full precision), fp16 (CUDA only) or bf16 (CPU or CUDA), in any case", "use no, fp16 or bf16");
+  refuse(text, from,
+         v == "fp32" || v == "none" ? "not a mixed precision (full precision is written no)"
+                                    : "not a known mixed precision",
+         "no (full precision), fp16 (CUDA only) or bf16 (CPU or CUDA), in any case",
+         "use no, fp16 or bf16");
 }
 
 }  // namespace accelerant

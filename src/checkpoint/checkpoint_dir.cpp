@@ -5,24 +5,26 @@
 
 #include "accelerant/checkpoint.h"
 #include "accelerant/error.h"
-#include "checkpoint/durable_files.h"
 #include "base/file_io.h"
 #include "base/text.h"
+#include "checkpoint/durable_files.h"
 
 namespace accelerant {
 
 CheckpointManifest read_checkpoint_manifest(const std::string& dir) {
   if (!detail::is_directory(dir)) {
-    throw CheckpointError(detail::str("no checkpoint at ", dir, ": it is not a directory. Fix: pass a directory ",
-                                      "written by save_state (e.g. <project_dir>/checkpoints/checkpoint_3)."),
-                          dir);
+    throw CheckpointError(
+        detail::str("no checkpoint at ", dir, ": it is not a directory. Fix: pass a directory ",
+                    "written by save_state (e.g. <project_dir>/checkpoints/checkpoint_3)."),
+        dir);
   }
   const std::string path = dir + "/manifest.json";
   if (!detail::path_exists(path)) {
-    throw CheckpointError(detail::str(dir, " is not a complete checkpoint: it has no manifest.json. Likely cause: ",
-                                      "it is not a checkpoint directory, or a save into it was interrupted before ",
-                                      "it finished. Fix: use a complete checkpoint (latest_checkpoint() finds one)."),
-                          dir);
+    throw CheckpointError(
+        detail::str(dir, " is not a complete checkpoint: it has no manifest.json. Likely cause: ",
+                    "it is not a checkpoint directory, or a save into it was interrupted before ",
+                    "it finished. Fix: use a complete checkpoint (latest_checkpoint() finds one)."),
+        dir);
   }
   return parse_checkpoint_manifest(detail::read_file(path), path);
 }
@@ -30,10 +32,11 @@ CheckpointManifest read_checkpoint_manifest(const std::string& dir) {
 CheckpointTrainingState read_checkpoint_state(const std::string& dir) {
   const std::string path = dir + "/state.json";
   if (!detail::path_exists(path)) {
-    throw CheckpointError(detail::str(dir, " has no state.json. Likely cause: it was damaged or is not a checkpoint ",
-                                      "directory. Fix: run `accelerant checkpoint verify ", dir, "`, or use another ",
-                                      "checkpoint."),
-                          path);
+    throw CheckpointError(
+        detail::str(dir, " has no state.json. Likely cause: it was damaged or is not a checkpoint ",
+                    "directory. Fix: run `accelerant checkpoint verify ", dir, "`, or use another ",
+                    "checkpoint."),
+        path);
   }
   return parse_checkpoint_state(detail::read_file(path), path);
 }
@@ -65,11 +68,12 @@ CheckpointManifest verify_checkpoint(const std::string& dir) {
     }
   }
   if (!problems.empty()) {
-    throw CheckpointError(detail::str("checkpoint ", dir, " is damaged: ", detail::join(problems, "; "),
-                                      ". Nothing was loaded. Likely cause: a disk or copy error, or the files were ",
-                                      "changed after saving. Fix: load an older checkpoint (or restore this one ",
-                                      "from a backup)."),
-                          first_bad);
+    throw CheckpointError(
+        detail::str("checkpoint ", dir, " is damaged: ", detail::join(problems, "; "),
+                    ". Nothing was loaded. Likely cause: a disk or copy error, or the files were ",
+                    "changed after saving. Fix: load an older checkpoint (or restore this one ",
+                    "from a backup)."),
+        first_bad);
   }
   return manifest;
 }

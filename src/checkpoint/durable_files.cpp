@@ -26,15 +26,19 @@ std::string system_reason(int error) {
   return reason;
 }
 
-[[noreturn]] void fail(const std::string& action, const std::string& path, int error, const std::string& fix) {
-  throw CheckpointError(str("could not ", action, " ", path, ": ", system_reason(error), ". Fix: ", fix), path);
+[[noreturn]] void fail(const std::string& action, const std::string& path, int error,
+                       const std::string& fix) {
+  throw CheckpointError(
+      str("could not ", action, " ", path, ": ", system_reason(error), ". Fix: ", fix), path);
 }
 
-const char* kSpaceFix = "free space there (or choose another directory), make sure it is writable, then save again";
+const char* kSpaceFix =
+    "free space there (or choose another directory), make sure it is writable, then save again";
 
 }  // namespace
 
-void write_file_durably(const std::string& path, const std::string& bytes, const std::string& what) {
+void write_file_durably(const std::string& path, const std::string& bytes,
+                        const std::string& what) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail("create " + what, path, errno, kSpaceFix);
   size_t done = 0;
@@ -44,7 +48,8 @@ void write_file_durably(const std::string& path, const std::string& bytes, const
     if (n <= 0) {
       const int error = n < 0 ? errno : ENOSPC;
       ::close(fd);
-      fail(str("write ", what, " (", bytes.size(), " bytes, ", done, " written) to"), path, error, kSpaceFix);
+      fail(str("write ", what, " (", bytes.size(), " bytes, ", done, " written) to"), path, error,
+           kSpaceFix);
     }
     done += static_cast<size_t>(n);
   }
@@ -57,7 +62,8 @@ void write_file_durably(const std::string& path, const std::string& bytes, const
   if (::close(fd) != 0) fail("close " + what + " at", path, errno, kSpaceFix);
 }
 
-void replace_file_durably(const std::string& path, const std::string& bytes, const std::string& what) {
+void replace_file_durably(const std::string& path, const std::string& bytes,
+                          const std::string& what) {
   const std::string dir = parent_of(path);
   const std::string tmp = dir + "/." + base_name(path) + ".partial";
   try {
@@ -81,7 +87,8 @@ void sync_directory(const std::string& dir) {
   const int error = errno;
   ::close(fd);
   // Some file systems (e.g. some FUSE ones) cannot fsync directories; the data files are synced.
-  if (rc != 0 && error != EINVAL && error != ENOTSUP) fail("flush the directory", dir, error, kSpaceFix);
+  if (rc != 0 && error != EINVAL && error != ENOTSUP)
+    fail("flush the directory", dir, error, kSpaceFix);
 }
 
 void make_directories(const std::string& dir) {
@@ -104,7 +111,8 @@ void publish_directory(const std::string& from, const std::string& to) {
   // `to` holds an older checkpoint: swap the two in one step, then remove the old one.
   if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_EXCHANGE) != 0) {
     fail("swap " + from + " into place at", to, errno,
-         "use a local file system that supports renameat2 (ext4, xfs, btrfs, tmpfs), or save to a new directory");
+         "use a local file system that supports renameat2 (ext4, xfs, btrfs, tmpfs), or save to a "
+         "new directory");
   }
   sync_directory(parent_of(to));
   remove_tree_quietly(from);  // now the old checkpoint
@@ -153,7 +161,8 @@ uint32_t crc32_of(const std::string& bytes) {
   size_t done = 0;
   while (done < bytes.size()) {  // crc32() takes a uInt length
     const size_t chunk = std::min<size_t>(bytes.size() - done, 1u << 30);
-    crc = ::crc32(crc, reinterpret_cast<const Bytef*>(bytes.data() + done), static_cast<uInt>(chunk));
+    crc =
+        ::crc32(crc, reinterpret_cast<const Bytef*>(bytes.data() + done), static_cast<uInt>(chunk));
     done += chunk;
   }
   return static_cast<uint32_t>(crc);

@@ -14,7 +14,8 @@ void write_file_durably(const std::string& path, const std::string& bytes, const
 
 /// write_file_durably into a hidden temporary file beside `path`, renamed over `path` and the
 /// directory fsynced: readers see the old file or the new one, never a part.
-void replace_file_durably(const std::string& path, const std::string& bytes, const std::string& what);
+void replace_file_durably(const std::string& path, const std::string& bytes,
+                          const std::string& what);
 
 /// fsyncs a directory, making the names created or renamed in it durable.
 void sync_directory(const std::string& dir);

@@ -5,7 +5,8 @@
 
 namespace accelerant::detail {
 
-ProcessOutcomes outcomes_everywhere(const CheckpointRanks& ranks, const std::function<std::string()>& step) {
+ProcessOutcomes outcomes_everywhere(const CheckpointRanks& ranks,
+                                    const std::function<std::string()>& step) {
   std::string outcome;
   try {
     outcome = "ok:" + step();
@@ -25,14 +26,15 @@ ProcessOutcomes outcomes_everywhere(const CheckpointRanks& ranks, const std::fun
   return all;
 }
 
-void on_every_process(const CheckpointRanks& ranks, const std::string& what, const std::function<void()>& step) {
+void on_every_process(const CheckpointRanks& ranks, const std::string& what,
+                      const std::function<void()>& step) {
   const auto failures = outcomes_everywhere(ranks, [&] {
                           step();
                           return std::string();
                         }).failures;
   if (!failures.empty()) {
-    throw CheckpointError(str(ranks.rank_prefix, what, " failed on ", failures.size(), " of ", ranks.world_size,
-                              " process(es):\n  ", join(failures, "\n  ")));
+    throw CheckpointError(str(ranks.rank_prefix, what, " failed on ", failures.size(), " of ",
+                              ranks.world_size, " process(es):\n  ", join(failures, "\n  ")));
   }
 }
 

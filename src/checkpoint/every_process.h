@@ -28,10 +28,12 @@ struct ProcessOutcomes {
 };
 
 /// Runs `step` here and exchanges the outcomes (a collective: call on every process).
-ProcessOutcomes outcomes_everywhere(const CheckpointRanks& ranks, const std::function<std::string()>& step);
+ProcessOutcomes outcomes_everywhere(const CheckpointRanks& ranks,
+                                    const std::function<std::string()>& step);
 
 /// Runs `step` on every process and throws CheckpointError on all of them if it threw on any,
 /// naming `what` and each failure.
-void on_every_process(const CheckpointRanks& ranks, const std::string& what, const std::function<void()>& step);
+void on_every_process(const CheckpointRanks& ranks, const std::string& what,
+                      const std::function<void()>& step);
 
 }  // namespace accelerant::detail

@@ -29,15 +29,17 @@ std::string source_dir(const std::string& requested_dir, const std::string& chec
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   if (!dir.empty()) return dir;
   if (checkpoints_dir.empty()) {
-    throw CheckpointError(str(ranks.rank_prefix, "load_state() without a directory needs a project ",
-                              "directory to find the newest checkpoint in. Fix: pass the checkpoint's ",
-                              "directory, or set AcceleratorOptions().project_dir(...)."));
+    throw CheckpointError(
+        str(ranks.rank_prefix, "load_state() without a directory needs a project ",
+            "directory to find the newest checkpoint in. Fix: pass the checkpoint's ",
+            "directory, or set AcceleratorOptions().project_dir(...)."));
   }
   auto latest = latest_checkpoint(checkpoints_dir);
   if (!latest) {
-    throw CheckpointError(str(ranks.rank_prefix, "load_state(): no complete checkpoint in ", checkpoints_dir,
-                              ". Fix: save one first (save_state()), or check project_dir."),
-                          checkpoints_dir);
+    throw CheckpointError(
+        str(ranks.rank_prefix, "load_state(): no complete checkpoint in ", checkpoints_dir,
+            ". Fix: save one first (save_state()), or check project_dir."),
+        checkpoints_dir);
   }
   return *latest;
 }
@@ -55,11 +57,13 @@ void check_counts(const CheckpointManifest& m, const CheckpointedState& s, const
   count("scheduler(s)", m.schedulers, s.schedulers.size());
   count("registered object(s)", m.custom_objects, s.objects.size());
   if (static_cast<size_t>(m.data_loaders) < s.loaders.size()) {
-    problems.push_back(str("it has ", m.data_loaders, " data loader(s), this run prepared ", s.loaders.size()));
+    problems.push_back(
+        str("it has ", m.data_loaders, " data loader(s), this run prepared ", s.loaders.size()));
   }
   if (m.scaler != (s.state->scaler != nullptr)) {
-    problems.push_back(str("it was saved ", m.scaler ? "with" : "without", " the fp16 loss scaler, this run has ",
-                           "mixed_precision ", to_string(s.mixed_precision)));
+    problems.push_back(str("it was saved ", m.scaler ? "with" : "without",
+                           " the fp16 loss scaler, this run has ", "mixed_precision ",
+                           to_string(s.mixed_precision)));
   }
   if (!problems.empty()) {
     throw CheckpointError(str(dir, " does not fit this run: ", join(problems, "; "),
@@ -74,23 +78,25 @@ void check_positions(const LoadedCheckpoint& loaded, const CheckpointedState& s)
   const std::string& dir = loaded.dir;
   if (loaded.state.scheduler_steps.size() != s.schedulers.size() ||
       loaded.state.data_loaders.size() != static_cast<size_t>(loaded.manifest.data_loaders)) {
-    throw CheckpointError(str(dir, "/", layout::kStateFile, " disagrees with the manifest about the schedulers ",
-                              "or data loaders. Fix: use another checkpoint."),
-                          dir + "/" + layout::kStateFile);
+    throw CheckpointError(
+        str(dir, "/", layout::kStateFile, " disagrees with the manifest about the schedulers ",
+            "or data loaders. Fix: use another checkpoint."),
+        dir + "/" + layout::kStateFile);
   }
   for (size_t i = 0; i < s.loaders.size(); ++i) {
     if (loaded.state.data_loaders[i].dataset_size != s.loaders[i].dataset_size()) {
-      throw CheckpointError(str("data loader ", i, " was saved over ", loaded.state.data_loaders[i].dataset_size,
-                                " samples, this run's has ", s.loaders[i].dataset_size(),
-                                ". Fix: prepare the same datasets, in the same order, as the run that ",
-                                "saved it."),
-                            dir + "/" + layout::kStateFile);
+      throw CheckpointError(
+          str("data loader ", i, " was saved over ", loaded.state.data_loaders[i].dataset_size,
+              " samples, this run's has ", s.loaders[i].dataset_size(),
+              ". Fix: prepare the same datasets, in the same order, as the run that ", "saved it."),
+          dir + "/" + layout::kStateFile);
     }
   }
 }
 
 // Reads and checks everything this process will apply; nothing changes yet.
-LoadedCheckpoint read_and_check(const std::string& dir, const CheckpointedState& s, const CheckpointRanks& ranks) {
+LoadedCheckpoint read_and_check(const std::string& dir, const CheckpointedState& s,
+                                const CheckpointRanks& ranks) {
   LoadedCheckpoint loaded;
   loaded.dir = dir;
   loaded.manifest = verify_checkpoint(dir);
@@ -101,13 +107,16 @@ LoadedCheckpoint read_and_check(const std::string& dir, const CheckpointedState&
     loaded.models.push_back(read(file));
     auto mismatches = module_state_mismatches(*s.models[i], loaded.models.back(), dir + "/" + file);
     if (!mismatches.empty()) {
-      throw CheckpointError(str("model ", i, " does not match ", dir, "/", file, ": ", join(mismatches, "; "),
-                                ". Fix: build the model as the run that saved it did (same layers and sizes)."),
-                            dir + "/" + file);
+      throw CheckpointError(
+          str("model ", i, " does not match ", dir, "/", file, ": ", join(mismatches, "; "),
+              ". Fix: build the model as the run that saved it did (same layers and sizes)."),
+          dir + "/" + file);
     }
   }
-  for (size_t i = 0; i < s.optimizers.size(); ++i) loaded.optimizers.push_back(read(layout::optimizer_file(i)));
-  for (size_t i = 0; i < s.objects.size(); ++i) loaded.custom_objects.push_back(read(layout::custom_file(i)));
+  for (size_t i = 0; i < s.optimizers.size(); ++i)
+    loaded.optimizers.push_back(read(layout::optimizer_file(i)));
+  for (size_t i = 0; i < s.objects.size(); ++i)
+    loaded.custom_objects.push_back(read(layout::custom_file(i)));
   if (loaded.manifest.scaler) loaded.scaler = read(layout::kScalerFile);
   if (ranks.rank < loaded.manifest.world_size) loaded.rng = read(layout::rng_file(ranks.rank));
   loaded.state = read_checkpoint_state(dir);
@@ -121,10 +130,12 @@ LoadedCheckpoint snapshot_for_rollback(const CheckpointedState& s) {
   now.dir = "(the state before load_state)";
   now.state = training_state_now(s);
   for (const auto& m : s.models) now.models.push_back(module_state_bytes(*m));
-  for (const auto& o : s.optimizers) now.optimizers.push_back(optimizer_state_bytes(*o.optimizer, o.fused.get()));
+  for (const auto& o : s.optimizers)
+    now.optimizers.push_back(optimizer_state_bytes(*o.optimizer, o.fused.get()));
   for (const auto& o : s.objects) now.custom_objects.push_back(archive_to_bytes(o.save));
   if (s.state->scaler) {
-    now.scaler = archive_to_bytes([&](torch::serialize::OutputArchive& a) { s.state->scaler->save(a); });
+    now.scaler =
+        archive_to_bytes([&](torch::serialize::OutputArchive& a) { s.state->scaler->save(a); });
   }
   now.rng = rng_state_bytes();
   return now;
@@ -139,11 +150,13 @@ void apply(const LoadedCheckpoint& loaded, CheckpointedState& s, int rank) {
                          loaded.dir + "/" + layout::optimizer_file(i), s.optimizers[i].fused.get());
   }
   for (size_t i = 0; i < s.objects.size(); ++i) {
-    auto archive = archive_from_bytes(loaded.custom_objects[i], loaded.dir + "/" + layout::custom_file(i));
+    auto archive =
+        archive_from_bytes(loaded.custom_objects[i], loaded.dir + "/" + layout::custom_file(i));
     s.objects[i].load(archive);
   }
   if (s.state->scaler && !loaded.scaler.empty()) {
-    auto archive = archive_from_bytes(loaded.scaler, loaded.dir + "/" + layout::kScalerFile, s.device);
+    auto archive =
+        archive_from_bytes(loaded.scaler, loaded.dir + "/" + layout::kScalerFile, s.device);
     s.state->scaler->load(archive);
   }
   const CheckpointTrainingState& state = loaded.state;
@@ -162,7 +175,8 @@ void apply(const LoadedCheckpoint& loaded, CheckpointedState& s, int rank) {
 }
 
 // Applies `loaded` on every process, or, when that failed anywhere, puts every object back.
-void apply_everywhere_or_nowhere(const LoadedCheckpoint& loaded, CheckpointedState& s, const CheckpointRanks& ranks) {
+void apply_everywhere_or_nowhere(const LoadedCheckpoint& loaded, CheckpointedState& s,
+                                 const CheckpointRanks& ranks) {
   const LoadedCheckpoint before = snapshot_for_rollback(s);
   const auto failures = outcomes_everywhere(ranks, [&] {
                           apply(loaded, s, ranks.rank);
@@ -170,10 +184,11 @@ void apply_everywhere_or_nowhere(const LoadedCheckpoint& loaded, CheckpointedSta
                         }).failures;
   if (failures.empty()) return;
   apply(before, s, ranks.rank);
-  throw CheckpointError(str(ranks.rank_prefix, "load_state(", loaded.dir, ") failed while applying it on ",
-                            failures.size(), " of ", ranks.world_size,
-                            " process(es); every object was put back as it was:\n  ", join(failures, "\n  ")),
-                        loaded.dir);
+  throw CheckpointError(
+      str(ranks.rank_prefix, "load_state(", loaded.dir, ") failed while applying it on ",
+          failures.size(), " of ", ranks.world_size,
+          " process(es); every object was put back as it was:\n  ", join(failures, "\n  ")),
+      loaded.dir);
 }
 
 }  // namespace
@@ -193,25 +208,29 @@ CheckpointTrainingState training_state_now(const CheckpointedState& s) {
   return state;
 }
 
-std::string load_training_state(CheckpointedState& state, const CheckpointRanks& ranks, const std::string& dir,
-                                const std::string& checkpoints_dir) {
+std::string load_training_state(CheckpointedState& state, const CheckpointRanks& ranks,
+                                const std::string& dir, const std::string& checkpoints_dir) {
   const std::string source = source_dir(dir, checkpoints_dir, ranks);
   LoadedCheckpoint loaded;
   on_every_process(ranks, "load_state(" + source + "): checking the checkpoint",
                    [&] { loaded = read_and_check(source, state, ranks); });
   apply_everywhere_or_nowhere(loaded, state, ranks);
   if (ranks.is_main() && loaded.manifest.world_size != ranks.world_size) {
-    std::printf("load_state: %s was saved by %d process(es), this run has %d: the data positions continue at the "
-                "same sample, re-sharded over %d; ranks without a saved generator keep their own.\n",
-                source.c_str(), loaded.manifest.world_size, ranks.world_size, ranks.world_size);
+    std::printf(
+        "load_state: %s was saved by %d process(es), this run has %d: the data positions continue "
+        "at the "
+        "same sample, re-sharded over %d; ranks without a saved generator keep their own.\n",
+        source.c_str(), loaded.manifest.world_size, ranks.world_size, ranks.world_size);
     std::fflush(stdout);
   }
   return source;
 }
 
-std::string agreed_latest_checkpoint(const CheckpointRanks& ranks, const std::string& checkpoints_dir) {
+std::string agreed_latest_checkpoint(const CheckpointRanks& ranks,
+                                     const std::string& checkpoints_dir) {
   if (checkpoints_dir.empty()) {
-    throw CheckpointError(str(ranks.rank_prefix, "auto_resume needs a project directory to find checkpoints in. ",
+    throw CheckpointError(str(ranks.rank_prefix,
+                              "auto_resume needs a project directory to find checkpoints in. ",
                               "Fix: set AcceleratorOptions().project_dir(...)."));
   }
   // Every process must take the same decision: the main process looks, the others follow.

@@ -2,17 +2,16 @@
 // come from anywhere): every length, offset and shape is checked before any tensor is built.
 #include "accelerant/safetensors.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "accelerant/error.h"
-#include "checkpoint/durable_files.h"
 #include "base/file_io.h"
 #include "base/text.h"
+#include "checkpoint/durable_files.h"
 
 namespace accelerant {
 namespace {
@@ -26,9 +25,10 @@ struct DtypeName {
 
 // The names the safetensors specification gives to the dtypes LibTorch 1.13 has.
 constexpr DtypeName kDtypes[] = {
-    {torch::kBool, "BOOL"},  {torch::kUInt8, "U8"},     {torch::kInt8, "I8"},  {torch::kInt16, "I16"},
-    {torch::kInt32, "I32"},  {torch::kInt64, "I64"},    {torch::kHalf, "F16"}, {torch::kBFloat16, "BF16"},
-    {torch::kFloat, "F32"},  {torch::kDouble, "F64"},
+    {torch::kBool, "BOOL"},  {torch::kUInt8, "U8"},      {torch::kInt8, "I8"},
+    {torch::kInt16, "I16"},  {torch::kInt32, "I32"},     {torch::kInt64, "I64"},
+    {torch::kHalf, "F16"},   {torch::kBFloat16, "BF16"}, {torch::kFloat, "F32"},
+    {torch::kDouble, "F64"},
 };
 
 const char* dtype_name(torch::ScalarType type) {
@@ -66,10 +66,11 @@ bool little_endian_host() {
 constexpr uint64_t kMaxHeaderBytes = 100u * 1000u * 1000u;
 
 [[noreturn]] void bad_file(const std::string& where, const std::string& problem) {
-  throw CheckpointError(str(where, " is not a valid safetensors file: ", problem,
-                            ". Likely cause: the file is truncated, damaged, or not a safetensors file. Fix: write "
-                            "it again (save_model) or use another copy."),
-                        where);
+  throw CheckpointError(
+      str(where, " is not a valid safetensors file: ", problem,
+          ". Likely cause: the file is truncated, damaged, or not a safetensors file. Fix: write "
+          "it again (save_model) or use another copy."),
+      where);
 }
 
 struct Entry {
@@ -81,32 +82,37 @@ struct Entry {
 
 Entry parse_entry(const std::string& where, const std::string& name, const nlohmann::json& info) {
   const std::string what = "tensor \"" + name + "\"";
-  if (!info.is_object()) bad_file(where, what + " is described by " + std::string(info.type_name()) + ", not an object");
+  if (!info.is_object())
+    bad_file(where, what + " is described by " + std::string(info.type_name()) + ", not an object");
   Entry e;
   e.name = name;
   auto dtype = info.find("dtype");
-  if (dtype == info.end() || !dtype->is_string()) bad_file(where, what + " has no \"dtype\" string");
+  if (dtype == info.end() || !dtype->is_string())
+    bad_file(where, what + " has no \"dtype\" string");
   if (!dtype_from_name(dtype->get<std::string>(), &e.type)) {
-    throw CheckpointError(str(where, ": ", what, " has dtype ", dtype->get<std::string>(), ", which this build cannot ",
-                              "hold. Supported: ", supported_dtype_names(), ". Fix: convert the tensor before saving."),
+    throw CheckpointError(str(where, ": ", what, " has dtype ", dtype->get<std::string>(),
+                              ", which this build cannot ", "hold. Supported: ",
+                              supported_dtype_names(), ". Fix: convert the tensor before saving."),
                           where);
   }
   auto shape = info.find("shape");
   if (shape == info.end() || !shape->is_array()) bad_file(where, what + " has no \"shape\" array");
   for (const auto& d : *shape) {
-    if (!d.is_number_unsigned() || d.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    if (!d.is_number_unsigned() ||
+        d.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
       bad_file(where, what + " has a shape entry that is not a non-negative integer: " + d.dump());
     }
     e.shape.push_back(static_cast<int64_t>(d.get<uint64_t>()));
   }
   auto offsets = info.find("data_offsets");
-  if (offsets == info.end() || !offsets->is_array() || offsets->size() != 2 || !(*offsets)[0].is_number_unsigned() ||
-      !(*offsets)[1].is_number_unsigned()) {
+  if (offsets == info.end() || !offsets->is_array() || offsets->size() != 2 ||
+      !(*offsets)[0].is_number_unsigned() || !(*offsets)[1].is_number_unsigned()) {
     bad_file(where, what + " has no \"data_offsets\" pair of non-negative integers");
   }
   e.begin = (*offsets)[0].get<uint64_t>();
   e.end = (*offsets)[1].get<uint64_t>();
-  if (e.end < e.begin) bad_file(where, str(what, " ends (", e.end, ") before it begins (", e.begin, ")"));
+  if (e.end < e.begin)
+    bad_file(where, str(what, " ends (", e.end, ") before it begins (", e.begin, ")"));
   for (const auto& key : info.items()) {
     if (key.key() != "dtype" && key.key() != "shape" && key.key() != "data_offsets") {
       bad_file(where, what + " has an unknown field \"" + key.key() + "\"");
@@ -120,8 +126,9 @@ Entry parse_entry(const std::string& where, const std::string& name, const nlohm
     }
   }
   if (bytes != e.end - e.begin) {
-    bad_file(where, str(what, " of dtype ", dtype->get<std::string>(), " and shape ", shape->dump(), " needs ", bytes,
-                        " bytes, its data_offsets [", e.begin, ", ", e.end, "] hold ", e.end - e.begin));
+    bad_file(where, str(what, " of dtype ", dtype->get<std::string>(), " and shape ", shape->dump(),
+                        " needs ", bytes, " bytes, its data_offsets [", e.begin, ", ", e.end,
+                        "] hold ", e.end - e.begin));
   }
   return e;
 }
@@ -129,7 +136,9 @@ Entry parse_entry(const std::string& where, const std::string& name, const nlohm
 }  // namespace
 
 std::string encode_safetensors(const SafetensorsContents& contents) {
-  if (!little_endian_host()) throw Error("safetensors files are little-endian; this build supports only little-endian hosts.");
+  if (!little_endian_host())
+    throw Error(
+        "safetensors files are little-endian; this build supports only little-endian hosts.");
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!contents.metadata.empty()) header["__metadata__"] = contents.metadata;
   std::vector<torch::Tensor> data;
@@ -137,20 +146,25 @@ std::string encode_safetensors(const SafetensorsContents& contents) {
   uint64_t offset = 0;
   for (const auto& [name, tensor] : contents.tensors) {
     if (name.empty() || name == "__metadata__") {
-      throw Error(str("a safetensors tensor cannot be named \"", name, "\". Fix: give every tensor a non-empty name "
+      throw Error(str("a safetensors tensor cannot be named \"", name,
+                      "\". Fix: give every tensor a non-empty name "
                       "other than __metadata__."));
     }
     if (!names.insert(name).second) {
-      throw Error(str("the tensor name \"", name, "\" appears twice; safetensors names are unique. Fix: rename one."));
+      throw Error(str("the tensor name \"", name,
+                      "\" appears twice; safetensors names are unique. Fix: rename one."));
     }
     const char* dtype = dtype_name(tensor.scalar_type());
     if (!dtype) {
-      throw Error(detail::str("tensor \"", name, "\" has dtype ", tensor.scalar_type(), ", which safetensors cannot hold here. ",
-                      "Supported: ", supported_dtype_names(), ". Fix: convert it (e.g. .to(torch::kFloat)) first."));
+      throw Error(detail::str("tensor \"", name, "\" has dtype ", tensor.scalar_type(),
+                              ", which safetensors cannot hold here. ",
+                              "Supported: ", supported_dtype_names(),
+                              ". Fix: convert it (e.g. .to(torch::kFloat)) first."));
     }
     torch::Tensor cpu = tensor.detach().to(torch::kCPU).contiguous();
     const uint64_t bytes = cpu.numel() * cpu.element_size();
-    header[name] = {{"dtype", dtype}, {"shape", cpu.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
+    header[name] = {
+        {"dtype", dtype}, {"shape", cpu.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
     data.push_back(cpu);
   }
@@ -161,21 +175,29 @@ std::string encode_safetensors(const SafetensorsContents& contents) {
   std::memcpy(&out[0], &n, 8);  // little-endian host, checked above
   out += header_text;
   out.reserve(out.size() + offset);
-  for (const auto& t : data) out.append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
+  for (const auto& t : data)
+    out.append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
   return out;
 }
 
 SafetensorsContents decode_safetensors(const std::string& bytes, const std::string& where) {
-  if (!little_endian_host()) throw Error("safetensors files are little-endian; this build supports only little-endian hosts.");
-  if (bytes.size() < 8) bad_file(where, str("it has ", bytes.size(), " bytes, fewer than the 8 of the header length"));
+  if (!little_endian_host())
+    throw Error(
+        "safetensors files are little-endian; this build supports only little-endian hosts.");
+  if (bytes.size() < 8)
+    bad_file(where, str("it has ", bytes.size(), " bytes, fewer than the 8 of the header length"));
   uint64_t header_size = 0;
   std::memcpy(&header_size, bytes.data(), 8);
-  if (header_size > kMaxHeaderBytes) bad_file(where, str("its header length is ", header_size, " bytes (at most ", kMaxHeaderBytes, ")"));
+  if (header_size > kMaxHeaderBytes)
+    bad_file(where,
+             str("its header length is ", header_size, " bytes (at most ", kMaxHeaderBytes, ")"));
   if (header_size > bytes.size() - 8) {
-    bad_file(where, str("its header length is ", header_size, " bytes but only ", bytes.size() - 8, " follow"));
+    bad_file(where, str("its header length is ", header_size, " bytes but only ", bytes.size() - 8,
+                        " follow"));
   }
   const std::string header_text = bytes.substr(8, header_size);
-  if (header_text.empty() || header_text[0] != '{') bad_file(where, "its header does not start with '{'");
+  if (header_text.empty() || header_text[0] != '{')
+    bad_file(where, "its header does not start with '{'");
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(header_text);
@@ -190,7 +212,8 @@ SafetensorsContents decode_safetensors(const std::string& bytes, const std::stri
     if (item.key() == "__metadata__") {
       if (!item.value().is_object()) bad_file(where, "its __metadata__ is not an object");
       for (const auto& m : item.value().items()) {
-        if (!m.value().is_string()) bad_file(where, "its __metadata__ value of \"" + m.key() + "\" is not a string");
+        if (!m.value().is_string())
+          bad_file(where, "its __metadata__ value of \"" + m.key() + "\" is not a string");
         contents.metadata[m.key()] = m.value().get<std::string>();
       }
       continue;
@@ -205,8 +228,10 @@ SafetensorsContents decode_safetensors(const std::string& bytes, const std::stri
   uint64_t expected = 0;
   for (const auto& e : entries) {
     if (e.begin != expected) {
-      bad_file(where, str("tensor \"", e.name, "\" begins at byte ", e.begin, " of the data, expected ", expected,
-                          e.begin < expected ? " (it overlaps the one before)" : " (a gap before it)"));
+      bad_file(where,
+               str("tensor \"", e.name, "\" begins at byte ", e.begin, " of the data, expected ",
+                   expected,
+                   e.begin < expected ? " (it overlaps the one before)" : " (a gap before it)"));
     }
     expected = e.end;
   }
@@ -221,7 +246,9 @@ SafetensorsContents decode_safetensors(const std::string& bytes, const std::stri
     if (e.type == torch::kBool) {
       for (uint64_t i = 0; i < n; ++i) {
         const auto byte = static_cast<unsigned char>(data[e.begin + i]);
-        if (byte > 1) bad_file(where, str("bool tensor \"", e.name, "\" holds the byte ", int(byte), " (only 0 and 1)"));
+        if (byte > 1)
+          bad_file(where, str("bool tensor \"", e.name, "\" holds the byte ", int(byte),
+                              " (only 0 and 1)"));
       }
     }
     if (n) std::memcpy(t.data_ptr(), data + e.begin, n);
@@ -236,17 +263,24 @@ void write_safetensors(const std::string& path, const SafetensorsContents& conte
 
 SafetensorsContents read_safetensors(const std::string& path) {
   if (!detail::path_exists(path)) {
-    throw CheckpointError(str("no safetensors file at ", path, ". Fix: check the path; save_model writes ",
-                              "model.safetensors or model-0000k-of-0000n.safetensors with an index."),
-                          path);
+    throw CheckpointError(
+        str("no safetensors file at ", path, ". Fix: check the path; save_model writes ",
+            "model.safetensors or model-0000k-of-0000n.safetensors with an index."),
+        path);
   }
   return decode_safetensors(detail::read_file(path), path);
 }
 
 int64_t parse_byte_size(const std::string& text) {
-  static const std::pair<const char*, int64_t> kUnits[] = {
-      {"KIB", 1LL << 10}, {"MIB", 1LL << 20}, {"GIB", 1LL << 30}, {"TIB", 1LL << 40}, {"KB", 1000LL},
-      {"MB", 1000LL * 1000}, {"GB", 1000LL * 1000 * 1000}, {"TB", 1000LL * 1000 * 1000 * 1000}, {"B", 1}};
+  static const std::pair<const char*, int64_t> kUnits[] = {{"KIB", 1LL << 10},
+                                                           {"MIB", 1LL << 20},
+                                                           {"GIB", 1LL << 30},
+                                                           {"TIB", 1LL << 40},
+                                                           {"KB", 1000LL},
+                                                           {"MB", 1000LL * 1000},
+                                                           {"GB", 1000LL * 1000 * 1000},
+                                                           {"TB", 1000LL * 1000 * 1000 * 1000},
+                                                           {"B", 1}};
   std::string upper;
   for (char c : text) {
     if (c != ' ') upper += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
@@ -260,12 +294,15 @@ int64_t parse_byte_size(const std::string& text) {
       break;
     }
   }
-  const bool digits = !upper.empty() && upper.size() <= 15 &&
-                      std::all_of(upper.begin(), upper.end(), [](char c) { return c >= '0' && c <= '9'; });
+  const bool digits =
+      !upper.empty() && upper.size() <= 15 &&
+      std::all_of(upper.begin(), upper.end(), [](char c) { return c >= '0' && c <= '9'; });
   const int64_t value = digits ? std::stoll(upper) : 0;
   if (!digits || value <= 0 || value > std::numeric_limits<int64_t>::max() / unit) {
-    throw Error(str("\"", text, "\" is not a size. Fix: give a positive whole number of bytes, optionally with a unit: ",
-                    "KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. \"10GB\"."));
+    throw Error(str(
+        "\"", text,
+        "\" is not a size. Fix: give a positive whole number of bytes, optionally with a unit: ",
+        "KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. \"10GB\"."));
   }
   return value * unit;
 }

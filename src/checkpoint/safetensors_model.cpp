@@ -1,16 +1,15 @@
 // A model's weights as safetensors files: one file, or shards plus Hugging Face's index.
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 
 #include "accelerant/error.h"
 #include "accelerant/safetensors.h"
-#include "checkpoint/durable_files.h"
-#include "checkpoint/state_pieces.h"
 #include "base/file_io.h"
 #include "base/text.h"
+#include "checkpoint/durable_files.h"
+#include "checkpoint/state_pieces.h"
 
 namespace accelerant {
 namespace {
@@ -35,8 +34,10 @@ bool is_weight_file(const std::string& name) {
 // expect to see them in.
 std::vector<std::pair<std::string, torch::Tensor>> ordered_state(const torch::nn::Module& model) {
   std::vector<std::pair<std::string, torch::Tensor>> state;
-  for (const auto& p : model.named_parameters(/*recurse=*/true)) state.emplace_back(p.key(), p.value());
-  for (const auto& b : model.named_buffers(/*recurse=*/true)) state.emplace_back(b.key(), b.value());
+  for (const auto& p : model.named_parameters(/*recurse=*/true))
+    state.emplace_back(p.key(), p.value());
+  for (const auto& b : model.named_buffers(/*recurse=*/true))
+    state.emplace_back(b.key(), b.value());
   return state;
 }
 
@@ -45,7 +46,8 @@ std::vector<std::pair<std::string, torch::Tensor>> ordered_state(const torch::nn
 SavedModelFiles save_model_safetensors(const torch::nn::Module& model, const std::string& dir,
                                        int64_t max_shard_bytes) {
   if (max_shard_bytes <= 0) {
-    throw Error(str("max_shard_size must be positive; got ", max_shard_bytes, " bytes. Fix: pass e.g. \"10GB\"."));
+    throw Error(str("max_shard_size must be positive; got ", max_shard_bytes,
+                    " bytes. Fix: pass e.g. \"10GB\"."));
   }
   detail::make_directories(dir);
   // Greedy packing in model order; a tensor over the limit gets a shard of its own.
@@ -66,13 +68,16 @@ SavedModelFiles save_model_safetensors(const torch::nn::Module& model, const std
   for (size_t k = 0; k < shards.size(); ++k) {
     const std::string file = shards.size() == 1 ? kSingleFile : shard_name(k + 1, shards.size());
     shards[k].metadata["format"] = "pt";  // what Hugging Face's loaders check for PyTorch weights
-    detail::replace_file_durably(dir + "/" + file, encode_safetensors(shards[k]), "the model weights");
+    detail::replace_file_durably(dir + "/" + file, encode_safetensors(shards[k]),
+                                 "the model weights");
     saved.weight_files.push_back(file);
     for (const auto& [name, tensor] : shards[k].tensors) weight_map[name] = file;
   }
   if (shards.size() > 1) {
-    nlohmann::ordered_json index = {{"metadata", {{"total_size", saved.total_bytes}}}, {"weight_map", weight_map}};
-    detail::replace_file_durably(dir + "/" + kIndexFile, index.dump(2) + "\n", "the safetensors index");
+    nlohmann::ordered_json index = {{"metadata", {{"total_size", saved.total_bytes}}},
+                                    {"weight_map", weight_map}};
+    detail::replace_file_durably(dir + "/" + kIndexFile, index.dump(2) + "\n",
+                                 "the safetensors index");
     saved.index_file = kIndexFile;
   }
   // Only now that the new set is complete: remove weight files of an earlier save it replaced.
@@ -94,45 +99,53 @@ std::map<std::string, torch::Tensor> read_model_safetensors(const std::string& d
     try {
       index = nlohmann::json::parse(detail::read_file(index_path));
     } catch (const nlohmann::json::exception& e) {
-      throw CheckpointError(str(index_path, " is not valid JSON (", e.what(), "). Fix: save the model again."), index_path);
+      throw CheckpointError(
+          str(index_path, " is not valid JSON (", e.what(), "). Fix: save the model again."),
+          index_path);
     }
     if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
-      throw CheckpointError(str(index_path, " has no \"weight_map\" object. Fix: save the model again."), index_path);
+      throw CheckpointError(
+          str(index_path, " has no \"weight_map\" object. Fix: save the model again."), index_path);
     }
     std::set<std::string> unique;
     for (const auto& item : index["weight_map"].items()) {
-      if (!item.value().is_string() || item.value().get<std::string>().find('/') != std::string::npos) {
+      if (!item.value().is_string() ||
+          item.value().get<std::string>().find('/') != std::string::npos) {
         throw CheckpointError(str(index_path, " maps \"", item.key(), "\" to ", item.value().dump(),
                                   ", not a file name in ", dir, ". Fix: save the model again."),
                               index_path);
       }
-      if (unique.insert(item.value().get<std::string>()).second) files.push_back(item.value().get<std::string>());
+      if (unique.insert(item.value().get<std::string>()).second)
+        files.push_back(item.value().get<std::string>());
     }
     for (const auto& file : files) {
       for (auto& [name, tensor] : read_safetensors(dir + "/" + file).tensors) {
         auto listed = index["weight_map"].find(name);
         if (listed == index["weight_map"].end() || *listed != file) {
-          throw CheckpointError(str(dir, "/", file, " holds \"", name, "\", which ", index_path,
-                                    listed == index["weight_map"].end() ? " does not list" : " places in another file",
-                                    ". Likely cause: shards of two saves mixed. Fix: save the model again."),
-                                dir + "/" + file);
+          throw CheckpointError(
+              str(dir, "/", file, " holds \"", name, "\", which ", index_path,
+                  listed == index["weight_map"].end() ? " does not list"
+                                                      : " places in another file",
+                  ". Likely cause: shards of two saves mixed. Fix: save the model again."),
+              dir + "/" + file);
         }
         tensors[name] = tensor;
       }
     }
     for (const auto& item : index["weight_map"].items()) {
       if (!tensors.count(item.key())) {
-        throw CheckpointError(str(index_path, " lists \"", item.key(), "\" in ", item.value().get<std::string>(),
-                                  ", which does not hold it. Fix: save the model again."),
-                              index_path);
+        throw CheckpointError(
+            str(index_path, " lists \"", item.key(), "\" in ", item.value().get<std::string>(),
+                ", which does not hold it. Fix: save the model again."),
+            index_path);
       }
     }
     return tensors;
   }
   const std::string single = dir + "/" + kSingleFile;
   if (!detail::path_exists(single)) {
-    throw CheckpointError(str("no model weights in ", dir, ": neither ", kSingleFile, " nor ", kIndexFile,
-                              ". Fix: pass the directory given to save_model."),
+    throw CheckpointError(str("no model weights in ", dir, ": neither ", kSingleFile, " nor ",
+                              kIndexFile, ". Fix: pass the directory given to save_model."),
                           dir);
   }
   for (auto& [name, tensor] : read_safetensors(single).tensors) tensors[name] = tensor;
@@ -146,10 +159,11 @@ void load_model_safetensors(torch::nn::Module& model, const std::string& dir) {
   auto model_state = detail::named_state(model);
   const auto problems = detail::state_mismatches(model_state, shapes);
   if (!problems.empty()) {
-    throw CheckpointError(str("the weights in ", dir, " do not fit the model; nothing was loaded: ",
-                              detail::join(problems, "; "), ". Fix: build the model with the same layers and sizes ",
-                              "as the one saved."),
-                          dir);
+    throw CheckpointError(
+        str("the weights in ", dir,
+            " do not fit the model; nothing was loaded: ", detail::join(problems, "; "),
+            ". Fix: build the model with the same layers and sizes ", "as the one saved."),
+        dir);
   }
   torch::NoGradGuard no_grad;
   for (auto& [name, tensor] : model_state) tensor.copy_(saved.at(name));

@@ -1,19 +1,18 @@
 // save_training_state: the saving half of the protocol (training_checkpoint.h), one step per
 // function: name the target, prepare the temporary directory, write this process's part, agree
 // on what every process wrote, seal (manifest, rename), prune old automatic checkpoints.
-#include <nlohmann/json.hpp>
-
 #include <stdio.h>
 
 #include <ctime>
+#include <nlohmann/json.hpp>
 
 #include "accelerant/error.h"
 #include "accelerant/version.h"
+#include "base/text.h"
 #include "checkpoint/checkpoint_layout.h"
 #include "checkpoint/durable_files.h"
 #include "checkpoint/state_pieces.h"
 #include "checkpoint/training_checkpoint.h"
-#include "base/text.h"
 
 namespace accelerant::detail {
 namespace {
@@ -34,10 +33,13 @@ std::string strip_trailing_slashes(std::string dir) {
   return dir;
 }
 
-std::string partial_dir_for(const std::string& dir) { return parent_of(dir) + "/." + base_name(dir) + ".partial"; }
+std::string partial_dir_for(const std::string& dir) {
+  return parent_of(dir) + "/." + base_name(dir) + ".partial";
+}
 
 bool ends_with(const std::string& name, const std::string& tail) {
-  return name.size() > tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  return name.size() > tail.size() &&
+         name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
 }
 
 // The requested directory, or the next automatic checkpoint_<n> as the main process numbers it.
@@ -45,13 +47,15 @@ std::string target_dir(const CheckpointRanks& ranks, const SaveRequest& request)
   std::string dir = strip_trailing_slashes(request.dir);
   if (!dir.empty()) return dir;
   if (request.checkpoints_dir.empty()) {
-    throw CheckpointError(str(ranks.rank_prefix, "save_state() without a directory needs a project ",
-                              "directory. Fix: pass one, save_state(\"ckpt/step_100\"), or set ",
-                              "AcceleratorOptions().project_dir(\"runs/exp1\") for automatic names."));
+    throw CheckpointError(
+        str(ranks.rank_prefix, "save_state() without a directory needs a project ",
+            "directory. Fix: pass one, save_state(\"ckpt/step_100\"), or set ",
+            "AcceleratorOptions().project_dir(\"runs/exp1\") for automatic names."));
   }
   int64_t next = 0;
   if (ranks.is_main()) {
-    if (auto latest = latest_checkpoint(request.checkpoints_dir)) next = checkpoint_iteration(*latest) + 1;
+    if (auto latest = latest_checkpoint(request.checkpoints_dir))
+      next = checkpoint_iteration(*latest) + 1;
   }
   next = ranks.communicator->broadcast_value(next);
   return str(request.checkpoints_dir, "/checkpoint_", next);
@@ -59,10 +63,12 @@ std::string target_dir(const CheckpointRanks& ranks, const SaveRequest& request)
 
 // This process's files in `partial`: its random generators, and on the main process everything
 // else. Returns what it wrote, as the manifest lists it.
-std::vector<CheckpointFileEntry> write_own_part(const CheckpointedState& s, const CheckpointRanks& ranks,
+std::vector<CheckpointFileEntry> write_own_part(const CheckpointedState& s,
+                                                const CheckpointRanks& ranks,
                                                 const std::string& partial) {
   std::vector<CheckpointFileEntry> written;
-  auto write = [&](const std::string& name, const std::string& bytes, const std::string& description) {
+  auto write = [&](const std::string& name, const std::string& bytes,
+                   const std::string& description) {
     write_file_durably(partial + "/" + name, bytes, description);
     written.push_back({name, bytes.size(), crc32_of(bytes)});
   };
@@ -75,23 +81,28 @@ std::vector<CheckpointFileEntry> write_own_part(const CheckpointedState& s, cons
     write(layout::model_file(i), module_state_bytes(*s.models[i]), str("model ", i));
   }
   for (size_t i = 0; i < s.optimizers.size(); ++i) {
-    write(layout::optimizer_file(i), optimizer_state_bytes(*s.optimizers[i].optimizer, s.optimizers[i].fused.get()),
+    write(layout::optimizer_file(i),
+          optimizer_state_bytes(*s.optimizers[i].optimizer, s.optimizers[i].fused.get()),
           str("optimizer ", i));
   }
   if (s.state->scaler) {
-    write(layout::kScalerFile, archive_to_bytes([&](torch::serialize::OutputArchive& a) { s.state->scaler->save(a); }),
+    write(layout::kScalerFile,
+          archive_to_bytes([&](torch::serialize::OutputArchive& a) { s.state->scaler->save(a); }),
           "the fp16 loss scaler");
   }
   for (size_t i = 0; i < s.objects.size(); ++i) {
-    write(layout::custom_file(i), archive_to_bytes(s.objects[i].save), str("registered object ", i));
+    write(layout::custom_file(i), archive_to_bytes(s.objects[i].save),
+          str("registered object ", i));
   }
   write(layout::kStateFile, format_checkpoint_state(training_state_now(s)), "the training state");
   return written;
 }
 
 // Every process writes its part; every process learns every file written, or the failures.
-std::vector<CheckpointFileEntry> write_every_part(const CheckpointedState& s, const CheckpointRanks& ranks,
-                                                  const std::string& dir, const std::string& partial) {
+std::vector<CheckpointFileEntry> write_every_part(const CheckpointedState& s,
+                                                  const CheckpointRanks& ranks,
+                                                  const std::string& dir,
+                                                  const std::string& partial) {
   const auto reports = outcomes_everywhere(ranks, [&] {
     json list = json::array();
     for (const auto& e : write_own_part(s, ranks, partial)) {
@@ -101,11 +112,12 @@ std::vector<CheckpointFileEntry> write_every_part(const CheckpointedState& s, co
   });
   if (!reports.failures.empty()) {
     if (ranks.is_main()) remove_tree_quietly(partial);
-    throw CheckpointError(str(ranks.rank_prefix, "save_state(", dir, ") failed on ", reports.failures.size(), " of ",
-                              ranks.world_size, " process(es); ",
-                              path_exists(dir) ? "the checkpoint there " : "the earlier checkpoints ",
-                              "were not touched:\n  ", join(reports.failures, "\n  ")),
-                          dir);
+    throw CheckpointError(
+        str(ranks.rank_prefix, "save_state(", dir, ") failed on ", reports.failures.size(), " of ",
+            ranks.world_size, " process(es); ",
+            path_exists(dir) ? "the checkpoint there " : "the earlier checkpoints ",
+            "were not touched:\n  ", join(reports.failures, "\n  ")),
+        dir);
   }
   std::vector<CheckpointFileEntry> all_files;
   for (const auto& report : reports.results) {
@@ -141,13 +153,15 @@ CheckpointManifest manifest_now(const CheckpointedState& s, const CheckpointRank
 void seal(const CheckpointManifest& manifest, const std::string& partial, const std::string& dir) {
   for (int rank = 0; rank < manifest.world_size; ++rank) {
     if (!path_exists(partial + "/" + layout::rng_file(rank))) {
-      throw CheckpointError(str("rank ", rank, "'s files are not in ", partial,
-                                " as the main process sees it. Likely cause: the ",
-                                "directory is not on a file system every process shares (each machine wrote its own ",
-                                "copy). Fix: save to a shared file system (NFS, Lustre, ...)."));
+      throw CheckpointError(
+          str("rank ", rank, "'s files are not in ", partial,
+              " as the main process sees it. Likely cause: the ",
+              "directory is not on a file system every process shares (each machine wrote its own ",
+              "copy). Fix: save to a shared file system (NFS, Lustre, ...)."));
     }
   }
-  write_file_durably(partial + "/" + layout::kManifestFile, format_checkpoint_manifest(manifest), "the manifest");
+  write_file_durably(partial + "/" + layout::kManifestFile, format_checkpoint_manifest(manifest),
+                     "the manifest");
   sync_directory(partial);
   publish_directory(partial, dir);
 }
@@ -181,7 +195,8 @@ std::string save_training_state(const CheckpointedState& state, const Checkpoint
   const std::string dir = target_dir(ranks, request);
   const std::string partial = partial_dir_for(dir);
   const std::string what = "save_state(" + dir + ")";
-  auto on_every_process_or_clean_up = [&](const std::string& step_name, const std::function<void()>& step) {
+  auto on_every_process_or_clean_up = [&](const std::string& step_name,
+                                          const std::function<void()>& step) {
     try {
       on_every_process(ranks, what + step_name, [&] {
         if (ranks.is_main()) step();
@@ -197,10 +212,11 @@ std::string save_training_state(const CheckpointedState& state, const Checkpoint
     make_directories(partial);
   });
   auto files = write_every_part(state, ranks, dir, partial);
-  on_every_process_or_clean_up(": finishing",
-                               [&] { seal(manifest_now(state, ranks, std::move(files)), partial, dir); });
+  on_every_process_or_clean_up(
+      ": finishing", [&] { seal(manifest_now(state, ranks, std::move(files)), partial, dir); });
   // Only now that the new checkpoint is complete may old ones go.
-  if (request.dir.empty() && ranks.is_main()) prune_automatic_checkpoints(request.checkpoints_dir, request.total_limit);
+  if (request.dir.empty() && ranks.is_main())
+    prune_automatic_checkpoints(request.checkpoints_dir, request.total_limit);
   return dir;
 }
 

@@ -28,9 +28,10 @@ torch::serialize::InputArchive archive_from_bytes(const std::string& bytes, cons
   try {
     archive.load_from(bytes.data(), bytes.size(), device);
   } catch (const std::exception& e) {
-    throw CheckpointError(str(what, " cannot be read as a LibTorch archive (", e.what(), "). Likely cause: it ",
-                              "was damaged after its checksum was taken, or written by another program. Fix: ",
-                              "use another checkpoint."));
+    throw CheckpointError(
+        str(what, " cannot be read as a LibTorch archive (", e.what(), "). Likely cause: it ",
+            "was damaged after its checksum was taken, or written by another program. Fix: ",
+            "use another checkpoint."));
   }
   return archive;
 }
@@ -42,15 +43,17 @@ std::map<std::string, torch::Tensor> named_state(const torch::nn::Module& module
   return state;
 }
 
-std::vector<std::string> state_mismatches(const std::map<std::string, torch::Tensor>& model,
-                                          const std::map<std::string, std::vector<int64_t>>& saved) {
+std::vector<std::string> state_mismatches(
+    const std::map<std::string, torch::Tensor>& model,
+    const std::map<std::string, std::vector<int64_t>>& saved) {
   std::vector<std::string> missing, unexpected, reshaped;
   for (const auto& [name, shape] : saved) {
     auto it = model.find(name);
     if (it == model.end()) {
       unexpected.push_back(name);
     } else if (it->second.sizes() != c10::IntArrayRef(shape)) {
-      reshaped.push_back(detail::str(name, " saved ", c10::IntArrayRef(shape), ", model ", it->second.sizes()));
+      reshaped.push_back(
+          detail::str(name, " saved ", c10::IntArrayRef(shape), ", model ", it->second.sizes()));
     }
   }
   for (const auto& [name, tensor] : model) {
@@ -58,18 +61,21 @@ std::vector<std::string> state_mismatches(const std::map<std::string, torch::Ten
   }
   std::vector<std::string> problems;
   if (!missing.empty()) problems.push_back("not in the checkpoint: " + join(missing, ", "));
-  if (!unexpected.empty()) problems.push_back("in the checkpoint but not in the model: " + join(unexpected, ", "));
+  if (!unexpected.empty())
+    problems.push_back("in the checkpoint but not in the model: " + join(unexpected, ", "));
   if (!reshaped.empty()) problems.push_back("shapes differ: " + join(reshaped, "; "));
   return problems;
 }
 
 std::string module_state_bytes(const torch::nn::Module& module) {
   return archive_to_bytes([&](torch::serialize::OutputArchive& archive) {
-    for (const auto& [name, tensor] : named_state(module)) archive.write(name, tensor.detach().cpu());
+    for (const auto& [name, tensor] : named_state(module))
+      archive.write(name, tensor.detach().cpu());
   });
 }
 
-std::vector<std::string> module_state_mismatches(const torch::nn::Module& module, const std::string& bytes,
+std::vector<std::string> module_state_mismatches(const torch::nn::Module& module,
+                                                 const std::string& bytes,
                                                  const std::string& what) {
   auto archive = archive_from_bytes(bytes, what);
   std::map<std::string, std::vector<int64_t>> saved;
@@ -81,7 +87,8 @@ std::vector<std::string> module_state_mismatches(const torch::nn::Module& module
   return state_mismatches(named_state(module), saved);
 }
 
-void load_module_state(torch::nn::Module& module, const std::string& bytes, const std::string& what) {
+void load_module_state(torch::nn::Module& module, const std::string& bytes,
+                       const std::string& what) {
   auto archive = archive_from_bytes(bytes, what);
   torch::NoGradGuard no_grad;
   for (auto& [name, tensor] : named_state(module)) {
@@ -97,7 +104,8 @@ const char* kGroupOptions = "accelerant_param_group_options";
 
 const char* kFusedUpdater = "accelerant_fused_updater";
 
-std::string optimizer_state_bytes(const torch::optim::Optimizer& optimizer, const FusedUpdater* fused) {
+std::string optimizer_state_bytes(const torch::optim::Optimizer& optimizer,
+                                  const FusedUpdater* fused) {
   return archive_to_bytes([&](torch::serialize::OutputArchive& archive) {
     optimizer.save(archive);
     if (fused) {
@@ -115,8 +123,8 @@ std::string optimizer_state_bytes(const torch::optim::Optimizer& optimizer, cons
   });
 }
 
-void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::string& bytes, const std::string& what,
-                          FusedUpdater* fused) {
+void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::string& bytes,
+                          const std::string& what, FusedUpdater* fused) {
   // The state tensors belong next to their parameters (archives load onto one device).
   torch::Device device(torch::kCPU);
   for (const auto& group : optimizer.param_groups()) {
@@ -133,7 +141,8 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::string&
     if (fused) {
       torch::serialize::InputArchive state;
       if (!archive.try_read(kFusedUpdater, state)) {
-        throw Error("it was saved without fused optimizer state, by a run with fused_optimizers off");
+        throw Error(
+            "it was saved without fused optimizer state, by a run with fused_optimizers off");
       }
       fused->load(state);
     }
@@ -146,9 +155,10 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::string&
       }
     }
   } catch (const std::exception& e) {
-    throw CheckpointError(str(what, " does not fit this optimizer (", e.what(), "). Likely cause: a different ",
-                              "optimizer type or different parameter groups than when it was saved. Fix: build ",
-                              "the optimizer as the saved run did."));
+    throw CheckpointError(
+        str(what, " does not fit this optimizer (", e.what(), "). Likely cause: a different ",
+            "optimizer type or different parameter groups than when it was saved. Fix: build ",
+            "the optimizer as the saved run did."));
   }
 }
 
@@ -173,7 +183,8 @@ std::string rng_state_bytes() {
     archive.write("cpu", at::detail::getDefaultCPUGenerator().get_state());
     if (torch::cuda::is_available()) {
       for (int64_t i = 0; i < static_cast<int64_t>(torch::cuda::device_count()); ++i) {
-        const auto& gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
+        const auto& gen = at::globalContext().defaultGenerator(
+            c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
         archive.write(str("cuda_", i), gen.get_state());
       }
     }
@@ -196,7 +207,8 @@ void load_rng_state(const std::string& bytes, const std::string& what) {
   at::Generator cpu_generator = at::detail::getDefaultCPUGenerator();  // a handle to the global one
   cpu_generator.set_state(cpu);
   for (auto& [i, state] : cuda) {
-    auto gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
+    auto gen = at::globalContext().defaultGenerator(
+        c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
     gen.set_state(state);
   }
 }

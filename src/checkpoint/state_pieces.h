@@ -1,7 +1,6 @@
 // The pieces of training state a checkpoint holds, each to and from bytes. Kept apart from the
 // Accelerator's save/load protocol so that each format is small and testable.
 #pragma once
-#include "accelerant/fused_optimizer.h"
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
@@ -12,6 +11,8 @@
 #include <map>
 #include <string>
 #include <vector>
+
+#include "accelerant/fused_optimizer.h"
 
 namespace accelerant::detail {
 
@@ -32,16 +33,18 @@ std::vector<std::string> state_mismatches(const std::map<std::string, torch::Ten
 std::string module_state_bytes(const torch::nn::Module& module);
 /// Why the saved state does not fit `module`: missing and unexpected names, and shapes that
 /// differ, each listed. Empty when it fits.
-std::vector<std::string> module_state_mismatches(const torch::nn::Module& module, const std::string& bytes,
-                                                 const std::string& what);
+std::vector<std::string> module_state_mismatches(const torch::nn::Module& module,
+                                                 const std::string& bytes, const std::string& what);
 /// Copies the saved state into `module` (device and dtype of the module kept). Call after
 /// module_state_mismatches found none.
-void load_module_state(torch::nn::Module& module, const std::string& bytes, const std::string& what);
+void load_module_state(torch::nn::Module& module, const std::string& bytes,
+                       const std::string& what);
 
 /// `fused`: the FusedUpdater prepare bound to `optimizer` (its state travels in the same file).
-std::string optimizer_state_bytes(const torch::optim::Optimizer& optimizer, const FusedUpdater* fused = nullptr);
-void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::string& bytes, const std::string& what,
-                          FusedUpdater* fused = nullptr);
+std::string optimizer_state_bytes(const torch::optim::Optimizer& optimizer,
+                                  const FusedUpdater* fused = nullptr);
+void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::string& bytes,
+                          const std::string& what, FusedUpdater* fused = nullptr);
 
 /// The number of steps a scheduler took (LRScheduler keeps it protected and has no state_dict).
 unsigned scheduler_step_count(const torch::optim::LRScheduler& scheduler);

@@ -69,7 +69,8 @@ CheckpointTrainingState training_state_now(const CheckpointedState& state);
 
 /// Where a save goes.
 struct SaveRequest {
-  /// The checkpoint directory; empty: checkpoint_<n> under `checkpoints_dir`, n one past the newest.
+  /// The checkpoint directory; empty: checkpoint_<n> under `checkpoints_dir`, n one past the
+  /// newest.
   std::string dir;
   /// checkpoints_dir_of(project_dir); empty without a project directory.
   std::string checkpoints_dir;
@@ -89,12 +90,13 @@ std::string save_training_state(const CheckpointedState& state, const Checkpoint
 /// Loads the checkpoint in `dir` (empty: the newest complete one in `checkpoints_dir`) into
 /// `state` (a collective). Checks everything on every process first; a problem anywhere throws
 /// CheckpointError on every process and leaves every object as it was. Returns the directory.
-std::string load_training_state(CheckpointedState& state, const CheckpointRanks& ranks, const std::string& dir,
-                                const std::string& checkpoints_dir);
+std::string load_training_state(CheckpointedState& state, const CheckpointRanks& ranks,
+                                const std::string& dir, const std::string& checkpoints_dir);
 
 /// The newest complete checkpoint in `checkpoints_dir` as the main process sees it, the same
 /// on every process (a collective); "" when there is none. Throws CheckpointError when
 /// `checkpoints_dir` is empty (no project directory).
-std::string agreed_latest_checkpoint(const CheckpointRanks& ranks, const std::string& checkpoints_dir);
+std::string agreed_latest_checkpoint(const CheckpointRanks& ranks,
+                                     const std::string& checkpoints_dir);
 
 }  // namespace accelerant::detail

@@ -63,7 +63,8 @@ void check_signatures(c10d::Store& store, const CollectiveCall& call, int rank, 
   if (equal) return;
   std::string table;
   for (int r = 0; r < size; ++r) table += str("\n  rank ", r, ": ", all[r]);
-  throw CollectiveMismatchError(str(rank_prefix, "Debug mode: the ranks disagree about collective #",
+  throw CollectiveMismatchError(str(rank_prefix,
+                                    "Debug mode: the ranks disagree about collective #",
                                     call.sequence, ":", table, "\nFix: ", kSameCallsFix, "."));
 }
 
@@ -74,8 +75,8 @@ std::string diagnose_failure(c10d::Store& store, const CollectiveCall& call, int
       str(rank_prefix, call.name, " #", call.sequence, " (", call.signature, ") failed: ", cause);
   // Long enough for peers that hit the same timeout to report, short enough that the whole
   // failure surfaces well within twice the timeout.
-  const auto grace = std::clamp(timeout / 2, std::chrono::milliseconds(200),
-                                std::chrono::milliseconds(5000));
+  const auto grace =
+      std::clamp(timeout / 2, std::chrono::milliseconds(200), std::chrono::milliseconds(5000));
   try {
     store.set(key("failed", call, rank), std::vector<uint8_t>{1});
     const auto deadline = std::chrono::steady_clock::now() + grace;
@@ -91,20 +92,24 @@ std::string diagnose_failure(c10d::Store& store, const CollectiveCall& call, int
                "Fix: look at rank 0's or the launcher's output for the first error.");
   }
   if (missing.empty()) {
-    return str(head,
-               "\nEvery rank reached this collective, so it failed in the transport or on its input "
-               "(see the cause above). Likely cause: a rank died during the transfer, the network "
-               "between ranks dropped, or the backend does not support this dtype. Fix: look for "
-               "an earlier error from another rank; set GLOO_SOCKET_IFNAME to the interface the "
-               "machines share if they have several.");
+    return str(
+        head,
+        "\nEvery rank reached this collective, so it failed in the transport or on its input "
+        "(see the cause above). Likely cause: a rank died during the transfer, the network "
+        "between ranks dropped, or the backend does not support this dtype. Fix: look for "
+        "an earlier error from another rank; set GLOO_SOCKET_IFNAME to the interface the "
+        "machines share if they have several.");
   }
-  return str(head, "\n", rank_list(missing), " did not reach this collective (no report within ",
-             grace.count(), " ms of the failure; timeout ", timeout.count(),
-             " ms). Likely cause: ", missing.size() == 1 ? "that rank is" : "those ranks are",
-             " stuck, slower than the timeout, dead, or on a code path that skips this collective. "
-             "Fix: ", kSameCallsFix, "; check the missing ranks' output for an earlier error; if they are "
-             "only slow, raise the timeout (ProcessStateOptions::timeout or ACCELERANT_TIMEOUT_MS); "
-             "ACCELERANT_DEBUG_MODE=1 checks every call across ranks.");
+  return str(
+      head, "\n", rank_list(missing), " did not reach this collective (no report within ",
+      grace.count(), " ms of the failure; timeout ", timeout.count(),
+      " ms). Likely cause: ", missing.size() == 1 ? "that rank is" : "those ranks are",
+      " stuck, slower than the timeout, dead, or on a code path that skips this collective. "
+      "Fix: ",
+      kSameCallsFix,
+      "; check the missing ranks' output for an earlier error; if they are "
+      "only slow, raise the timeout (ProcessStateOptions::timeout or ACCELERANT_TIMEOUT_MS); "
+      "ACCELERANT_DEBUG_MODE=1 checks every call across ranks.");
 }
 
 }  // namespace accelerant::detail

@@ -3,10 +3,10 @@
 #include <algorithm>
 
 #include "accelerant/error.h"
+#include "base/text.h"
 #include "comm/collective_diagnosis.h"
 #include "comm/communicator_impl.h"
 #include "comm/reduce_op.h"
-#include "base/text.h"
 
 namespace accelerant {
 namespace {
@@ -31,10 +31,14 @@ void wait(const c10::intrusive_ptr<c10d::Work>& work) { work->wait(); }
 
 const char* to_string(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kMean: return "mean";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kMean:
+      return "mean";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
   }
   return "unknown";
 }
@@ -42,10 +46,10 @@ const char* to_string(ReduceOp op) {
 detail::CommBackend& Communicator::Impl::backend_for(const torch::Tensor& t) const {
   if (t.is_cuda()) {
     if (!nccl) {
-      throw Error(detail::str(rank_prefix, "A CUDA tensor was passed to a collective but this ",
-                              "communicator has no NCCL group. Fix: build against a CUDA LibTorch ",
-                              "and keep the ProcessState device on CUDA, or move the tensor to the ",
-                              "CPU first."));
+      throw Error(detail::str(
+          rank_prefix, "A CUDA tensor was passed to a collective but this ",
+          "communicator has no NCCL group. Fix: build against a CUDA LibTorch ",
+          "and keep the ProcessState device on CUDA, or move the tensor to the ", "CPU first."));
     }
     return *nccl;
   }
@@ -54,8 +58,8 @@ detail::CommBackend& Communicator::Impl::backend_for(const torch::Tensor& t) con
 
 namespace {
 
-[[noreturn]] void fail(Communicator::Impl& c, detail::CollectiveCall call, const std::string& signature,
-                       const std::string& cause) {
+[[noreturn]] void fail(Communicator::Impl& c, detail::CollectiveCall call,
+                       const std::string& signature, const std::string& cause) {
   call.signature = signature;
   std::vector<int> missing;
   std::string message = detail::diagnose_failure(*c.store, call, c.rank, c.size, c.timeout,
@@ -70,10 +74,12 @@ namespace {
 template <class Describe>
 detail::CollectiveCall begin_call(Communicator::Impl& c, const char* name, Describe&& describe) {
   if (!c.broken_reason.empty()) {
-    throw CollectiveError(detail::str(c.rank_prefix, name, " refused: this communicator broke earlier: ",
-                                      c.broken_reason, "\nFix: end this process; the launcher restarts "
-                                      "the group when max_restarts allows."),
-                          {});
+    throw CollectiveError(
+        detail::str(c.rank_prefix, name,
+                    " refused: this communicator broke earlier: ", c.broken_reason,
+                    "\nFix: end this process; the launcher restarts "
+                    "the group when max_restarts allows."),
+        {});
   }
   detail::CollectiveCall call{++c.sequence, "", name};
   if (c.debug_mode) {
@@ -144,13 +150,15 @@ std::vector<std::vector<int64_t>> exchange_shapes(Communicator::Impl& c, const t
     std::string table;
     for (size_t r = 0; r < shapes.size(); ++r) {
       std::vector<int64_t> dims(shapes[r].begin() + 2, shapes[r].begin() + 2 + shapes[r][0]);
-      table += detail::str("\n  rank ", r, ": ", c10::toString(static_cast<c10::ScalarType>(shapes[r][1])),
-                           " [", detail::join(dims, ", "), "]");
+      table += detail::str("\n  rank ", r, ": ",
+                           c10::toString(static_cast<c10::ScalarType>(shapes[r][1])), " [",
+                           detail::join(dims, ", "), "]");
     }
     throw CollectiveMismatchError(detail::str(
-        c.rank_prefix, op, " needs the same dtype and the same sizes after the first dimension "
-        "on every rank, but got:", table,
-        "\nFix: reshape or convert the tensors so that only the first dimension differs."));
+        c.rank_prefix, op,
+        " needs the same dtype and the same sizes after the first dimension "
+        "on every rank, but got:",
+        table, "\nFix: reshape or convert the tensors so that only the first dimension differs."));
   }
   return shapes;
 }
@@ -187,7 +195,7 @@ struct PendingCollective::State {
   Communicator::Impl* comm = nullptr;
   detail::CollectiveCall call;
   c10::intrusive_ptr<c10d::Work> work;  // Gloo or NCCL, or
-  std::future<void> shm_done;            // the shared-memory path
+  std::future<void> shm_done;           // the shared-memory path
   torch::Tensor wire;
   torch::Tensor target;
   ReduceOp op = ReduceOp::kSum;
@@ -201,22 +209,25 @@ void PendingCollective::wait() {
   if (!state_) return;
   auto state = std::move(state_);  // a second wait() returns at once, even after a failure
   Communicator::Impl& c = *state->comm;
-  run_or_fail(c, state->call, [&] { return state->describe(); }, [&] {
-    if (state->shm_done.valid()) {
-      state->shm_done.get();
-    } else {
-      state->work->wait();
-    }
-    if (state->op == ReduceOp::kMean) state->wire.div_(c.size);
-    if (!state->wire.is_same(state->target)) state->target.copy_(state->wire);
-  });
+  run_or_fail(
+      c, state->call, [&] { return state->describe(); },
+      [&] {
+        if (state->shm_done.valid()) {
+          state->shm_done.get();
+        } else {
+          state->work->wait();
+        }
+        if (state->op == ReduceOp::kMean) state->wire.div_(c.size);
+        if (!state->wire.is_same(state->target)) state->target.copy_(state->wire);
+      });
 }
 
 PendingCollective Communicator::all_reduce_async_(const torch::Tensor& tensor, ReduceOp op) {
   if (op == ReduceOp::kMean && !tensor.is_floating_point()) {
-    throw Error(detail::str(impl_->rank_prefix, "all_reduce(mean) needs a floating-point tensor, got ",
-                            c10::toString(tensor.scalar_type()),
-                            ". Fix: convert first, e.g. tensor.to(torch::kFloat), or reduce with sum."));
+    throw Error(
+        detail::str(impl_->rank_prefix, "all_reduce(mean) needs a floating-point tensor, got ",
+                    c10::toString(tensor.scalar_type()),
+                    ". Fix: convert first, e.g. tensor.to(torch::kFloat), or reduce with sum."));
   }
   if (impl_->size == 1) return {};
   auto state = std::make_shared<PendingCollective::State>();
@@ -262,7 +273,7 @@ std::vector<torch::Tensor> Communicator::gather_list(const torch::Tensor& tensor
       padded = torch::cat({t, torch::zeros(pad_shape, t.options())});
     }
     // Gloo has neither bf16 nor bool: they travel as fp32 and uint8 and come back as they were.
-    const auto wire_type = t.is_cuda()                              ? t.scalar_type()
+    const auto wire_type = t.is_cuda()                           ? t.scalar_type()
                            : t.scalar_type() == torch::kBFloat16 ? torch::kFloat
                            : t.scalar_type() == torch::kBool     ? torch::kByte
                                                                  : t.scalar_type();
@@ -308,7 +319,8 @@ void Communicator::broadcast_(const torch::Tensor& tensor, int src) {
     // the same width (fp16, uint8).
     torch::Tensor wire = tensor.contiguous();
     torch::Tensor bytes = wire;
-    if (!tensor.is_cuda() && tensor.scalar_type() == torch::kBFloat16) bytes = wire.view(torch::kHalf);
+    if (!tensor.is_cuda() && tensor.scalar_type() == torch::kBFloat16)
+      bytes = wire.view(torch::kHalf);
     if (!tensor.is_cuda() && tensor.scalar_type() == torch::kBool) bytes = wire.view(torch::kByte);
     std::vector<torch::Tensor> tensors{bytes};
     c10d::BroadcastOptions opts;
@@ -337,7 +349,8 @@ std::string Communicator::broadcast_bytes(const std::string& bytes, int src) {
   return guarded(*impl_, "broadcast_bytes", describe, [&] {
     c10d::BroadcastOptions opts;
     opts.rootRank = src;
-    std::vector<torch::Tensor> length{torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kLong)};
+    std::vector<torch::Tensor> length{
+        torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kLong)};
     wait(impl_->gloo->broadcast(length, opts));
     auto data = torch::empty({length[0].item<int64_t>()}, torch::kUInt8);
     if (impl_->rank == src) std::memcpy(data.data_ptr(), bytes.data(), bytes.size());
@@ -349,7 +362,9 @@ std::string Communicator::broadcast_bytes(const std::string& bytes, int src) {
 
 void Communicator::barrier() {
   if (impl_->size == 1) return;
-  guarded(*impl_, "barrier", [] { return std::string("barrier"); }, [&] { wait(impl_->gloo->barrier()); });
+  guarded(
+      *impl_, "barrier", [] { return std::string("barrier"); },
+      [&] { wait(impl_->gloo->barrier()); });
 }
 
 }  // namespace accelerant

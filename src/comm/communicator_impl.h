@@ -7,13 +7,13 @@
 #include <vector>
 
 #include "accelerant/communicator.h"
-#include "comm/shm_all_reduce.h"
 #include "base/torch_compat.h"
+#include "comm/shm_all_reduce.h"
 
 namespace accelerant {
 
 struct Communicator::Impl {
-  c10::intrusive_ptr<c10d::Store> store;     // this attempt's store, for debug checks and diagnosis
+  c10::intrusive_ptr<c10d::Store> store;  // this attempt's store, for debug checks and diagnosis
   c10::intrusive_ptr<detail::CommBackend> gloo;  // CPU tensors
   c10::intrusive_ptr<detail::CommBackend> nccl;  // CUDA tensors (CUDA builds only), may be null
   // CPU all-reduces when every rank is on this machine (null otherwise, or when turned off)

@@ -18,7 +18,8 @@ std::string machine_identity() {
   char netns[128] = {0};
   const ssize_t length = ::readlink("/proc/self/ns/net", netns, sizeof netns - 1);
   const std::string group = environment_value("ACCELERANT_SHM_GROUP").value_or("");
-  return str(boot_id, "|", host, "|", length > 0 ? std::string(netns, static_cast<size_t>(length)) : "",
+  return str(boot_id, "|", host, "|",
+             length > 0 ? std::string(netns, static_cast<size_t>(length)) : "",
              group.empty() ? std::string() : str("|group ", group));
 }
 

@@ -11,11 +11,11 @@
 
 #include "accelerant/environment.h"
 #include "accelerant/error.h"
-#include "comm/shared_memory_connect.h"
-#include "comm/communicator_impl.h"
 #include "base/text.h"
 #include "base/torch_compat.h"
 #include "base/uncaught_exception_recorder.h"
+#include "comm/communicator_impl.h"
+#include "comm/shared_memory_connect.h"
 
 namespace accelerant {
 namespace {
@@ -52,9 +52,10 @@ std::string local_address_towards(const std::string& host) {
     char text[INET6_ADDRSTRLEN] = {0};
     if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
         ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0) {
-      const void* raw = local.ss_family == AF_INET6
-                            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
-                            : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
+      const void* raw =
+          local.ss_family == AF_INET6
+              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
+              : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
       if (::inet_ntop(local.ss_family, raw, text, sizeof text) != nullptr) address = text;
     }
     ::close(fd);
@@ -99,8 +100,9 @@ ProcessState::ProcessState(DistributedEnv env, const ProcessStateOptions& option
       device_(torch::kCPU) {
   detail::record_uncaught_exceptions_to(env_.error_file);  // for the launcher's failure report
   if (!options.cpu() && detail::cuda_available()) {
-    device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(
-                                              env_.local_rank % std::max<int64_t>(1, torch::cuda::device_count())));
+    device_ = torch::Device(
+        torch::kCUDA, static_cast<c10::DeviceIndex>(
+                          env_.local_rank % std::max<int64_t>(1, torch::cuda::device_count())));
   }
   if (env_.distributed()) rendezvous();
 }
@@ -169,8 +171,8 @@ void ProcessState::rendezvous() {
   impl->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(
       c10::make_intrusive<c10d::PrefixStore>("gloo", rendezvous_->attempt_store), env_.rank,
       env_.world_size, gloo_options);
-  auto plan = detail::connect_shared_memory(rendezvous_->attempt_store, env_.rank, env_.world_size, timeout_,
-                                           gloo_options->devices);
+  auto plan = detail::connect_shared_memory(rendezvous_->attempt_store, env_.rank, env_.world_size,
+                                            timeout_, gloo_options->devices);
   impl->shm = std::move(plan.shm);
   impl->all_reduce_path = plan.description;
 #ifdef USE_C10D_NCCL
@@ -225,7 +227,8 @@ void ProcessState::shutdown() {
     }
     // Other ranks may legitimately still be working (uneven ends), so this waits longer than a
     // collective would; a rank that died is the launcher's to report.
-    store.wait({"all_finished"}, std::max(slot->timeout_, std::chrono::milliseconds(kDefaultTimeout)));
+    store.wait({"all_finished"},
+               std::max(slot->timeout_, std::chrono::milliseconds(kDefaultTimeout)));
   }
   slot.reset();
 }

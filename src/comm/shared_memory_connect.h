@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "comm/shm_all_reduce.h"
 #include "base/torch_compat.h"
+#include "comm/shm_all_reduce.h"
 
 namespace gloo::transport {
 class Device;
@@ -31,8 +31,9 @@ struct SharedMemoryConnection {
 
 /// Meets every rank through `store` (this attempt's keys). `gloo_devices` are for the node
 /// leaders' group. Throws only for store failures.
-SharedMemoryConnection connect_shared_memory(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                       std::chrono::milliseconds timeout,
-                                       const std::vector<std::shared_ptr<gloo::transport::Device>>& gloo_devices);
+SharedMemoryConnection connect_shared_memory(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+    std::chrono::milliseconds timeout,
+    const std::vector<std::shared_ptr<gloo::transport::Device>>& gloo_devices);
 
 }  // namespace accelerant::detail

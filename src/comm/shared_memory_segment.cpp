@@ -30,9 +30,10 @@ void* map_and_close(int fd, size_t bytes) {
   const int map_error = errno;
   ::close(fd);
   if (data == MAP_FAILED) {
-    throw Error(str("cannot map ", bytes, " bytes of the shared-memory segment: ", std::strerror(map_error),
-                                 ". Likely cause: the address space or memory lock limits. Fix: raise them, or set ",
-                                 "ACCELERANT_SHM_ALLREDUCE=0 to reduce through Gloo only."));
+    throw Error(
+        str("cannot map ", bytes, " bytes of the shared-memory segment: ", std::strerror(map_error),
+            ". Likely cause: the address space or memory lock limits. Fix: raise them, or set ",
+            "ACCELERANT_SHM_ALLREDUCE=0 to reduce through Gloo only."));
   }
   return data;
 }
@@ -65,18 +66,19 @@ SharedMemorySegment SharedMemorySegment::create(size_t bytes) {
   const int fd = ::shm_open(segment.name_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) {
     throw Error(str("cannot create the shared-memory segment /dev/shm", segment.name_, ": ",
-                                 std::strerror(errno), ". Fix: make /dev/shm writable, or set ",
-                                 "ACCELERANT_SHM_ALLREDUCE=0 to reduce through Gloo only."));
+                    std::strerror(errno), ". Fix: make /dev/shm writable, or set ",
+                    "ACCELERANT_SHM_ALLREDUCE=0 to reduce through Gloo only."));
   }
   segment.linked_ = true;
   // posix_fallocate returns the error instead of setting errno.
   const int reserve_error = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
   if (reserve_error != 0) {
     ::close(fd);
-    throw Error(str("cannot reserve ", bytes, " bytes in /dev/shm for the shared-memory all-reduce: ",
-                                 std::strerror(reserve_error), ". Likely cause: /dev/shm is full or small ",
-                                 "(a container's default is 64 MB). Fix: enlarge it (docker --shm-size), ",
-                                 "lower ACCELERANT_SHM_CHUNK_BYTES, or set ACCELERANT_SHM_ALLREDUCE=0."));
+    throw Error(str("cannot reserve ", bytes,
+                    " bytes in /dev/shm for the shared-memory all-reduce: ",
+                    std::strerror(reserve_error), ". Likely cause: /dev/shm is full or small ",
+                    "(a container's default is 64 MB). Fix: enlarge it (docker --shm-size), ",
+                    "lower ACCELERANT_SHM_CHUNK_BYTES, or set ACCELERANT_SHM_ALLREDUCE=0."));
   }
   segment.data_ = map_and_close(fd, bytes);
   segment.size_ = bytes;
@@ -88,17 +90,20 @@ SharedMemorySegment SharedMemorySegment::open(const std::string& name, size_t by
   segment.name_ = name;
   const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) {
-    throw Error(str("cannot open the shared-memory segment /dev/shm", name, " that the first rank ",
-                                 "of this machine created: ", std::strerror(errno), ". Likely cause: the ",
-                                 "processes do not share /dev/shm (separate containers) or run as other users. Fix: run the ",
-                                 "ranks of a machine in one container as one user, or set ACCELERANT_SHM_ALLREDUCE=0."));
+    throw Error(
+        str("cannot open the shared-memory segment /dev/shm", name, " that the first rank ",
+            "of this machine created: ", std::strerror(errno), ". Likely cause: the ",
+            "processes do not share /dev/shm (separate containers) or run as other users. Fix: run "
+            "the ",
+            "ranks of a machine in one container as one user, or set ACCELERANT_SHM_ALLREDUCE=0."));
   }
   struct stat info {};
   if (::fstat(fd, &info) != 0 || static_cast<size_t>(info.st_size) < bytes) {
     ::close(fd);
     throw Error(str("the shared-memory segment /dev/shm", name, " is smaller than the ", bytes,
-                                 " bytes expected. Likely cause: the ranks run different Accelerant builds. Fix: start every rank ",
-                                 "from the same build."));
+                    " bytes expected. Likely cause: the ranks run different Accelerant builds. "
+                    "Fix: start every rank ",
+                    "from the same build."));
   }
   segment.data_ = map_and_close(fd, bytes);
   segment.size_ = bytes;

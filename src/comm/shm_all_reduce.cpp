@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "accelerant/environment.h"
+#include "base/text.h"
 #include "comm/shared_memory_segment.h"
 #include "comm/store_exchange.h"
-#include "base/text.h"
 
 namespace accelerant::detail {
 namespace {
@@ -32,14 +32,17 @@ constexpr int kMaxRanks = 256;
 constexpr size_t kDefaultChunkBytes = 256 * 1024;
 // Ends the message of an error that only a bug in Accelerant can cause.
 constexpr const char* kInternalFix =
-    ". Likely cause: a bug in Accelerant (the Communicator broke an invariant of this class). Fix: report it "
+    ". Likely cause: a bug in Accelerant (the Communicator broke an invariant of this class). Fix: "
+    "report it "
     "with the full message.";
 constexpr size_t kAlign = 64;  // a cache line: the ranks' parts never share one
 
 // One rank's corner of the control block, on a cache line of its own.
 struct alignas(64) RankControl {
-  std::atomic<uint32_t> arrivals;  // barriers this rank has reached (wraps; compared as a difference)
-  std::atomic<uint32_t> sleepers;  // peers asleep on `arrivals`, so that arriving wakes only when needed
+  std::atomic<uint32_t>
+      arrivals;  // barriers this rank has reached (wraps; compared as a difference)
+  std::atomic<uint32_t>
+      sleepers;  // peers asleep on `arrivals`, so that arriving wakes only when needed
   std::atomic<int32_t> pid;
   // The all-reduce this rank is in: written before its first barrier, read by the peers after
   // it (the barrier publishes them), so that ranks that disagree fail instead of mixing data.
@@ -66,8 +69,9 @@ size_t chunk_bytes_from_env() {
   char* end = nullptr;
   const unsigned long long value = std::strtoull(text, &end, 10);
   if (*end != '\0' || value < 4096 || value > (1ull << 30)) {
-    throw Error(str("ACCELERANT_SHM_CHUNK_BYTES is \"", text, "\"; expected a number of bytes from 4096 ",
-                                 "to 1073741824. Fix: unset it (default ", kDefaultChunkBytes, ") or correct it."));
+    throw Error(
+        str("ACCELERANT_SHM_CHUNK_BYTES is \"", text, "\"; expected a number of bytes from 4096 ",
+            "to 1073741824. Fix: unset it (default ", kDefaultChunkBytes, ") or correct it."));
   }
   return round_up(static_cast<size_t>(value), kAlign);
 }
@@ -82,7 +86,8 @@ bool process_gone(pid_t pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
   std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
   const size_t paren = text.rfind(')');
-  return paren != std::string::npos && paren + 2 < text.size() && (text[paren + 2] == 'Z' || text[paren + 2] == 'X');
+  return paren != std::string::npos && paren + 2 < text.size() &&
+         (text[paren + 2] == 'Z' || text[paren + 2] == 'X');
 }
 
 inline void cpu_relax() {
@@ -95,8 +100,8 @@ inline void cpu_relax() {
 // ((s0 + s1) + s2) + ..., into the result chunk and this rank's own tensor. Blocks of a few KB
 // keep the running result in L1 while each further rank's values are folded in.
 template <class T, class Combine>
-void reduce_part(T* __restrict result, T* __restrict own, const std::vector<const T*>& slots, size_t begin,
-                 size_t end, Combine combine) {
+void reduce_part(T* __restrict result, T* __restrict own, const std::vector<const T*>& slots,
+                 size_t begin, size_t end, Combine combine) {
   constexpr size_t kBlock = 2048;
   for (size_t b = begin; b < end; b += kBlock) {
     const size_t e = std::min(end, b + kBlock);
@@ -120,8 +125,8 @@ struct ShmAllReduce::Shared {
   char* result = nullptr;
   int rank = 0, size = 1;
   std::chrono::milliseconds timeout{0};
-  uint32_t barriers = 0;  // barriers this rank has passed
-  std::string broken;     // set after a failure
+  uint32_t barriers = 0;       // barriers this rank has passed
+  std::string broken;          // set after a failure
   std::vector<int> job_ranks;  // this group's ranks in the job, for messages (hierarchical groups)
 
   int job_rank(int r) const { return job_ranks.empty() ? r : job_ranks[static_cast<size_t>(r)]; }
@@ -150,7 +155,8 @@ struct ShmAllReduce::Shared {
     broken = reason;
     int32_t none = -1;
     control->aborted_by.compare_exchange_strong(none, rank);
-    for (int r = 0; r < size; ++r) futex(&control->rank[r].arrivals, FUTEX_WAKE, INT32_MAX, nullptr);
+    for (int r = 0; r < size; ++r)
+      futex(&control->rank[r].arrivals, FUTEX_WAKE, INT32_MAX, nullptr);
     throw ShmTransportError(reason);
   }
 
@@ -159,7 +165,8 @@ struct ShmAllReduce::Shared {
     ++barriers;
     RankControl& mine = control->rank[rank];
     mine.arrivals.store(barriers, std::memory_order_seq_cst);
-    if (mine.sleepers.load(std::memory_order_seq_cst) > 0) futex(&mine.arrivals, FUTEX_WAKE, INT32_MAX, nullptr);
+    if (mine.sleepers.load(std::memory_order_seq_cst) > 0)
+      futex(&mine.arrivals, FUTEX_WAKE, INT32_MAX, nullptr);
     for (int r = 0; r < size; ++r) {
       if (r != rank) wait_for(r, deadline);
     }
@@ -178,15 +185,18 @@ struct ShmAllReduce::Shared {
     for (;;) {
       if (reached(peer)) return;
       if (const int32_t by = control->aborted_by.load(); by >= 0) {
-        give_up(str("rank ", job_rank(by), " gave up on the shared-memory all-reduce (it failed or timed out there)"));
+        give_up(str("rank ", job_rank(by),
+                    " gave up on the shared-memory all-reduce (it failed or timed out there)"));
       }
       const pid_t pid = peer.pid.load();
       if (pid > 0 && process_gone(pid)) {
-        give_up(str("rank ", job_rank(r), " (pid ", pid, ") exited while this rank waited for it in the shared-memory "
+        give_up(str("rank ", job_rank(r), " (pid ", pid,
+                    ") exited while this rank waited for it in the shared-memory "
                     "all-reduce"));
       }
       if (std::chrono::steady_clock::now() >= deadline) {
-        give_up(str("rank ", job_rank(r), " did not reach the shared-memory all-reduce within the timeout of ",
+        give_up(str("rank ", job_rank(r),
+                    " did not reach the shared-memory all-reduce within the timeout of ",
                     timeout.count(), " ms"));
       }
       // Sleep until the peer arrives, at most 5 ms between checks.
@@ -205,19 +215,23 @@ struct ShmAllReduce::Shared {
     const RankControl& mine = control->rank[rank];
     for (int r = 0; r < size; ++r) {
       const RankControl& peer = control->rank[r];
-      if (peer.call_count != mine.call_count || peer.call_dtype != mine.call_dtype || peer.call_op != mine.call_op) {
-        give_up(str("the ranks disagree about this all-reduce: rank ", job_rank(rank), " reduces ", describe_call(mine),
-                    ", rank ", job_rank(r), " reduces ", describe_call(peer), ". Every rank must all-reduce a tensor ",
-                    "of the same size and dtype with the same operation, in the same order. Fix: make the ranks ",
-                    "issue the same collectives (pad per-rank lengths, e.g. pad_across_processes); ",
-                    "ACCELERANT_DEBUG_MODE=1 names the call that differs"));
+      if (peer.call_count != mine.call_count || peer.call_dtype != mine.call_dtype ||
+          peer.call_op != mine.call_op) {
+        give_up(
+            str("the ranks disagree about this all-reduce: rank ", job_rank(rank), " reduces ",
+                describe_call(mine), ", rank ", job_rank(r), " reduces ", describe_call(peer),
+                ". Every rank must all-reduce a tensor ",
+                "of the same size and dtype with the same operation, in the same order. Fix: make "
+                "the ranks ",
+                "issue the same collectives (pad per-rank lengths, e.g. pad_across_processes); ",
+                "ACCELERANT_DEBUG_MODE=1 names the call that differs"));
       }
     }
   }
 
   static std::string describe_call(const RankControl& c) {
-    return str(c.call_count, " ", c10::toString(static_cast<c10::ScalarType>(c.call_dtype)), " elements (",
-               to_string(static_cast<ReduceOp>(c.call_op)), ")");
+    return str(c.call_count, " ", c10::toString(static_cast<c10::ScalarType>(c.call_dtype)),
+               " elements (", to_string(static_cast<ReduceOp>(c.call_op)), ")");
   }
 
   template <class T>
@@ -248,10 +262,12 @@ struct ShmAllReduce::Shared {
       const size_t begin = std::min(n, part * rank), end = std::min(n, begin + part);
       switch (op) {
         case ReduceOp::kMax:
-          reduce_part(result, data + offset, sources, begin, end, [](T a, T b) { return std::max(a, b); });
+          reduce_part(result, data + offset, sources, begin, end,
+                      [](T a, T b) { return std::max(a, b); });
           break;
         case ReduceOp::kMin:
-          reduce_part(result, data + offset, sources, begin, end, [](T a, T b) { return std::min(a, b); });
+          reduce_part(result, data + offset, sources, begin, end,
+                      [](T a, T b) { return std::min(a, b); });
           break;
         default:
           reduce_part(result, data + offset, sources, begin, end, [](T a, T b) { return a + b; });
@@ -282,15 +298,26 @@ struct ShmAllReduce::Shared {
   CrossNodeAllReduce cross_node;  // set on node leaders of a hierarchical group
 
   void run(const torch::Tensor& tensor, ReduceOp op, bool hierarchical) {
-    if (!broken.empty()) throw ShmTransportError(str("the shared-memory all-reduce broke earlier: ", broken));
+    if (!broken.empty())
+      throw ShmTransportError(str("the shared-memory all-reduce broke earlier: ", broken));
     const size_t count = static_cast<size_t>(tensor.numel());
     if (size > 1) {
       switch (tensor.scalar_type()) {
-        case torch::kFloat: all_reduce(tensor.data_ptr<float>(), count, op, torch::kFloat); break;
-        case torch::kDouble: all_reduce(tensor.data_ptr<double>(), count, op, torch::kDouble); break;
-        case torch::kInt: all_reduce(tensor.data_ptr<int32_t>(), count, op, torch::kInt); break;
-        case torch::kLong: all_reduce(tensor.data_ptr<int64_t>(), count, op, torch::kLong); break;
-        default: throw Error(str("ShmAllReduce::run: unsupported dtype ", c10::toString(tensor.scalar_type()), kInternalFix));
+        case torch::kFloat:
+          all_reduce(tensor.data_ptr<float>(), count, op, torch::kFloat);
+          break;
+        case torch::kDouble:
+          all_reduce(tensor.data_ptr<double>(), count, op, torch::kDouble);
+          break;
+        case torch::kInt:
+          all_reduce(tensor.data_ptr<int32_t>(), count, op, torch::kInt);
+          break;
+        case torch::kLong:
+          all_reduce(tensor.data_ptr<int64_t>(), count, op, torch::kLong);
+          break;
+        default:
+          throw Error(str("ShmAllReduce::run: unsupported dtype ",
+                          c10::toString(tensor.scalar_type()), kInternalFix));
       }
     }
     if (!hierarchical) return;
@@ -300,16 +327,19 @@ struct ShmAllReduce::Shared {
         cross_node(tensor, op == ReduceOp::kMean ? ReduceOp::kSum : op);  // the caller divides
       } catch (const std::exception& e) {
         if (size == 1) throw;
-        give_up(str("the all-reduce between node leaders failed on this node's leader: ", e.what()));
+        give_up(
+            str("the all-reduce between node leaders failed on this node's leader: ", e.what()));
       }
     }
-    if (size > 1) broadcast_from_first(static_cast<char*>(tensor.data_ptr()), count * tensor.element_size());
+    if (size > 1)
+      broadcast_from_first(static_cast<char*>(tensor.data_ptr()), count * tensor.element_size());
   }
 };
 
 std::unique_ptr<ShmAllReduce> ShmAllReduce::connect(c10d::Store& store, int rank, int size,
-                                                    std::chrono::milliseconds timeout, std::string* why_not,
-                                                    bool hierarchical, std::vector<int> job_ranks) {
+                                                    std::chrono::milliseconds timeout,
+                                                    std::string* why_not, bool hierarchical,
+                                                    std::vector<int> job_ranks) {
   auto self = std::unique_ptr<ShmAllReduce>(new ShmAllReduce());
   self->shared_ = std::make_unique<Shared>();
   Shared& s = *self->shared_;
@@ -329,7 +359,9 @@ std::unique_ptr<ShmAllReduce> ShmAllReduce::connect(c10d::Store& store, int rank
   }
   const size_t header = round_up(sizeof(ControlBlock), 4096);
   const size_t bytes = header + chunk * static_cast<size_t>(size + 1);
-  auto to_bytes = [](const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); };
+  auto to_bytes = [](const std::string& text) {
+    return std::vector<uint8_t>(text.begin(), text.end());
+  };
 
   // Rank 0 creates and publishes the name (or why it could not); the others map it.
   if (rank == 0) {
@@ -358,9 +390,12 @@ std::unique_ptr<ShmAllReduce> ShmAllReduce::connect(c10d::Store& store, int rank
     try {
       s.segment = SharedMemorySegment::open(answer.substr(3), bytes);
       auto* control = static_cast<ControlBlock*>(s.segment.data());
-      if (control->magic != kMagic || control->ranks != static_cast<uint32_t>(size) || control->chunk_bytes != chunk) {
-        failure = "the segment was made for another configuration (ACCELERANT_SHM_CHUNK_BYTES or the number of "
-                  "ranks differs between ranks)";
+      if (control->magic != kMagic || control->ranks != static_cast<uint32_t>(size) ||
+          control->chunk_bytes != chunk) {
+        failure =
+            "the segment was made for another configuration (ACCELERANT_SHM_CHUNK_BYTES or the "
+            "number of "
+            "ranks differs between ranks)";
       }
     } catch (const std::exception& e) {
       failure = e.what();
@@ -369,7 +404,8 @@ std::unique_ptr<ShmAllReduce> ShmAllReduce::connect(c10d::Store& store, int rank
 
   // Every rank says whether it is attached; all decide alike. Then the name goes from /dev/shm.
   const std::string reasons =
-      failures_of(exchange_strings(store, "shm/attached/", rank, size, failure.empty() ? "ok" : failure, timeout),
+      failures_of(exchange_strings(store, "shm/attached/", rank, size,
+                                   failure.empty() ? "ok" : failure, timeout),
                   [&s](int r) { return s.job_rank(r); });
   s.segment.unlink();
   if (!reasons.empty()) {
@@ -402,12 +438,14 @@ ShmAllReduce::~ShmAllReduce() {
 bool ShmAllReduce::supports(const torch::Tensor& tensor) {
   if (tensor.is_cuda() || !tensor.is_contiguous()) return false;
   const auto type = tensor.scalar_type();
-  return type == torch::kFloat || type == torch::kDouble || type == torch::kInt || type == torch::kLong;
+  return type == torch::kFloat || type == torch::kDouble || type == torch::kInt ||
+         type == torch::kLong;
 }
 
 void ShmAllReduce::set_cross_node(CrossNodeAllReduce leaders_all_reduce) {
   if (!hierarchical_ || shared_->rank != 0) {
-    throw Error(str("ShmAllReduce::set_cross_node: only on the first rank of a hierarchical group", kInternalFix));
+    throw Error(str("ShmAllReduce::set_cross_node: only on the first rank of a hierarchical group",
+                    kInternalFix));
   }
   shared_->cross_node = std::move(leaders_all_reduce);
 }
@@ -415,10 +453,13 @@ void ShmAllReduce::set_cross_node(CrossNodeAllReduce leaders_all_reduce) {
 std::future<void> ShmAllReduce::submit(torch::Tensor tensor, ReduceOp op) {
   Shared& s = *shared_;
   if (hierarchical_ && s.rank == 0 && !s.cross_node) {
-    throw Error(str("ShmAllReduce::submit: a hierarchical group's leader needs set_cross_node first", kInternalFix));
+    throw Error(
+        str("ShmAllReduce::submit: a hierarchical group's leader needs set_cross_node first",
+            kInternalFix));
   }
   const bool hierarchical = hierarchical_;
-  std::packaged_task<void()> task([&s, tensor = std::move(tensor), op, hierarchical] { s.run(tensor, op, hierarchical); });
+  std::packaged_task<void()> task(
+      [&s, tensor = std::move(tensor), op, hierarchical] { s.run(tensor, op, hierarchical); });
   auto done = task.get_future();
   {
     std::lock_guard<std::mutex> lock(s.mutex);

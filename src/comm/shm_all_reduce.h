@@ -64,8 +64,9 @@ class ShmAllReduce {
   /// rank 0 must be given set_cross_node before the first submission. `job_ranks`: each group
   /// rank's rank in the job, which messages name (empty: the same numbers).
   static std::unique_ptr<ShmAllReduce> connect(c10d::Store& store, int rank, int size,
-                                               std::chrono::milliseconds timeout, std::string* why_not,
-                                               bool hierarchical = false, std::vector<int> job_ranks = {});
+                                               std::chrono::milliseconds timeout,
+                                               std::string* why_not, bool hierarchical = false,
+                                               std::vector<int> job_ranks = {});
   /// The leader's reduction across nodes, run on the worker thread between the node's reduction
   /// and the hand-out to the node. A failure there fails the node's ranks at once.
   void set_cross_node(CrossNodeAllReduce leaders_all_reduce);

@@ -4,8 +4,9 @@
 
 namespace accelerant::detail {
 
-std::vector<std::string> exchange_strings(c10d::Store& store, const std::string& prefix, int rank, int size,
-                                          const std::string& mine, std::chrono::milliseconds timeout) {
+std::vector<std::string> exchange_strings(c10d::Store& store, const std::string& prefix, int rank,
+                                          int size, const std::string& mine,
+                                          std::chrono::milliseconds timeout) {
   store.set(str(prefix, rank), std::vector<uint8_t>(mine.begin(), mine.end()));
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(str(prefix, r));
@@ -18,11 +19,13 @@ std::vector<std::string> exchange_strings(c10d::Store& store, const std::string&
   return all;
 }
 
-std::string failures_of(const std::vector<std::string>& outcomes, const std::function<int(int)>& job_rank) {
+std::string failures_of(const std::vector<std::string>& outcomes,
+                        const std::function<int(int)>& job_rank) {
   std::string failures;
   for (size_t r = 0; r < outcomes.size(); ++r) {
     if (outcomes[r] == "ok") continue;
-    failures += str(failures.empty() ? "" : "; ", "rank ", job_rank(static_cast<int>(r)), ": ", outcomes[r]);
+    failures += str(failures.empty() ? "" : "; ", "rank ", job_rank(static_cast<int>(r)), ": ",
+                    outcomes[r]);
   }
   return failures;
 }

@@ -12,9 +12,9 @@
 #include "accelerant/environment.h"
 #include "accelerant/error.h"
 #include "accelerant/metrics.h"
-#include "graph/metrics_recording.h"
 #include "base/step_recording.h"
 #include "base/text.h"
+#include "graph/metrics_recording.h"
 
 #ifdef ACCELERANT_CUDA_GRAPHS
 #include <ATen/cuda/CUDAEvent.h>
@@ -29,7 +29,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 std::mutex& closures_mutex() {
   static std::mutex m;
@@ -61,9 +63,11 @@ std::string changes(const std::vector<std::string>& before, const std::vector<st
     if (was == now[i]) continue;
     // The phase (Accelerator::compile's accumulation) comes last and names itself.
     const bool phase = now[i].rfind("phase ", 0) == 0 || was.rfind("phase ", 0) == 0;
-    out.push_back(phase ? detail::str(was, " -> ", now[i]) : detail::str("input ", i, " ", was, " -> ", now[i]));
+    out.push_back(phase ? detail::str(was, " -> ", now[i])
+                        : detail::str("input ", i, " ", was, " -> ", now[i]));
   }
-  if (before.size() > now.size()) out.push_back(detail::str(before.size() - now.size(), " input(s) fewer"));
+  if (before.size() > now.size())
+    out.push_back(detail::str(before.size() - now.size(), " input(s) fewer"));
   return out.empty() ? "nothing (same shapes)" : detail::join(out, ", ");
 }
 
@@ -120,7 +124,8 @@ void mark_step() {
 
 struct GraphStep::Impl {
   struct Entry {
-    std::vector<std::string> parts;  // per-input signatures (and the phase), for the recompile message
+    std::vector<std::string>
+        parts;  // per-input signatures (and the phase), for the recompile message
     int64_t eager_runs = 0;
     // The host work each replay repeats; `recorded` once the capture (or the CPU emulation's
     // first step) has filled it.
@@ -143,9 +148,12 @@ struct GraphStep::Impl {
 
   void warn_recompile(const std::string& signature, const std::vector<std::string>& parts) const {
     std::fprintf(stderr,
-                 "%saccelerant: graph step '%s' met its input signature number %zu (a recompile): %s. Changed "
-                 "since the previous step: %s. Each new shape is a new capture, slow on a GPU. Fix: pad inputs "
-                 "to a fixed length or a few bucket lengths (accelerant::pad_to_length / pad_to_bucket) and keep "
+                 "%saccelerant: graph step '%s' met its input signature number %zu (a recompile): "
+                 "%s. Changed "
+                 "since the previous step: %s. Each new shape is a new capture, slow on a GPU. "
+                 "Fix: pad inputs "
+                 "to a fixed length or a few bucket lengths (accelerant::pad_to_length / "
+                 "pad_to_bucket) and keep "
                  "the batch size fixed (DataLoaderOptions::drop_last); or raise "
                  "GraphStepOptions::recompile_warning_after if these shapes are expected.\n",
                  rank_prefix().c_str(), options.name().c_str(), cache.size(), signature.c_str(),
@@ -153,7 +161,8 @@ struct GraphStep::Impl {
   }
 
   Outputs run(const Inputs& inputs) {
-    if (!step) throw Error("GraphStep: no step function (moved from?). Fix: construct it with one.");
+    if (!step)
+      throw Error("GraphStep: no step function (moved from?). Fix: construct it with one.");
     GraphStepOptions::Phase phase;
     if (options.phase()) phase = options.phase()();  // its scope lives until this call returns
     std::vector<std::string> parts;
@@ -166,7 +175,8 @@ struct GraphStep::Impl {
       Entry entry;
       entry.parts = parts;
       found = cache.emplace(signature, std::move(entry)).first;
-      if (static_cast<int64_t>(cache.size()) > options.recompile_warning_after()) warn_recompile(signature, parts);
+      if (static_cast<int64_t>(cache.size()) > options.recompile_warning_after())
+        warn_recompile(signature, parts);
     }
     last_parts = parts;
     [[maybe_unused]] Entry& entry = found->second;  // what the CUDA path keeps
@@ -182,8 +192,10 @@ struct GraphStep::Impl {
 #endif
     outputs = options.emulate_replays() ? run_emulating_replay(entry, inputs) : step(inputs);
     const double took = seconds_since(t0);
-    if (!hit) detail::record_capture(options.name(), options.emulate_replays() ? "eager, emulating replays" : "eager",
-                                     signature, took);
+    if (!hit)
+      detail::record_capture(options.name(),
+                             options.emulate_replays() ? "eager, emulating replays" : "eager",
+                             signature, took);
     // Eager: a known signature is what a replay would be on a GPU.
     replayed = hit;
     detail::record_step(options.name(), hit, replayed, took);
@@ -244,7 +256,8 @@ struct GraphStep::Impl {
     event.block(waiting);
   }
 
-  Outputs run_on_gpu(Entry& entry, const std::string& signature, const Inputs& inputs, bool& replayed) {
+  Outputs run_on_gpu(Entry& entry, const std::string& signature, const Inputs& inputs,
+                     bool& replayed) {
     if (entry.graph) {
       for (size_t i = 0; i < inputs.size(); ++i) {
         if (inputs[i].defined()) entry.static_inputs[i].copy_(inputs[i], /*non_blocking=*/true);
@@ -301,11 +314,12 @@ struct GraphStep::Impl {
 };
 
 GraphStep::GraphStep(Function step, GraphStepOptions options) : impl_(std::make_unique<Impl>()) {
-  if (!step) throw Error("GraphStep needs a step function; got an empty one. Fix: pass a callable.");
+  if (!step)
+    throw Error("GraphStep needs a step function; got an empty one. Fix: pass a callable.");
   if (options.recompile_warning_after() < 1 || options.warmup_steps() < 0) {
     throw Error(detail::str("GraphStepOptions: recompile_warning_after must be at least 1 (got ",
-                            options.recompile_warning_after(), ") and warmup_steps at least 0 (got ",
-                            options.warmup_steps(), ")."));
+                            options.recompile_warning_after(),
+                            ") and warmup_steps at least 0 (got ", options.warmup_steps(), ")."));
   }
   impl_->step = std::move(step);
   impl_->options = std::move(options);
@@ -316,13 +330,16 @@ GraphStep::GraphStep(GraphStep&&) noexcept = default;
 GraphStep& GraphStep::operator=(GraphStep&&) noexcept = default;
 
 GraphStep::Outputs GraphStep::operator()(const Inputs& inputs) {
-  if (!impl_) throw Error("GraphStep: used after being moved from. Fix: use the object it was moved to.");
+  if (!impl_)
+    throw Error("GraphStep: used after being moved from. Fix: use the object it was moved to.");
   Outputs outputs = impl_->run(inputs);
   mark_step();
   return outputs;
 }
 
-int64_t GraphStep::signatures() const { return impl_ ? static_cast<int64_t>(impl_->cache.size()) : 0; }
+int64_t GraphStep::signatures() const {
+  return impl_ ? static_cast<int64_t>(impl_->cache.size()) : 0;
+}
 
 const GraphStepOptions& GraphStep::options() const { return impl_->options; }
 

@@ -9,8 +9,8 @@
 
 #include "accelerant/environment.h"
 #include "base/exit_hooks.h"
-#include "graph/metrics_recording.h"
 #include "base/text.h"
+#include "graph/metrics_recording.h"
 
 namespace accelerant {
 
@@ -46,9 +46,7 @@ Registry& registry() {
 
 std::atomic<bool> exit_hook_installed{false};
 
-bool metrics_requested() {
-  return environment_flag("ACCELERANT_METRICS").value_or(false);
-}
+bool metrics_requested() { return environment_flag("ACCELERANT_METRICS").value_or(false); }
 
 void install_exit_hook() {
   if (!exit_hook_installed.exchange(true) && metrics_requested()) {
@@ -97,16 +95,22 @@ std::string metrics_report() {
         << " captures (" << std::max<int64_t>(0, s.captures - 1) << " recompiles), " << s.cache_hits
         << " cache hits, " << s.replays << " replays\n";
     char line[256];
-    std::snprintf(line, sizeof line, "    capture time %.3f s in all; step time p50 %.3f ms, p90 %.3f ms, p99 %.3f ms (%lld steps)\n",
+    std::snprintf(line, sizeof line,
+                  "    capture time %.3f s in all; step time p50 %.3f ms, p90 %.3f ms, p99 %.3f ms "
+                  "(%lld steps)\n",
                   s.capture_seconds, s.step_p50 * 1e3, s.step_p90 * 1e3, s.step_p99 * 1e3,
                   static_cast<long long>(s.timed_steps));
     out << line;
     const size_t shown = std::min<size_t>(s.signatures.size(), 8);
-    for (size_t i = 0; i < shown; ++i) out << "    signature " << i + 1 << ": " << s.signatures[i] << "\n";
-    if (s.signatures.size() > shown) out << "    ... " << s.signatures.size() - shown << " more signatures\n";
+    for (size_t i = 0; i < shown; ++i)
+      out << "    signature " << i + 1 << ": " << s.signatures[i] << "\n";
+    if (s.signatures.size() > shown)
+      out << "    ... " << s.signatures.size() - shown << " more signatures\n";
   }
-  out << "  transfers: host->device " << m.transfers.host_to_device << " (" << bytes_text(m.transfers.host_to_device_bytes)
-      << "), device->host " << m.transfers.device_to_host << " (" << bytes_text(m.transfers.device_to_host_bytes) << ")\n";
+  out << "  transfers: host->device " << m.transfers.host_to_device << " ("
+      << bytes_text(m.transfers.host_to_device_bytes) << "), device->host "
+      << m.transfers.device_to_host << " (" << bytes_text(m.transfers.device_to_host_bytes)
+      << ")\n";
   return out.str();
 }
 
@@ -119,7 +123,8 @@ void reset_metrics() {
 
 namespace detail {
 
-void record_capture(const std::string& step, const std::string& mode, const std::string& signature, double seconds) {
+void record_capture(const std::string& step, const std::string& mode, const std::string& signature,
+                    double seconds) {
   install_exit_hook();
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);

@@ -7,7 +7,8 @@
 namespace accelerant::detail {
 
 /// A GraphStep's first step of a new input signature: a capture (or, on the CPU, the eager run).
-void record_capture(const std::string& step, const std::string& mode, const std::string& signature, double seconds);
+void record_capture(const std::string& step, const std::string& mode, const std::string& signature,
+                    double seconds);
 /// One step of a GraphStep, from the cache or not, replayed or not.
 void record_step(const std::string& step, bool cache_hit, bool replayed, double seconds);
 /// A copy Accelerant made between the host and a device.

@@ -16,13 +16,15 @@ void check_sequences(const std::vector<torch::Tensor>& sequences, const char* wh
   for (size_t i = 0; i < sequences.size(); ++i) {
     const auto& s = sequences[i];
     if (!s.defined() || s.dim() != 1) {
-      throw Error(detail::str(who, ": sequence ", i, " is ", s.defined() ? detail::str(s.dim(), "-D") : "undefined",
-                              "; every sequence must be a 1-D tensor. Fix: flatten it, or pad each feature "
-                              "dimension separately."));
+      throw Error(detail::str(
+          who, ": sequence ", i, " is ", s.defined() ? detail::str(s.dim(), "-D") : "undefined",
+          "; every sequence must be a 1-D tensor. Fix: flatten it, or pad each feature "
+          "dimension separately."));
     }
     if (s.scalar_type() != sequences[0].scalar_type()) {
-      throw Error(detail::str(who, ": sequence ", i, " is ", c10::toString(s.scalar_type()), ", sequence 0 is ",
-                              c10::toString(sequences[0].scalar_type()), ". Fix: convert them to one dtype."));
+      throw Error(detail::str(who, ": sequence ", i, " is ", c10::toString(s.scalar_type()),
+                              ", sequence 0 is ", c10::toString(sequences[0].scalar_type()),
+                              ". Fix: convert them to one dtype."));
     }
   }
 }
@@ -33,7 +35,8 @@ int64_t longest(const std::vector<torch::Tensor>& sequences) {
   return n;
 }
 
-PaddedSequences pad(const std::vector<torch::Tensor>& sequences, int64_t length, int64_t pad_value) {
+PaddedSequences pad(const std::vector<torch::Tensor>& sequences, int64_t length,
+                    int64_t pad_value) {
   const auto batch = static_cast<int64_t>(sequences.size());
   PaddedSequences out;
   out.values = torch::full({batch, length}, pad_value, sequences[0].options());
@@ -51,15 +54,17 @@ PaddedSequences pad(const std::vector<torch::Tensor>& sequences, int64_t length,
 
 }  // namespace
 
-PaddedSequences pad_to_length(const std::vector<torch::Tensor>& sequences, int64_t length, int64_t pad_value,
-                              bool truncate) {
+PaddedSequences pad_to_length(const std::vector<torch::Tensor>& sequences, int64_t length,
+                              int64_t pad_value, bool truncate) {
   check_sequences(sequences, "pad_to_length");
-  if (length < 1) throw Error(detail::str("pad_to_length: length must be positive, got ", length, "."));
+  if (length < 1)
+    throw Error(detail::str("pad_to_length: length must be positive, got ", length, "."));
   if (!truncate) {
     for (size_t i = 0; i < sequences.size(); ++i) {
       if (sequences[i].numel() > length) {
         throw Error(detail::str("pad_to_length: sequence ", i, " has ", sequences[i].numel(),
-                                " elements, more than the length ", length, ". Fix: a larger length, or ",
+                                " elements, more than the length ", length,
+                                ". Fix: a larger length, or ",
                                 "truncate = true to cut longer sequences."));
       }
     }
@@ -67,20 +72,23 @@ PaddedSequences pad_to_length(const std::vector<torch::Tensor>& sequences, int64
   return pad(sequences, length, pad_value);
 }
 
-PaddedSequences pad_to_bucket(const std::vector<torch::Tensor>& sequences, const std::vector<int64_t>& bucket_lengths,
-                              int64_t pad_value, bool truncate) {
+PaddedSequences pad_to_bucket(const std::vector<torch::Tensor>& sequences,
+                              const std::vector<int64_t>& bucket_lengths, int64_t pad_value,
+                              bool truncate) {
   check_sequences(sequences, "pad_to_bucket");
   if (bucket_lengths.empty() || bucket_lengths.front() < 1 ||
       !std::is_sorted(bucket_lengths.begin(), bucket_lengths.end())) {
     throw Error(detail::str("pad_to_bucket: bucket lengths must be positive and ascending, got [",
-                            detail::join(bucket_lengths, ", "), "]. Fix: e.g. accelerant::bucket_lengths(256, 4)."));
+                            detail::join(bucket_lengths, ", "),
+                            "]. Fix: e.g. accelerant::bucket_lengths(256, 4)."));
   }
   const int64_t need = longest(sequences);
   auto fits = std::lower_bound(bucket_lengths.begin(), bucket_lengths.end(), need);
   if (fits == bucket_lengths.end()) {
     if (!truncate) {
-      throw Error(detail::str("pad_to_bucket: the longest sequence has ", need, " elements, more than the largest ",
-                              "bucket ", bucket_lengths.back(), ". Fix: add a bucket of at least ", need,
+      throw Error(detail::str("pad_to_bucket: the longest sequence has ", need,
+                              " elements, more than the largest ", "bucket ", bucket_lengths.back(),
+                              ". Fix: add a bucket of at least ", need,
                               ", or truncate = true to cut to the largest."));
     }
     return pad(sequences, bucket_lengths.back(), pad_value);
@@ -95,8 +103,8 @@ PaddedSequences pad_to_longest(const std::vector<torch::Tensor>& sequences, int6
 
 std::vector<int64_t> bucket_lengths(int64_t max_length, int count, int64_t multiple) {
   if (max_length < 1 || count < 1 || multiple < 1) {
-    throw Error(detail::str("bucket_lengths: max_length (", max_length, "), count (", count, ") and multiple (",
-                            multiple, ") must be positive."));
+    throw Error(detail::str("bucket_lengths: max_length (", max_length, "), count (", count,
+                            ") and multiple (", multiple, ") must be positive."));
   }
   std::vector<int64_t> out;
   for (int k = 1; k <= count; ++k) {

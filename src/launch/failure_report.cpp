@@ -71,10 +71,10 @@ WorkerExit worker_exit_from_status(int rank, int local_rank, int pid, int wait_s
 }
 
 std::string failure_report(const WorkerExit& exit, int node_rank, int attempt, int max_restarts) {
-  std::string report = str("worker rank ", exit.rank, " (local rank ", exit.local_rank, " on node ",
-                           node_rank, ", pid ", exit.pid, ") failed with ", describe_exit(exit),
-                           " in attempt ", attempt + 1, " of ", max_restarts + 1,
-                           " (max_restarts=", max_restarts, ").\n");
+  std::string report =
+      str("worker rank ", exit.rank, " (local rank ", exit.local_rank, " on node ", node_rank,
+          ", pid ", exit.pid, ") failed with ", describe_exit(exit), " in attempt ", attempt + 1,
+          " of ", max_restarts + 1, " (max_restarts=", max_restarts, ").\n");
   if (!exit.error_text.empty()) report += "Its error:\n" + indent(exit.error_text);
   if (!exit.stderr_tail.empty()) report += "Last lines of its stderr:\n" + indent(exit.stderr_tail);
   return report + cause_and_fix(exit);

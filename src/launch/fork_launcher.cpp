@@ -5,19 +5,19 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstring>
-#include <memory>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <memory>
 #include <thread>
 
-#include "base/text.h"
-#include "base/cpu_settings.h"
-#include "base/torch_compat.h"
 #include "accelerant/distributed_env.h"
 #include "accelerant/environment.h"
 #include "accelerant/launch.h"
+#include "base/cpu_settings.h"
+#include "base/text.h"
+#include "base/torch_compat.h"
 #include "launch/failure_report.h"
 #include "launch/node_group.h"
 #include "launch/output_relay.h"
@@ -47,22 +47,26 @@ void validate(const LaunchOptions& o) {
                "use 1..65535, or 0 for a free port on one machine");
   }
   if (o.num_nodes() > 1 && o.master_port() == 0) {
-    bad_option("master_port 0 (a free port) cannot be used with several machines, which must all "
-               "be told the same port",
-               "pick a port, e.g. 29500, and pass it to every machine's launch");
+    bad_option(
+        "master_port 0 (a free port) cannot be used with several machines, which must all "
+        "be told the same port",
+        "pick a port, e.g. 29500, and pass it to every machine's launch");
   }
   if (o.max_restarts() < 0) bad_option(str("max_restarts is ", o.max_restarts()), "use 0 or more");
   try {
     parse_mixed_precision(o.mixed_precision(), "LaunchOptions::mixed_precision");
   } catch (const Error&) {
-    bad_option(str("mixed_precision \"", o.mixed_precision(), "\" is unknown"), "use no, fp16 or bf16 (any case)");
+    bad_option(str("mixed_precision \"", o.mixed_precision(), "\" is unknown"),
+               "use no, fp16 or bf16 (any case)");
   }
   if (o.gradient_accumulation_steps() && *o.gradient_accumulation_steps() < 1) {
     bad_option(str("gradient_accumulation_steps is ", *o.gradient_accumulation_steps()),
                "use 1 or more micro-batches per optimizer step");
   }
-  if (o.monitor_interval().count() <= 0 || o.timeout().count() <= 0 || o.join_timeout().count() <= 0) {
-    bad_option("monitor_interval, timeout and join_timeout must be positive", "give durations above zero");
+  if (o.monitor_interval().count() <= 0 || o.timeout().count() <= 0 ||
+      o.join_timeout().count() <= 0) {
+    bad_option("monitor_interval, timeout and join_timeout must be positive",
+               "give durations above zero");
   }
 }
 
@@ -118,7 +122,9 @@ void dry_fork(int threads, std::chrono::milliseconds limit) {
       ::waitpid(pid, &status, 0);
       throw LaunchError(str(
           "accelerant::launch (debug mode): a dry-run forked worker did not finish a small "
-          "matrix product within ", limit.count(), " ms with ", threads, " thread(s). Likely cause: "
+          "matrix product within ",
+          limit.count(), " ms with ", threads,
+          " thread(s). Likely cause: "
           "thread pools inherited from this process. Fix: set threads_per_process(1), or launch "
           "before running LibTorch ops in this process."));
     }
@@ -127,7 +133,8 @@ void dry_fork(int threads, std::chrono::milliseconds limit) {
   auto exit = worker_exit_from_status(-1, -1, pid, status);
   if (is_failure(exit)) {
     throw LaunchError(str("accelerant::launch (debug mode): a dry-run forked worker ended with ",
-                          describe_exit(exit), " before running any user code. Fix: run the "
+                          describe_exit(exit),
+                          " before running any user code. Fix: run the "
                           "program under gdb with `set follow-fork-mode child`."));
   }
 }
@@ -157,7 +164,7 @@ class Agent {
     auto interrupted = [&signals] { return signals.caught() != 0; };
     for (int attempt = 0;; ++attempt) {
       NodeEvent ready = nodes_->start_attempt(attempt, interrupted);
-      Outcome outcome = ready.kind == NodeEvent::kGo          ? Outcome::kSucceeded
+      Outcome outcome = ready.kind == NodeEvent::kGo            ? Outcome::kSucceeded
                         : ready.kind == NodeEvent::kInterrupted ? Outcome::kInterrupted
                                                                 : Outcome::kAborted;
       if (outcome == Outcome::kAborted) node_news_ = ready.text;
@@ -177,13 +184,16 @@ class Agent {
         outcome = outcome_of(verdict);
       }
       if (outcome == Outcome::kFailedHere) {
-        nodes_->report_failure(attempt, failure_report(first_failure_, o_.node_rank(), attempt, o_.max_restarts()));
+        nodes_->report_failure(
+            attempt, failure_report(first_failure_, o_.node_rank(), attempt, o_.max_restarts()));
       }
       stop_group();
       if (outcome == Outcome::kInterrupted) {
-        nodes_->leave(str("its launcher was stopped by signal ", signals.caught(), " (", strsignal(signals.caught()),
-                          "), so the job cannot go on. Fix: restart the job on every machine (from the last "
-                          "checkpoint)."));
+        nodes_->leave(
+            str("its launcher was stopped by signal ", signals.caught(), " (",
+                strsignal(signals.caught()),
+                "), so the job cannot go on. Fix: restart the job on every machine (from the last "
+                "checkpoint)."));
         cleanup();
         signals.reraise();
         throw LaunchError(str("accelerant::launch: stopped by signal ", signals.caught(),
@@ -194,9 +204,10 @@ class Agent {
         cleanup();
         throw LaunchError("accelerant::launch: " + node_news_, first_failure_, attempt);
       }
-      const std::string report = outcome == Outcome::kFailedHere
-                                     ? failure_report(first_failure_, o_.node_rank(), attempt, o_.max_restarts())
-                                     : node_news_;
+      const std::string report =
+          outcome == Outcome::kFailedHere
+              ? failure_report(first_failure_, o_.node_rank(), attempt, o_.max_restarts())
+              : node_news_;
       if (attempt < o_.max_restarts()) {
         if (o_.verbose()) {
           std::fprintf(stderr, "accelerant::launch: %s\nRestarting the group (restart %d of %d).\n",
@@ -219,17 +230,22 @@ class Agent {
   Outcome outcome_of(const NodeEvent& event) {
     node_news_ = event.text;
     switch (event.kind) {
-      case NodeEvent::kRestart: return Outcome::kFailedElsewhere;
-      case NodeEvent::kInterrupted: return Outcome::kInterrupted;
-      default: return Outcome::kAborted;
+      case NodeEvent::kRestart:
+        return Outcome::kFailedElsewhere;
+      case NodeEvent::kInterrupted:
+        return Outcome::kInterrupted;
+      default:
+        return Outcome::kAborted;
     }
   }
 
   std::string make_workdir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "accelerant-launch-XXXXXX").string();
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "accelerant-launch-XXXXXX").string();
     if (::mkdtemp(pattern.data()) == nullptr) {
       throw LaunchError(str("accelerant::launch could not create a temporary directory from ",
-                            pattern, ": ", std::strerror(errno), ". Fix: set TMPDIR to a writable directory."));
+                            pattern, ": ", std::strerror(errno),
+                            ". Fix: set TMPDIR to a writable directory."));
     }
     return pattern;
   }
@@ -240,7 +256,8 @@ class Agent {
     std::string line = str("Launching training on ", o_.processes_per_node(), gpu ? " GPU" : " CPU",
                            o_.processes_per_node() == 1 ? "" : "s");
     if (o_.num_nodes() > 1) {
-      line += str(" (node ", o_.node_rank(), " of ", o_.num_nodes(), ", ", world, " processes in all)");
+      line +=
+          str(" (node ", o_.node_rank(), " of ", o_.num_nodes(), ", ", world, " processes in all)");
     }
     std::printf("%s.\n", line.c_str());
     std::fflush(stdout);
@@ -306,7 +323,8 @@ class Agent {
   Outcome monitor(int attempt, const SignalGuard& signals) {
     const int interval = static_cast<int>(o_.monitor_interval().count());
     while (true) {
-      if (relay_.pump(interval, signals.wake_fd()) || signals.caught() != 0) return Outcome::kInterrupted;
+      if (relay_.pump(interval, signals.wake_fd()) || signals.caught() != 0)
+        return Outcome::kInterrupted;
       const bool all_done = reap();
       if (first_failure_.rank >= 0) {
         relay_.drain(500);  // the failed worker's last words belong in the report
@@ -315,8 +333,9 @@ class Agent {
         // A lost machine also breaks our workers' connections; then the loss is the real cause.
         NodeEvent news = nodes_->poll(attempt);
         if (news.kind == NodeEvent::kAbort) {
-          node_news_ = str(news.text, "\nOn this machine, as a consequence, worker rank ", first_failure_.rank,
-                           " failed with ", describe_exit(first_failure_), ".");
+          node_news_ =
+              str(news.text, "\nOn this machine, as a consequence, worker rank ",
+                  first_failure_.rank, " failed with ", describe_exit(first_failure_), ".");
           return Outcome::kAborted;
         }
         return Outcome::kFailedHere;

@@ -37,12 +37,14 @@ bool runnable(const std::string& program) {
 
 void launch_program(const std::vector<std::string>& command, const LaunchOptions& options) {
   if (command.empty()) {
-    throw Error("accelerant launch: no program given. Fix: name the program after the options, e.g. "
-                "`accelerant launch -n 2 ./train --epochs 3`.");
+    throw Error(
+        "accelerant launch: no program given. Fix: name the program after the options, e.g. "
+        "`accelerant launch -n 2 ./train --epochs 3`.");
   }
   if (!runnable(command[0])) {
-    throw Error(cannot_run(command[0], command[0].find('/') == std::string::npos ? "no such executable on PATH"
-                                                                                 : "no such executable"));
+    throw Error(cannot_run(command[0], command[0].find('/') == std::string::npos
+                                           ? "no such executable on PATH"
+                                           : "no such executable"));
   }
   std::vector<std::string> args = command;
   detail::launch_forked(options, [&args](int) -> std::vector<char> {

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <thread>
 
-#include "base/text.h"
 #include "accelerant/error.h"
+#include "base/text.h"
 
 namespace accelerant::detail {
 namespace {
@@ -59,10 +59,14 @@ void NodeGroup::join_as_main() {
   const auto missing = links_.accept_nodes(Clock::now() + options_.join_timeout());
   if (missing.empty()) return;
   const std::string why = str(
-      "machine(s) ", join(missing, ", "), " of ", options_.num_nodes(), " did not join within the join "
-      "timeout of ", seconds(options_.join_timeout()), " (machine 0 waits at ", options_.master_addr(), ":",
-      store_port(), "). Likely cause: their launchers were not started, use another main_process_ip "
-      "or main_process_port, or a firewall blocks the port. Fix: start `accelerant launch` on every "
+      "machine(s) ", join(missing, ", "), " of ", options_.num_nodes(),
+      " did not join within the join "
+      "timeout of ",
+      seconds(options_.join_timeout()), " (machine 0 waits at ", options_.master_addr(), ":",
+      store_port(),
+      "). Likely cause: their launchers were not started, use another main_process_ip "
+      "or main_process_port, or a firewall blocks the port. Fix: start `accelerant launch` on "
+      "every "
       "machine with its --machine_rank and the same --main_process_ip and --main_process_port, or "
       "raise --join_timeout.");
   leave(why);
@@ -73,12 +77,16 @@ void NodeGroup::join_as_other() {
   const auto deadline = Clock::now() + options_.join_timeout();
   const std::string where = str(options_.master_addr(), ":", options_.master_port());
   auto not_there = [&](const std::string& detail) {
-    return LaunchError(str(
-        "accelerant launch: machine 0 (the main machine, at ", where, ") did not answer within the join "
-        "timeout of ", seconds(options_.join_timeout()), ": ", detail, "\nLikely cause: its launcher was "
-        "not started, has stopped, or main_process_ip/main_process_port differ from machine 0's. Fix: "
-        "start `accelerant launch --machine_rank 0` on the main machine with the same --main_process_ip "
-        "and --main_process_port, or raise --join_timeout."));
+    return LaunchError(str("accelerant launch: machine 0 (the main machine, at ", where,
+                           ") did not answer within the join "
+                           "timeout of ",
+                           seconds(options_.join_timeout()), ": ", detail,
+                           "\nLikely cause: its launcher was "
+                           "not started, has stopped, or main_process_ip/main_process_port differ "
+                           "from machine 0's. Fix: "
+                           "start `accelerant launch --machine_rank 0` on the main machine with "
+                           "the same --main_process_ip "
+                           "and --main_process_port, or raise --join_timeout."));
   };
   c10d::TCPStoreOptions so;
   so.port = static_cast<std::uint16_t>(options_.master_port());
@@ -87,27 +95,31 @@ void NodeGroup::join_as_other() {
   so.timeout = options_.join_timeout();
   try {
     store_ = c10::make_intrusive<c10d::TCPStore>(options_.master_addr(), so);
-    store_->wait({key("links_port")}, std::max(std::chrono::milliseconds(1),
-                                               std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                   deadline - Clock::now())));
+    store_->wait(
+        {key("links_port")},
+        std::max(std::chrono::milliseconds(1),
+                 std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now())));
   } catch (const std::exception& e) {
     throw not_there(e.what());
   }
   store_->setTimeout(options_.timeout());
   const int port = std::stoi(text(store_->get(key("links_port"))));
-  links_ = NodeLinks::connect(options_.master_addr(), port,
-                              {options_.node_rank(), options_.num_nodes(), options_.processes_per_node()},
-                              deadline);
+  links_ = NodeLinks::connect(
+      options_.master_addr(), port,
+      {options_.node_rank(), options_.num_nodes(), options_.processes_per_node()}, deadline);
 }
 
 NodeEvent NodeGroup::check_links() {
   const auto lost = links_.lost();
   if (lost.empty()) return {};
   if (options_.node_rank() != 0) {
-    return {NodeEvent::kAbort,
-            str("the connection to machine 0's launcher (", options_.master_addr(), ") broke: it was "
-                "stopped or killed, or its machine went down or became unreachable. Likely cause: see "
-                "machine 0's output. Fix: restart the job on every machine (from the last checkpoint).")};
+    return {
+        NodeEvent::kAbort,
+        str("the connection to machine 0's launcher (", options_.master_addr(),
+            ") broke: it was "
+            "stopped or killed, or its machine went down or became unreachable. Likely cause: see "
+            "machine 0's output. Fix: restart the job on every machine (from the last "
+            "checkpoint).")};
   }
   std::vector<std::string> reasons;
   for (int node : lost) {
@@ -117,11 +129,15 @@ NodeEvent NodeGroup::check_links() {
       if (why.empty()) continue;  // it left after the job was done
       reasons.push_back(str("machine ", node, " stopped: ", why));
     } else {
-      reasons.push_back(str(
-          "machine ", node, "'s launcher disconnected without a word: it was killed (SIGKILL, out of "
-          "memory) or its machine went down or became unreachable. Its workers are gone, so the job "
-          "cannot go on. Fix: find out on machine ", node, " what ended it, then restart the job on every "
-          "machine (from the last checkpoint)."));
+      reasons.push_back(
+          str("machine ", node,
+              "'s launcher disconnected without a word: it was killed (SIGKILL, out of "
+              "memory) or its machine went down or became unreachable. Its workers are gone, so "
+              "the job "
+              "cannot go on. Fix: find out on machine ",
+              node,
+              " what ended it, then restart the job on every "
+              "machine (from the last checkpoint)."));
     }
   }
   if (reasons.empty()) return {};
@@ -146,8 +162,9 @@ NodeEvent NodeGroup::check_store(int attempt) {
     return {NodeEvent::kRestart, "a worker on another machine failed; " + join(reports, "\n")};
   } catch (const std::exception& e) {
     return {NodeEvent::kAbort,
-            str("lost the job's store on machine 0 (", options_.master_addr(), ":", options_.master_port(),
-                "): ", e.what(), ". Likely cause: machine 0's launcher stopped or its machine went down. "
+            str("lost the job's store on machine 0 (", options_.master_addr(), ":",
+                options_.master_port(), "): ", e.what(),
+                ". Likely cause: machine 0's launcher stopped or its machine went down. "
                 "Fix: restart the job on every machine (from the last checkpoint).")};
   }
 }
@@ -168,7 +185,8 @@ void NodeGroup::report_failure(int attempt, const std::string& report) {
   if (!multi_node()) return;
   try {
     // The report before the count, so that whoever sees the count finds the report.
-    store_->set(key(str("attempt_", attempt, "/failure/node_", options_.node_rank())), bytes(report));
+    store_->set(key(str("attempt_", attempt, "/failure/node_", options_.node_rank())),
+                bytes(report));
     store_->add(key(str("attempt_", attempt, "/failures")), 1);
   } catch (const std::exception&) {
     // Machine 0 is gone; the others learn it from their own links.
@@ -179,11 +197,13 @@ NodeEvent NodeGroup::start_attempt(int attempt, const std::function<bool()>& int
   if (!multi_node()) return {NodeEvent::kGo, ""};
   const std::string prefix = str("attempt_", attempt, "/");
   std::vector<std::string> joined;
-  for (int node = 0; node < options_.num_nodes(); ++node) joined.push_back(key(str(prefix, "joined/node_", node)));
+  for (int node = 0; node < options_.num_nodes(); ++node)
+    joined.push_back(key(str(prefix, "joined/node_", node)));
   const std::string go = key(prefix + "go");
   // Machine 0 gives up first, so that the others hear its verdict naming the missing machines.
-  const auto deadline = Clock::now() + options_.join_timeout() +
-                        (options_.node_rank() == 0 ? std::chrono::seconds(0) : std::chrono::seconds(10));
+  const auto deadline =
+      Clock::now() + options_.join_timeout() +
+      (options_.node_rank() == 0 ? std::chrono::seconds(0) : std::chrono::seconds(10));
   try {
     store_->set(joined[options_.node_rank()], bytes("1"));
   } catch (const std::exception&) {
@@ -207,13 +227,15 @@ NodeEvent NodeGroup::start_attempt(int attempt, const std::function<bool()>& int
       for (int node = 0; node < options_.num_nodes(); ++node) {
         if (!store_->check({joined[node]})) missing.push_back(node);
       }
-      return {NodeEvent::kAbort,
-              str("machine(s) ", join(missing, ", "), " did not get ready for attempt ", attempt + 1,
-                  " within the join timeout of ", seconds(options_.join_timeout()),
-                  ". Likely cause: their workers do not stop (stuck in uninterruptible I/O). Fix: look "
-                  "at those machines, or raise --join_timeout.")};
+      return {
+          NodeEvent::kAbort,
+          str("machine(s) ", join(missing, ", "), " did not get ready for attempt ", attempt + 1,
+              " within the join timeout of ", seconds(options_.join_timeout()),
+              ". Likely cause: their workers do not stop (stuck in uninterruptible I/O). Fix: look "
+              "at those machines, or raise --join_timeout.")};
     }
-    std::this_thread::sleep_for(std::min(options_.monitor_interval(), std::chrono::milliseconds(100)));
+    std::this_thread::sleep_for(
+        std::min(options_.monitor_interval(), std::chrono::milliseconds(100)));
   }
 }
 
@@ -242,7 +264,8 @@ NodeEvent NodeGroup::finish(int attempt, const std::function<bool()>& interrupte
     } catch (const std::exception&) {
       return check_store(attempt);
     }
-    std::this_thread::sleep_for(std::min(options_.monitor_interval(), std::chrono::milliseconds(100)));
+    std::this_thread::sleep_for(
+        std::min(options_.monitor_interval(), std::chrono::milliseconds(100)));
   }
 }
 

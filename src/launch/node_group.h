@@ -12,10 +12,9 @@
 // and a group cannot be formed without them. On one machine all of this reduces to the store.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
-
 #include <functional>
 #include <string>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "accelerant/launch.h"
 #include "launch/node_links.h"

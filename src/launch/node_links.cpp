@@ -14,8 +14,8 @@
 #include <thread>
 #include <utility>
 
-#include "base/text.h"
 #include "accelerant/error.h"
+#include "base/text.h"
 
 namespace accelerant::detail {
 namespace {
@@ -27,7 +27,8 @@ constexpr size_t kReplySize = 1 + 2 * 4;
 constexpr char kAccepted = 'Y', kOtherShape = 'S', kRankTaken = 'D', kRankOutOfRange = 'R';
 
 int remaining_ms(NodeLinks::Clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - NodeLinks::Clock::now());
+  auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - NodeLinks::Clock::now());
   return static_cast<int>(std::max<int64_t>(0, left.count()));
 }
 
@@ -164,17 +165,21 @@ NodeLinks NodeLinks::listen(const NodeShape& self) {
     if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&any), sizeof any) != 0) {
       const std::string why = std::strerror(errno);
       if (fd >= 0) ::close(fd);
-      throw LaunchError(str("accelerant launch (node 0): cannot open a port for the other machines' "
-                            "launchers: ", why, ". Fix: check that this machine allows listening "
-                            "TCP sockets."));
+      throw LaunchError(
+          str("accelerant launch (node 0): cannot open a port for the other machines' "
+              "launchers: ",
+              why,
+              ". Fix: check that this machine allows listening "
+              "TCP sockets."));
     }
   }
   ::listen(fd, 64);
   sockaddr_storage bound{};
   socklen_t length = sizeof bound;
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length);
-  links.port_ = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
-                                            : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  links.port_ = bound.ss_family == AF_INET6
+                    ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                    : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   links.listen_fd_ = fd;
   return links;
 }
@@ -183,7 +188,8 @@ std::vector<int> NodeLinks::accept_nodes(Clock::time_point deadline) {
   auto missing = [this] {
     std::vector<int> ranks;
     for (int r = 1; r < self_.num_nodes; ++r) {
-      if (std::none_of(peers_.begin(), peers_.end(), [r](const Peer& p) { return p.node_rank == r; })) {
+      if (std::none_of(peers_.begin(), peers_.end(),
+                       [r](const Peer& p) { return p.node_rank == r; })) {
         ranks.push_back(r);
       }
     }
@@ -201,7 +207,8 @@ std::vector<int> NodeLinks::accept_nodes(Clock::time_point deadline) {
     if (fd < 0) continue;
     char hello[kHelloSize];
     // A connection that is not one of our launchers (a port scanner, a stale job) is dropped.
-    if (!read_exactly(fd, hello, sizeof hello, std::min(deadline, Clock::now() + std::chrono::seconds(5))) ||
+    if (!read_exactly(fd, hello, sizeof hello,
+                      std::min(deadline, Clock::now() + std::chrono::seconds(5))) ||
         std::memcmp(hello, kMagic, sizeof kMagic) != 0) {
       ::close(fd);
       continue;
@@ -211,13 +218,15 @@ std::vector<int> NodeLinks::accept_nodes(Clock::time_point deadline) {
       send_reply(fd, kOtherShape, self_);
       ::close(fd);
       throw LaunchError(str(
-          "accelerant launch (node 0): machine ", rank, " was started for ", shape_text(nodes, local),
-          ", this machine for ", shape_text(self_.num_nodes, self_.local_processes),
+          "accelerant launch (node 0): machine ", rank, " was started for ",
+          shape_text(nodes, local), ", this machine for ",
+          shape_text(self_.num_nodes, self_.local_processes),
           ". Likely cause: different --num_processes or --num_machines (or config files) on the "
           "machines. Fix: start every machine with the same --num_machines and --num_processes "
           "(the total across machines)."));
     }
-    const bool taken = std::any_of(peers_.begin(), peers_.end(), [rank](const Peer& p) { return p.node_rank == rank; });
+    const bool taken = std::any_of(peers_.begin(), peers_.end(),
+                                   [rank](const Peer& p) { return p.node_rank == rank; });
     if (rank < 1 || rank >= self_.num_nodes || taken) {
       send_reply(fd, taken ? kRankTaken : kRankOutOfRange, self_);
       ::close(fd);
@@ -236,10 +245,14 @@ NodeLinks NodeLinks::connect(const std::string& host, int port, const NodeShape&
   const int fd = connect_until(host, port, deadline, why);
   const std::string where = str(host, ":", port);
   if (fd < 0) {
-    throw LaunchError(str("accelerant launch (machine ", self.node_rank, "): cannot connect to machine 0's "
-                          "launcher at ", where, ": ", why, ". Likely cause: the job on machine 0 has "
-                          "already started with every machine, or a firewall blocks the port. Fix: "
-                          "start every machine's launcher at the same time, with the same settings."));
+    throw LaunchError(
+        str("accelerant launch (machine ", self.node_rank,
+            "): cannot connect to machine 0's "
+            "launcher at ",
+            where, ": ", why,
+            ". Likely cause: the job on machine 0 has "
+            "already started with every machine, or a firewall blocks the port. Fix: "
+            "start every machine's launcher at the same time, with the same settings."));
   }
   char hello[kHelloSize];
   std::memcpy(hello, kMagic, sizeof kMagic);
@@ -249,7 +262,8 @@ NodeLinks NodeLinks::connect(const std::string& host, int port, const NodeShape&
   char reply[kReplySize];
   if (!write_all(fd, hello, sizeof hello) || !read_exactly(fd, reply, sizeof reply, deadline)) {
     ::close(fd);
-    throw LaunchError(str("accelerant launch (machine ", self.node_rank, "): machine 0's launcher at ", where,
+    throw LaunchError(str("accelerant launch (machine ", self.node_rank,
+                          "): machine 0's launcher at ", where,
                           " did not answer. Likely cause: it stopped, or it already runs with "
                           "another machine in this rank. Fix: restart the job on every machine."));
   }
@@ -257,16 +271,18 @@ NodeLinks NodeLinks::connect(const std::string& host, int port, const NodeShape&
   if (reply[0] != kAccepted) {
     ::close(fd);
     if (reply[0] == kOtherShape) {
-      throw LaunchError(str("accelerant launch (machine ", self.node_rank, "): machine 0 was started for ",
-                            shape_text(their_nodes, their_local), ", this machine for ",
-                            shape_text(self.num_nodes, self.local_processes),
+      throw LaunchError(str("accelerant launch (machine ", self.node_rank,
+                            "): machine 0 was started for ", shape_text(their_nodes, their_local),
+                            ", this machine for ", shape_text(self.num_nodes, self.local_processes),
                             ". Fix: start every machine with the same --num_machines and "
                             "--num_processes (the total across machines)."));
     }
-    throw LaunchError(str("accelerant launch (machine ", self.node_rank, "): machine 0 refused machine_rank ",
-                          self.node_rank, ": ", reply[0] == kRankTaken ? "another launcher already joined with it"
-                                                                       : "it is outside 1..num_machines - 1",
-                          ". Fix: give every machine its own --machine_rank, 0 to ", self.num_nodes - 1, "."));
+    throw LaunchError(str("accelerant launch (machine ", self.node_rank,
+                          "): machine 0 refused machine_rank ", self.node_rank, ": ",
+                          reply[0] == kRankTaken ? "another launcher already joined with it"
+                                                 : "it is outside 1..num_machines - 1",
+                          ". Fix: give every machine its own --machine_rank, 0 to ",
+                          self.num_nodes - 1, "."));
   }
   enable_keepalive(fd);
   NodeLinks links;

@@ -12,8 +12,8 @@
 
 namespace accelerant::detail {
 
-OutputRelay::OutputRelay(bool prefix_with_rank, int world_size, size_t tail_lines, std::string log_dir,
-                         bool tee)
+OutputRelay::OutputRelay(bool prefix_with_rank, int world_size, size_t tail_lines,
+                         std::string log_dir, bool tee)
     : prefix_(prefix_with_rank),
       world_size_(world_size),
       tail_lines_(tail_lines),
@@ -33,7 +33,8 @@ void OutputRelay::log(const Stream& s, const std::string& line) {
     const std::string dir = log_dir_ + "/attempt_" + std::to_string(attempt_);
     ::mkdir(log_dir_.c_str(), 0755);
     ::mkdir(dir.c_str(), 0755);
-    const std::string path = dir + "/rank_" + std::to_string(s.rank) + (s.is_stderr ? ".stderr" : ".stdout");
+    const std::string path =
+        dir + "/rank_" + std::to_string(s.rank) + (s.is_stderr ? ".stderr" : ".stdout");
     file = std::fopen(path.c_str(), "a");
     if (file == nullptr) return;  // the console and the failure tail still have it
     log_files_.push_back({{s.rank, s.is_stderr}, file});
@@ -120,7 +121,8 @@ bool OutputRelay::pump(int timeout_ms, int wake_fd) {
 void OutputRelay::drain(int timeout_ms) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   auto open_streams = [&] {
-    for (auto& s : streams_) if (s.fd >= 0) return true;
+    for (auto& s : streams_)
+      if (s.fd >= 0) return true;
     return false;
   };
   while (open_streams() && std::chrono::steady_clock::now() < deadline) pump(20);

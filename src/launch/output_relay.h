@@ -15,7 +15,8 @@ class OutputRelay {
   /// With a `log_dir`, every line also goes to <log_dir>/attempt_<n>/rank_<r>.stdout|stderr, and
   /// to the console only when `tee` is set.
   /// With `prefix_with_rank`, console lines start with rank_prefix(rank, world_size).
-  OutputRelay(bool prefix_with_rank, int world_size, size_t tail_lines, std::string log_dir = "", bool tee = false);
+  OutputRelay(bool prefix_with_rank, int world_size, size_t tail_lines, std::string log_dir = "",
+              bool tee = false);
   ~OutputRelay();
 
   /// Starts relaying `fd` (the read end of a worker's pipe; made non-blocking, closed at EOF).

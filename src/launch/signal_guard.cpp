@@ -34,8 +34,9 @@ SignalGuard::SignalGuard() {
   }
   if (::pipe2(g_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
     g_active = false;
-    throw Error("accelerant::launch could not create its signal pipe. Likely cause: this process is out of "
-                "file descriptors. Fix: close unused files or raise `ulimit -n`.");
+    throw Error(
+        "accelerant::launch could not create its signal pipe. Likely cause: this process is out of "
+        "file descriptors. Fix: close unused files or raise `ulimit -n`.");
   }
   g_caught = 0;
   struct sigaction action {};

@@ -7,17 +7,17 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 
 #include "accelerant/error.h"
-#include "base/text.h"
-#include "base/cpu_settings.h"
 #include "accelerant/process_state.h"
+#include "base/cpu_settings.h"
 #include "base/exit_hooks.h"
+#include "base/text.h"
 #include "base/uncaught_exception_recorder.h"
 #include "launch/signal_guard.h"
 
@@ -66,9 +66,10 @@ WorkerProcess start_worker(const WorkerSpec& spec, const WorkerBody& body, Outpu
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
-    throw LaunchError(str("accelerant::launch: fork() failed for rank ", spec.rank, ": ",
-                          std::strerror(errno), ". Likely cause: too many processes or too little "
-                          "memory. Fix: lower processes_per_node (accelerant launch: --num_processes)."));
+    throw LaunchError(
+        str("accelerant::launch: fork() failed for rank ", spec.rank, ": ", std::strerror(errno),
+            ". Likely cause: too many processes or too little "
+            "memory. Fix: lower processes_per_node (accelerant launch: --num_processes)."));
   }
   if (pid == 0) {
     SignalGuard::reset_in_child();

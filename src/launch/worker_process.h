@@ -8,8 +8,8 @@
 #include <map>
 #include <string>
 
-#include "base/file_io.h"
 #include "accelerant/launch.h"
+#include "base/file_io.h"
 #include "launch/output_relay.h"
 
 namespace accelerant::detail {

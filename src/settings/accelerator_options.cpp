@@ -32,8 +32,9 @@ class Resolver {
   // A setting the launch contract carries (parse_distributed_env already read and checked its
   // variable): the option, else the launcher's value, else the config file.
   template <class T, class Parse>
-  void resolve_launched(const char* key, const std::optional<T>& option, const std::optional<T>& launched,
-                        const std::string& variable, const std::string& config_key, Parse parse, T& target) {
+  void resolve_launched(const char* key, const std::optional<T>& option,
+                        const std::optional<T>& launched, const std::string& variable,
+                        const std::string& config_key, Parse parse, T& target) {
     if (option) {
       target = *option;
       out_.sources[key] = "option";
@@ -87,34 +88,39 @@ uint64_t parse_seed(const std::string& text, const std::string& from) {
     if (used == text.size() && text[0] != '-') return v;
   } catch (const std::exception&) {
   }
-  throw Error(detail::str("seed \"", text, "\" (from ", from, ") is not a non-negative whole number. ",
-                          "Fix: use e.g. 42."));
+  throw Error(detail::str("seed \"", text, "\" (from ", from,
+                          ") is not a non-negative whole number. ", "Fix: use e.g. 42."));
 }
 
 }  // namespace
 
 AcceleratorSettings resolve_accelerator_settings(const AcceleratorOptions& o, const EnvLookup& env,
-                                                 const ConfigValues& config, const std::string& config_path) {
+                                                 const ConfigValues& config,
+                                                 const std::string& config_path) {
   AcceleratorSettings s;
   Resolver r(env, config, config_path, s);
   std::optional<MixedPrecision> precision_option;
-  if (o.mixed_precision()) precision_option = parse_mixed_precision(*o.mixed_precision(), "AcceleratorOptions::mixed_precision");
+  if (o.mixed_precision())
+    precision_option =
+        parse_mixed_precision(*o.mixed_precision(), "AcceleratorOptions::mixed_precision");
   r.resolve("mixed_precision", precision_option, "ACCELERANT_MIXED_PRECISION", "mixed_precision",
             parse_mixed_precision, s.mixed_precision);
   const DistributedEnv launched = parse_distributed_env(env);
-  r.resolve_launched("downcast_bf16", o.downcast_bf16(), launched.downcast_bf16, "ACCELERANT_DOWNCAST_BF16",
-                     "downcast_bf16", parse_bool, s.downcast_bf16);
+  r.resolve_launched("downcast_bf16", o.downcast_bf16(), launched.downcast_bf16,
+                     "ACCELERANT_DOWNCAST_BF16", "downcast_bf16", parse_bool, s.downcast_bf16);
   if (o.gradient_accumulation_steps() && *o.gradient_accumulation_steps() < 1) {
-    parse_positive(std::to_string(*o.gradient_accumulation_steps()), "AcceleratorOptions::gradient_accumulation_steps");
+    parse_positive(std::to_string(*o.gradient_accumulation_steps()),
+                   "AcceleratorOptions::gradient_accumulation_steps");
   }
   r.resolve_launched("gradient_accumulation_steps", o.gradient_accumulation_steps(),
                      launched.gradient_accumulation_steps, "ACCELERANT_GRADIENT_ACCUMULATION_STEPS",
                      "gradient_accumulation_steps", parse_positive, s.gradient_accumulation_steps);
-  r.resolve("split_batches", o.split_batches(), "ACCELERANT_SPLIT_BATCHES", "split_batches", parse_bool,
-            s.split_batches);
+  r.resolve("split_batches", o.split_batches(), "ACCELERANT_SPLIT_BATCHES", "split_batches",
+            parse_bool, s.split_batches);
   r.resolve("even_batches", o.even_batches(), "ACCELERANT_EVEN_BATCHES", "even_batches", parse_bool,
             s.even_batches);
-  r.resolve_launched("cpu", o.cpu(), launched.use_cpu, "ACCELERANT_USE_CPU", "use_cpu", parse_bool, s.cpu);
+  r.resolve_launched("cpu", o.cpu(), launched.use_cpu, "ACCELERANT_USE_CPU", "use_cpu", parse_bool,
+                     s.cpu);
   r.resolve("cpu_defaults", o.cpu_defaults(), "ACCELERANT_CPU_DEFAULTS", "cpu_defaults", parse_bool,
             s.cpu_defaults);
   uint64_t seed = 0;

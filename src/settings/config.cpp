@@ -32,7 +32,8 @@ Field field(const char* key, const char* type, T Config::*member) {
   return {key, type,
           [member, key](const YAML::Node& node, Config& c) {
             if constexpr (std::is_same_v<T, bool>) {
-              c.*member = parse_bool(node.Scalar(), key);  // the one bool parser (it takes YAML 1.1 spellings too)
+              c.*member = parse_bool(node.Scalar(),
+                                     key);  // the one bool parser (it takes YAML 1.1 spellings too)
             } else {
               c.*member = node.as<T>();
             }
@@ -106,7 +107,8 @@ std::string position(const YAML::Mark& mark) {
 }
 
 void make_directories(const std::string& path) {
-  for (size_t slash = path.find('/', 1); slash != std::string::npos; slash = path.find('/', slash + 1)) {
+  for (size_t slash = path.find('/', 1); slash != std::string::npos;
+       slash = path.find('/', slash + 1)) {
     ::mkdir(path.substr(0, slash).c_str(), 0755);
   }
 }
@@ -125,29 +127,34 @@ const std::vector<std::string>& config_keys() {
 Config load_config(const std::string& path) {
   std::ifstream file(path);
   if (!file) {
-    throw Error(detail::str("Config file ", path, " cannot be read. Fix: create one with `accelerant config` ",
-                            "(questions) or `accelerant config default`, or pass another --config_file."));
+    throw Error(detail::str(
+        "Config file ", path, " cannot be read. Fix: create one with `accelerant config` ",
+        "(questions) or `accelerant config default`, or pass another --config_file."));
   }
   YAML::Node root;
   try {
     root = YAML::Load(file);
   } catch (const YAML::Exception& e) {
-    throw Error(detail::str("Config file ", path, " is not valid YAML: ", e.msg, " at ", position(e.mark),
-                            ". Fix: correct it there, or rewrite it with `accelerant config default`."));
+    throw Error(
+        detail::str("Config file ", path, " is not valid YAML: ", e.msg, " at ", position(e.mark),
+                    ". Fix: correct it there, or rewrite it with `accelerant config default`."));
   }
   Config config;
   if (!root || root.IsNull()) return config;  // an empty file: every default
   if (!root.IsMap()) {
-    throw Error(detail::str("Config file ", path, " is not a mapping of keys to values (", position(root.Mark()),
-                            "). Fix: write one `key: value` per line, or rewrite it with `accelerant config default`."));
+    throw Error(detail::str("Config file ", path, " is not a mapping of keys to values (",
+                            position(root.Mark()),
+                            "). Fix: write one `key: value` per line, or rewrite it with "
+                            "`accelerant config default`."));
   }
   std::vector<std::string> problems;
   for (const auto& item : root) {
     const std::string key = item.first.as<std::string>();
-    auto it = std::find_if(fields().begin(), fields().end(), [&](const Field& f) { return key == f.key; });
+    auto it = std::find_if(fields().begin(), fields().end(),
+                           [&](const Field& f) { return key == f.key; });
     if (it == fields().end()) {
-      problems.push_back(detail::str("unknown key '", key, "' at ", position(item.first.Mark()), " (did you mean '",
-                                     closest_key(key), "'?)"));
+      problems.push_back(detail::str("unknown key '", key, "' at ", position(item.first.Mark()),
+                                     " (did you mean '", closest_key(key), "'?)"));
       continue;
     }
     try {
@@ -155,21 +162,23 @@ Config load_config(const std::string& path) {
       it->read(item.second, config);
     } catch (const std::exception&) {  // YAML::Exception, or Error from the one bool parser
       const std::string shown = item.second.IsScalar() ? item.second.Scalar() : "a list or mapping";
-      problems.push_back(detail::str("'", key, "' is '", shown, "' at ", position(item.second.Mark()),
-                                     ", but it must be ", it->type));
+      problems.push_back(detail::str("'", key, "' is '", shown, "' at ",
+                                     position(item.second.Mark()), ", but it must be ", it->type));
     }
   }
   if (!problems.empty()) {
-    throw Error(detail::str("Config file ", path, " has ", problems.size(), " problem",
-                            problems.size() == 1 ? "" : "s", ":\n  ", detail::join(problems, "\n  "),
-                            "\nFix: correct the file, or rewrite it with `accelerant config`. Known keys: ",
-                            detail::join(config_keys(), ", "), "."));
+    throw Error(
+        detail::str("Config file ", path, " has ", problems.size(), " problem",
+                    problems.size() == 1 ? "" : "s", ":\n  ", detail::join(problems, "\n  "),
+                    "\nFix: correct the file, or rewrite it with `accelerant config`. Known keys: ",
+                    detail::join(config_keys(), ", "), "."));
   }
   if (config.config_version > kConfigVersion || config.config_version < 1) {
-    throw Error(detail::str("Config file ", path, " has config_version ", config.config_version,
-                            ", but this Accelerant reads versions 1 to ", kConfigVersion,
-                            ". Likely cause: it was written by a newer Accelerant. Fix: upgrade, or "
-                            "rewrite the file with `accelerant config`."));
+    throw Error(
+        detail::str("Config file ", path, " has config_version ", config.config_version,
+                    ", but this Accelerant reads versions 1 to ", kConfigVersion,
+                    ". Likely cause: it was written by a newer Accelerant. Fix: upgrade, or "
+                    "rewrite the file with `accelerant config`."));
   }
   validate_config(config, "Config file " + path);
   return config;
@@ -177,45 +186,59 @@ Config load_config(const std::string& path) {
 
 void validate_config(const Config& c, const std::string& where) {
   std::vector<std::string> problems;
-  if (c.num_machines < 1) problems.push_back(detail::str("num_machines is ", c.num_machines, "; it must be 1 or more"));
+  if (c.num_machines < 1)
+    problems.push_back(detail::str("num_machines is ", c.num_machines, "; it must be 1 or more"));
   if (c.machine_rank < 0 || c.machine_rank >= std::max(1, c.num_machines)) {
-    problems.push_back(detail::str("machine_rank is ", c.machine_rank, "; it must be between 0 and num_machines - 1 (",
+    problems.push_back(detail::str("machine_rank is ", c.machine_rank,
+                                   "; it must be between 0 and num_machines - 1 (",
                                    c.num_machines - 1, ")"));
   }
   if (c.num_processes < 1) {
-    problems.push_back(detail::str("num_processes is ", c.num_processes, "; it must be 1 or more (the total across machines)"));
+    problems.push_back(detail::str("num_processes is ", c.num_processes,
+                                   "; it must be 1 or more (the total across machines)"));
   } else if (c.num_machines >= 1 && c.num_processes % c.num_machines != 0) {
-    problems.push_back(detail::str("num_processes ", c.num_processes, " cannot be split evenly over ", c.num_machines,
+    problems.push_back(detail::str("num_processes ", c.num_processes,
+                                   " cannot be split evenly over ", c.num_machines,
                                    " machines; use a multiple of ", c.num_machines));
   }
   if (c.main_process_port < 0 || c.main_process_port > 65535) {
-    problems.push_back(detail::str("main_process_port is ", c.main_process_port, "; it must be 0 (any free port) to 65535"));
+    problems.push_back(detail::str("main_process_port is ", c.main_process_port,
+                                   "; it must be 0 (any free port) to 65535"));
   } else if (c.main_process_port == 0 && c.num_machines > 1) {
-    problems.push_back("main_process_port 0 (any free port) works on one machine only; the other machines must "
-                       "know the port: choose one, e.g. 29500");
+    problems.push_back(
+        "main_process_port 0 (any free port) works on one machine only; the other machines must "
+        "know the port: choose one, e.g. 29500");
   }
-  if (c.main_process_ip.empty()) problems.push_back("main_process_ip is empty; use the main machine's address");
+  if (c.main_process_ip.empty())
+    problems.push_back("main_process_ip is empty; use the main machine's address");
   std::optional<MixedPrecision> precision;
   try {
     precision = parse_mixed_precision(c.mixed_precision, "mixed_precision");
   } catch (const Error&) {
-    problems.push_back(detail::str("mixed_precision is '", c.mixed_precision, "'; use no, fp16 (CUDA) or bf16"));
+    problems.push_back(
+        detail::str("mixed_precision is '", c.mixed_precision, "'; use no, fp16 (CUDA) or bf16"));
   }
   if (c.downcast_bf16 && precision != MixedPrecision::kBf16) {
-    problems.push_back("downcast_bf16 is true but mixed_precision is not bf16; set both or neither");
+    problems.push_back(
+        "downcast_bf16 is true but mixed_precision is not bf16; set both or neither");
   }
-  if (c.max_restarts < 0) problems.push_back(detail::str("max_restarts is ", c.max_restarts, "; it must be 0 or more"));
+  if (c.max_restarts < 0)
+    problems.push_back(detail::str("max_restarts is ", c.max_restarts, "; it must be 0 or more"));
   if (!(c.monitor_interval > 0)) {
-    problems.push_back(detail::str("monitor_interval is ", c.monitor_interval, "; it must be more than 0 seconds"));
+    problems.push_back(detail::str("monitor_interval is ", c.monitor_interval,
+                                   "; it must be more than 0 seconds"));
   }
   if (!(c.join_timeout > 0)) {
-    problems.push_back(detail::str("join_timeout is ", c.join_timeout, "; it must be more than 0 seconds"));
+    problems.push_back(
+        detail::str("join_timeout is ", c.join_timeout, "; it must be more than 0 seconds"));
   }
   if (c.threads_per_process < 0) {
-    problems.push_back(detail::str("threads_per_process is ", c.threads_per_process, "; use 0 (automatic) or more"));
+    problems.push_back(detail::str("threads_per_process is ", c.threads_per_process,
+                                   "; use 0 (automatic) or more"));
   }
   if (c.gradient_accumulation_steps < 1) {
-    problems.push_back(detail::str("gradient_accumulation_steps is ", c.gradient_accumulation_steps, "; it must be 1 or more"));
+    problems.push_back(detail::str("gradient_accumulation_steps is ", c.gradient_accumulation_steps,
+                                   "; it must be 1 or more"));
   }
   if (!problems.empty()) {
     throw Error(detail::str(where, ": ", detail::join(problems, "; "), "."));
@@ -232,8 +255,9 @@ void save_config(const Config& config, const std::string& path) {
   validate_config(config);
   make_directories(path);
   if (!detail::write_file_atomically(path, to_yaml(config))) {
-    throw Error(detail::str("Could not write the config file ", path, " (through ", path,
-                            ".tmp). Fix: check that the directory is writable and the disk not full."));
+    throw Error(
+        detail::str("Could not write the config file ", path, " (through ", path,
+                    ".tmp). Fix: check that the directory is writable and the disk not full."));
   }
 }
 

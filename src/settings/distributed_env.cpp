@@ -19,8 +19,8 @@ constexpr const char* kLauncherHint =
   throw EnvironmentError(
       var, value,
       detail::str("Invalid distributed environment: ", var, "=", value.empty() ? "(unset)" : value,
-                  " ", what, ". Likely cause: the job script or launcher set it wrongly. Fix: ",
-                  fix, "."));
+                  " ", what,
+                  ". Likely cause: the job script or launcher set it wrongly. Fix: ", fix, "."));
 }
 
 class Reader {
@@ -44,9 +44,10 @@ class Reader {
     if (errno != 0 || end == begin || *end != '\0') fail(var, *v, "is not an integer", fix);
     if (parsed < min || parsed > max) {
       fail(var, *v,
-           detail::str("is out of range (allowed: ", min, " to ",
-                       max == std::numeric_limits<int>::max() ? std::string("any") : std::to_string(max),
-                       ")"),
+           detail::str(
+               "is out of range (allowed: ", min, " to ",
+               max == std::numeric_limits<int>::max() ? std::string("any") : std::to_string(max),
+               ")"),
            fix);
     }
     return parsed;
@@ -77,9 +78,10 @@ constexpr long long kIntMax = std::numeric_limits<int>::max();
 
 void read_torchrun(const Reader& r, DistributedEnv& env) {
   env.source = r.text("ACCELERANT_LAUNCHER") ? EnvSource::kAccelerant : EnvSource::kTorchrun;
-  env.world_size = r.required("WORLD_SIZE", 1, kIntMax,
-                              "set WORLD_SIZE to the total number of processes (≥ 1)");
-  env.rank = r.required("RANK", 0, kIntMax, "set RANK to this process's index, 0 ≤ RANK < WORLD_SIZE");
+  env.world_size =
+      r.required("WORLD_SIZE", 1, kIntMax, "set WORLD_SIZE to the total number of processes (≥ 1)");
+  env.rank =
+      r.required("RANK", 0, kIntMax, "set RANK to this process's index, 0 ≤ RANK < WORLD_SIZE");
   env.local_rank = static_cast<int>(
       r.integer("LOCAL_RANK", 0, kIntMax, "set LOCAL_RANK to this process's index on its machine")
           .value_or(env.rank));
@@ -106,9 +108,9 @@ void read_slurm(const Reader& r, DistributedEnv& env) {
   env.local_rank = static_cast<int>(r.integer("SLURM_LOCALID", 0, kIntMax, fix).value_or(0));
   env.node_rank = static_cast<int>(r.integer("SLURM_NODEID", 0, kIntMax, fix).value_or(0));
   env.num_nodes = static_cast<int>(r.integer("SLURM_NNODES", 1, kIntMax, fix).value_or(1));
-  env.local_world_size = static_cast<int>(
-      r.integer("SLURM_NTASKS_PER_NODE", 1, kIntMax, fix)
-          .value_or((env.world_size + env.num_nodes - 1) / env.num_nodes));
+  env.local_world_size =
+      static_cast<int>(r.integer("SLURM_NTASKS_PER_NODE", 1, kIntMax, fix)
+                           .value_or((env.world_size + env.num_nodes - 1) / env.num_nodes));
 }
 
 void read_openmpi(const Reader& r, DistributedEnv& env) {
@@ -116,7 +118,8 @@ void read_openmpi(const Reader& r, DistributedEnv& env) {
   const std::string fix = "run the program through Open MPI's mpirun, which sets OMPI_COMM_WORLD_*";
   env.world_size = r.required("OMPI_COMM_WORLD_SIZE", 1, kIntMax, fix);
   env.rank = r.required("OMPI_COMM_WORLD_RANK", 0, kIntMax, fix);
-  env.local_rank = static_cast<int>(r.integer("OMPI_COMM_WORLD_LOCAL_RANK", 0, kIntMax, fix).value_or(0));
+  env.local_rank =
+      static_cast<int>(r.integer("OMPI_COMM_WORLD_LOCAL_RANK", 0, kIntMax, fix).value_or(0));
   env.local_world_size = static_cast<int>(
       r.integer("OMPI_COMM_WORLD_LOCAL_SIZE", 1, kIntMax, fix).value_or(env.world_size));
   env.node_rank = env.rank / env.local_world_size;  // mpirun's default block mapping
@@ -143,9 +146,11 @@ void read_accelerant_extras(const Reader& r, DistributedEnv& env) {
 }
 
 void validate(const Reader& r, DistributedEnv& env) {
-  const bool torchrun_like = env.source == EnvSource::kAccelerant || env.source == EnvSource::kTorchrun;
-  const char* rank_var = torchrun_like ? "RANK"
-                         : env.source == EnvSource::kSlurm ? "SLURM_PROCID" : "OMPI_COMM_WORLD_RANK";
+  const bool torchrun_like =
+      env.source == EnvSource::kAccelerant || env.source == EnvSource::kTorchrun;
+  const char* rank_var = torchrun_like                     ? "RANK"
+                         : env.source == EnvSource::kSlurm ? "SLURM_PROCID"
+                                                           : "OMPI_COMM_WORLD_RANK";
   if (env.rank >= env.world_size) {
     fail(rank_var, std::to_string(env.rank),
          detail::str("is not less than the world size ", env.world_size,
@@ -154,10 +159,12 @@ void validate(const Reader& r, DistributedEnv& env) {
   }
   if (env.local_rank >= env.local_world_size) {
     fail(torchrun_like ? "LOCAL_RANK" : "local rank", std::to_string(env.local_rank),
-         detail::str("is not less than the local world size ", env.local_world_size), kLauncherHint);
+         detail::str("is not less than the local world size ", env.local_world_size),
+         kLauncherHint);
   }
   if (env.local_world_size > env.world_size) {
-    fail(torchrun_like ? "LOCAL_WORLD_SIZE" : "local world size", std::to_string(env.local_world_size),
+    fail(torchrun_like ? "LOCAL_WORLD_SIZE" : "local world size",
+         std::to_string(env.local_world_size),
          detail::str("is larger than the world size ", env.world_size), kLauncherHint);
   }
   if (env.source != EnvSource::kSlurm) {
@@ -182,24 +189,30 @@ void validate(const Reader& r, DistributedEnv& env) {
          env.source == EnvSource::kSlurm
              ? "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1) "
                "in the batch script before srun"
-             : "export MASTER_ADDR to the address of the machine that runs rank 0 (127.0.0.1 on one machine)");
+             : "export MASTER_ADDR to the address of the machine that runs rank 0 (127.0.0.1 on "
+               "one machine)");
   }
   env.master_addr = addr.value_or("127.0.0.1");
-  env.master_port = static_cast<int>(
-      r.integer("MASTER_PORT", 1, 65535,
-                "set MASTER_PORT to a free TCP port between 1 and 65535 on the main machine (e.g. 29500)")
-          .value_or(29500));
+  env.master_port = static_cast<int>(r.integer("MASTER_PORT", 1, 65535,
+                                               "set MASTER_PORT to a free TCP port between 1 and "
+                                               "65535 on the main machine (e.g. 29500)")
+                                         .value_or(29500));
 }
 
 }  // namespace
 
 const char* to_string(EnvSource source) {
   switch (source) {
-    case EnvSource::kNone: return "none";
-    case EnvSource::kAccelerant: return "accelerant";
-    case EnvSource::kTorchrun: return "torchrun";
-    case EnvSource::kSlurm: return "slurm";
-    case EnvSource::kOpenMpi: return "openmpi";
+    case EnvSource::kNone:
+      return "none";
+    case EnvSource::kAccelerant:
+      return "accelerant";
+    case EnvSource::kTorchrun:
+      return "torchrun";
+    case EnvSource::kSlurm:
+      return "slurm";
+    case EnvSource::kOpenMpi:
+      return "openmpi";
   }
   return "unknown";
 }
@@ -252,7 +265,8 @@ std::map<std::string, std::string> to_environment(const DistributedEnv& env) {
   if (env.downcast_bf16) vars["ACCELERANT_DOWNCAST_BF16"] = *env.downcast_bf16 ? "1" : "0";
   if (env.use_cpu) vars["ACCELERANT_USE_CPU"] = *env.use_cpu ? "1" : "0";
   if (env.gradient_accumulation_steps) {
-    vars["ACCELERANT_GRADIENT_ACCUMULATION_STEPS"] = std::to_string(*env.gradient_accumulation_steps);
+    vars["ACCELERANT_GRADIENT_ACCUMULATION_STEPS"] =
+        std::to_string(*env.gradient_accumulation_steps);
   }
   return vars;
 }

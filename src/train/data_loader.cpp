@@ -1,13 +1,12 @@
 #include "accelerant/data_loader.h"
 
-#include "train/data_loader_internal.h"
-
 #include <condition_variable>
 #include <exception>
 #include <mutex>
 #include <thread>
 
 #include "base/text.h"
+#include "train/data_loader_internal.h"
 
 namespace accelerant {
 
@@ -90,8 +89,8 @@ DataLoader::DataLoader(BatchMaker make_batch, int64_t dataset_size, DataLoaderOp
                             ". Fix: use a batch size of 1 or more."));
   }
   if (options.num_workers() < 0 || options.prefetch_factor() < 1) {
-    throw Error(detail::str("DataLoaderOptions: num_workers ", options.num_workers(), ", prefetch_factor ",
-                            options.prefetch_factor(),
+    throw Error(detail::str("DataLoaderOptions: num_workers ", options.num_workers(),
+                            ", prefetch_factor ", options.prefetch_factor(),
                             ". Fix: num_workers must be 0 or more and prefetch_factor 1 or more."));
   }
   shared_->make_batch = std::move(make_batch);
@@ -107,8 +106,9 @@ DataLoader::DataLoader(BatchMaker make_batch, int64_t dataset_size, DataLoaderOp
 
 DataLoader DataLoader::with_workers(int num_workers) const {
   if (num_workers < 0) {
-    throw Error(detail::str("with_workers: num_workers must be 0 or more, got ", num_workers,
-                            ". Fix: 0 builds batches in the loop's thread, N > 0 in N threads ahead of it."));
+    throw Error(detail::str(
+        "with_workers: num_workers must be 0 or more, got ", num_workers,
+        ". Fix: 0 builds batches in the loop's thread, N > 0 in N threads ahead of it."));
   }
   auto copy = std::make_shared<Shared>(*shared_);
   copy->options.num_workers(num_workers);
@@ -117,7 +117,8 @@ DataLoader DataLoader::with_workers(int num_workers) const {
 
 DataLoader detail::DataLoaderAccess::sharded(const DataLoader& loader, LoaderSharding how) {
   auto copy = std::make_shared<DataLoader::Shared>(*loader.shared_);
-  per_process_batch_size(how.sharding, how.world_size);  // validates split_batches before the first epoch
+  per_process_batch_size(how.sharding,
+                         how.world_size);  // validates split_batches before the first epoch
   copy->rank = how.rank;
   copy->world_size = how.world_size;
   copy->sharding = std::move(how.sharding);
@@ -143,11 +144,13 @@ void DataLoader::set_epoch(int64_t epoch) {
 }
 
 void DataLoader::set_position(DataPosition position) {
-  if (position.epoch < 0 || position.samples_done < 0 || position.samples_done > shared_->dataset_size) {
-    throw Error(detail::str("DataLoader::set_position: epoch ", position.epoch, ", samples done ",
-                            position.samples_done, " does not fit a dataset of ", shared_->dataset_size,
-                            " samples. Likely cause: a position saved for another dataset. Fix: use the ",
-                            "dataset the position was saved with."));
+  if (position.epoch < 0 || position.samples_done < 0 ||
+      position.samples_done > shared_->dataset_size) {
+    throw Error(
+        detail::str("DataLoader::set_position: epoch ", position.epoch, ", samples done ",
+                    position.samples_done, " does not fit a dataset of ", shared_->dataset_size,
+                    " samples. Likely cause: a position saved for another dataset. Fix: use the ",
+                    "dataset the position was saved with."));
   }
   shared_->epoch = position.epoch;
   shared_->position = position;
@@ -168,7 +171,8 @@ int64_t DataLoader::size() const {
   ShardingOptions counting = shared_->sharding;
   counting.shuffle(false);  // the count does not depend on the order
   return static_cast<int64_t>(
-      shard_epoch(shared_->dataset_size, 0, shared_->rank, shared_->world_size, counting).batches.size());
+      shard_epoch(shared_->dataset_size, 0, shared_->rank, shared_->world_size, counting)
+          .batches.size());
 }
 
 DataLoader::Iterator DataLoader::begin() {
@@ -180,8 +184,8 @@ DataLoader::Iterator DataLoader::begin() {
   // The position is inside the epoch about to run only after set_position (a resume); after an
   // epoch, or one left early, the next starts at its beginning.
   run->first_position = shared_->position.epoch == epoch ? shared_->position.samples_done : 0;
-  run->shard = shard_epoch(shared_->dataset_size, epoch, shared_->rank, shared_->world_size, shared_->sharding,
-                           run->first_position);
+  run->shard = shard_epoch(shared_->dataset_size, epoch, shared_->rank, shared_->world_size,
+                           shared_->sharding, run->first_position);
   run->epoch = epoch;
   run->samples_per_step = samples_per_step();
   shared_->position = {epoch, run->first_position};
@@ -205,9 +209,11 @@ void DataLoader::Iterator::fetch() {
   current_ = run_->take(index_);
   // Counted when handed out: a checkpoint taken after this batch's step resumes at the next one.
   const bool last = index_ + 1 == run_->shard.batches.size();
-  const int64_t done = run_->first_position + static_cast<int64_t>(index_ + 1) * run_->samples_per_step;
-  run_->shared->position = last ? DataPosition{run_->epoch + 1, 0}
-                                : DataPosition{run_->epoch, std::min(done, run_->shared->dataset_size)};
+  const int64_t done =
+      run_->first_position + static_cast<int64_t>(index_ + 1) * run_->samples_per_step;
+  run_->shared->position =
+      last ? DataPosition{run_->epoch + 1, 0}
+           : DataPosition{run_->epoch, std::min(done, run_->shared->dataset_size)};
   if (auto& state = run_->shared->state) {
     state->end_of_dataloader = last;
     state->padding_in_last_step = last ? run_->shard.padding : 0;
@@ -227,16 +233,17 @@ DataLoader::Iterator& DataLoader::Iterator::operator++() {
 DataLoader make_data_loader(torch::Tensor data, torch::Tensor targets, DataLoaderOptions options) {
   if (!data.defined() || !targets.defined() || data.dim() == 0 || targets.dim() == 0 ||
       data.size(0) != targets.size(0)) {
-    throw Error(detail::str("make_data_loader: data and targets must be tensors with the same first ",
-                            "dimension (one row per sample); got data ",
-                            data.defined() ? c10::str(data.sizes()) : "undefined", " and targets ",
-                            targets.defined() ? c10::str(targets.sizes()) : "undefined",
-                            ". Fix: pass the samples stacked along dim 0."));
+    throw Error(
+        detail::str("make_data_loader: data and targets must be tensors with the same first ",
+                    "dimension (one row per sample); got data ",
+                    data.defined() ? c10::str(data.sizes()) : "undefined", " and targets ",
+                    targets.defined() ? c10::str(targets.sizes()) : "undefined",
+                    ". Fix: pass the samples stacked along dim 0."));
   }
   const int64_t size = data.size(0);
   BatchMaker make_batch = [data, targets](const std::vector<int64_t>& indices) {
-    auto index = torch::from_blob(const_cast<int64_t*>(indices.data()), {static_cast<int64_t>(indices.size())},
-                                  torch::kLong);
+    auto index = torch::from_blob(const_cast<int64_t*>(indices.data()),
+                                  {static_cast<int64_t>(indices.size())}, torch::kLong);
     return Batch{data.index_select(0, index), targets.index_select(0, index)};
   };
   return DataLoader(std::move(make_batch), size, std::move(options));

@@ -26,7 +26,8 @@ std::vector<int64_t> epoch_order(int64_t n, int64_t epoch, const ShardingOptions
 
 int64_t per_process_batch_size(const ShardingOptions& o, int world_size) {
   if (o.batch_size() < 1) {
-    throw Error(detail::str("batch_size is ", o.batch_size(), ". Fix: use a batch size of 1 or more."));
+    throw Error(
+        detail::str("batch_size is ", o.batch_size(), ". Fix: use a batch size of 1 or more."));
   }
   if (world_size < 1) {
     throw Error(detail::str("world size is ", world_size,
@@ -34,10 +35,10 @@ int64_t per_process_batch_size(const ShardingOptions& o, int world_size) {
   }
   if (!o.split_batches()) return o.batch_size();
   if (o.batch_size() % world_size != 0) {
-    throw Error(detail::str("split_batches: batch_size ", o.batch_size(), " cannot be split evenly over ",
-                            world_size, " processes. Fix: use a multiple of ", world_size,
-                            " (e.g. ", (o.batch_size() / world_size + 1) * world_size,
-                            ") or turn split_batches off."));
+    throw Error(detail::str(
+        "split_batches: batch_size ", o.batch_size(), " cannot be split evenly over ", world_size,
+        " processes. Fix: use a multiple of ", world_size, " (e.g. ",
+        (o.batch_size() / world_size + 1) * world_size, ") or turn split_batches off."));
   }
   return o.batch_size() / world_size;
 }
@@ -46,17 +47,20 @@ EpochShard shard_epoch(int64_t dataset_size, int64_t epoch, int rank, int world_
                        const ShardingOptions& o, int64_t first_position) {
   const int64_t b = per_process_batch_size(o, world_size);
   if (rank < 0 || rank >= world_size) {
-    throw Error(detail::str("rank ", rank, " is outside 0..", world_size - 1,
-                            ". Fix: pass ProcessState::process_index() and num_processes() together."));
+    throw Error(
+        detail::str("rank ", rank, " is outside 0..", world_size - 1,
+                    ". Fix: pass ProcessState::process_index() and num_processes() together."));
   }
   if (dataset_size < 0) {
-    throw Error(detail::str("dataset size ", dataset_size,
-                            " is negative. Fix: pass the dataset's number of samples (size() of 0 or more)."));
+    throw Error(detail::str(
+        "dataset size ", dataset_size,
+        " is negative. Fix: pass the dataset's number of samples (size() of 0 or more)."));
   }
   if (first_position < 0 || first_position > dataset_size) {
-    throw Error(detail::str("the epoch cannot continue after position ", first_position, " of ", dataset_size,
-                            " samples. Likely cause: a data position saved for another dataset. Fix: resume ",
-                            "with the dataset the checkpoint was saved with."));
+    throw Error(detail::str(
+        "the epoch cannot continue after position ", first_position, " of ", dataset_size,
+        " samples. Likely cause: a data position saved for another dataset. Fix: resume ",
+        "with the dataset the checkpoint was saved with."));
   }
   const auto order = epoch_order(dataset_size, epoch, o);
   const int64_t per_step = b * world_size;

@@ -25,8 +25,9 @@ void adam_range(const FusedSegment& s, int64_t begin, int64_t end, bool decouple
   const float* __restrict g = s.grad;
   float* __restrict m = s.state1;
   float* __restrict v = s.state2;
-  const float decay = s.decay, wd = s.weight_decay, b1 = s.beta1, c1 = s.one_minus_beta1, b2 = s.beta2,
-              c2 = s.one_minus_beta2, sbc2 = s.sqrt_bias_correction2, eps = s.eps, step = s.neg_step_size;
+  const float decay = s.decay, wd = s.weight_decay, b1 = s.beta1, c1 = s.one_minus_beta1,
+              b2 = s.beta2, c2 = s.one_minus_beta2, sbc2 = s.sqrt_bias_correction2, eps = s.eps,
+              step = s.neg_step_size;
   if (decoupled) {
     for (int64_t i = begin; i < end; ++i) {
       const float pi = p[i] * decay;
@@ -72,9 +73,15 @@ void sgd_range(const FusedSegment& s, int64_t begin, int64_t end) {
 
 void update_range(FusedKind kind, const FusedSegment& s, int64_t begin, int64_t end) {
   switch (kind) {
-    case FusedKind::kSGD: sgd_range(s, begin, end); break;
-    case FusedKind::kAdam: adam_range(s, begin, end, false); break;
-    case FusedKind::kAdamW: adam_range(s, begin, end, true); break;
+    case FusedKind::kSGD:
+      sgd_range(s, begin, end);
+      break;
+    case FusedKind::kAdam:
+      adam_range(s, begin, end, false);
+      break;
+    case FusedKind::kAdamW:
+      adam_range(s, begin, end, true);
+      break;
   }
 }
 
@@ -89,7 +96,9 @@ void run_fused_update(FusedKind kind, const std::vector<FusedSegment>& segments)
   if (total == 0) return;
   constexpr int64_t kGrain = 1 << 15;  // below this, a thread costs more than it saves
   at::parallel_for(0, total, kGrain, [&](int64_t begin, int64_t end) {
-    size_t k = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), begin) - starts.begin()) - 1;
+    size_t k = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), begin) -
+                                   starts.begin()) -
+               1;
     for (; k < segments.size() && starts[k] < end; ++k) {
       const int64_t lo = std::max(begin, starts[k]) - starts[k];
       const int64_t hi = std::min(end, starts[k + 1]) - starts[k];

@@ -21,14 +21,14 @@ struct FusedSegment {
   float* state2 = nullptr;  ///< Adam: exp_avg_sq; SGD: unused
   int64_t numel = 0;
   // Adam / AdamW
-  float decay = 1;           ///< AdamW: 1 - lr * weight_decay
-  float weight_decay = 0;    ///< Adam and SGD: added to the gradient as weight_decay * param
+  float decay = 1;         ///< AdamW: 1 - lr * weight_decay
+  float weight_decay = 0;  ///< Adam and SGD: added to the gradient as weight_decay * param
   float beta1 = 0, one_minus_beta1 = 0, beta2 = 0, one_minus_beta2 = 0;
   float sqrt_bias_correction2 = 1, eps = 0, neg_step_size = 0;
   // SGD
   float momentum = 0, one_minus_dampening = 1, neg_lr = 0;
   bool nesterov = false;
-  bool first_step = false;   ///< SGD: the momentum buffer starts as the gradient
+  bool first_step = false;  ///< SGD: the momentum buffer starts as the gradient
 };
 
 /// Applies `kind`'s update to every segment, in parallel over their elements.

@@ -5,9 +5,9 @@
 
 #include "accelerant/error.h"
 #include "base/step_recording.h"
-#include "train/fused_kernels.h"
 #include "base/tensor_alias.h"
 #include "base/text.h"
+#include "train/fused_kernels.h"
 
 namespace accelerant {
 
@@ -18,22 +18,27 @@ namespace {
 
 const char* kind_name(FusedKind kind) {
   switch (kind) {
-    case FusedKind::kSGD: return "SGD";
-    case FusedKind::kAdam: return "Adam";
-    case FusedKind::kAdamW: return "AdamW";
+    case FusedKind::kSGD:
+      return "SGD";
+    case FusedKind::kAdam:
+      return "Adam";
+    case FusedKind::kAdamW:
+      return "AdamW";
   }
   return "?";
 }
 
-// (AdamW and Adam are unrelated types in LibTorch 1.13; a user subclass of either is still that kind.)
+// (AdamW and Adam are unrelated types in LibTorch 1.13; a user subclass of either is still that
+// kind.)
 FusedKind kind_of(torch::optim::Optimizer& optimizer) {
   if (dynamic_cast<torch::optim::AdamW*>(&optimizer)) return FusedKind::kAdamW;
   if (dynamic_cast<torch::optim::Adam*>(&optimizer)) return FusedKind::kAdam;
   if (dynamic_cast<torch::optim::SGD*>(&optimizer)) return FusedKind::kSGD;
-  throw Error(detail::str("The fused update exists for torch::optim::SGD, Adam and AdamW; this optimizer is ",
-                          "another type (", typeid(optimizer).name(), "). Fix: use one of those three, or ",
-                          "turn fused optimizers off (AcceleratorOptions::fused_optimizers(false)) to step ",
-                          "it with its own step()."));
+  throw Error(detail::str(
+      "The fused update exists for torch::optim::SGD, Adam and AdamW; this optimizer is ",
+      "another type (", typeid(optimizer).name(), "). Fix: use one of those three, or ",
+      "turn fused optimizers off (AcceleratorOptions::fused_optimizers(false)) to step ",
+      "it with its own step()."));
 }
 
 // This step's constants of one parameter group, as torch::optim computes them.
@@ -46,9 +51,10 @@ struct GroupConstants {
 GroupConstants constants_of(FusedKind kind, torch::optim::OptimizerOptions& options, size_t group) {
   GroupConstants c;
   auto amsgrad_refused = [&] {
-    throw Error(detail::str("Parameter group ", group, " sets amsgrad, which the fused ", kind_name(kind),
-                            " does not implement. Fix: set amsgrad(false), or use torch::optim::",
-                            kind_name(kind), " unfused."));
+    throw Error(detail::str(
+        "Parameter group ", group, " sets amsgrad, which the fused ", kind_name(kind),
+        " does not implement. Fix: set amsgrad(false), or use torch::optim::", kind_name(kind),
+        " unfused."));
   };
   if (kind == FusedKind::kAdamW) {
     auto& o = static_cast<torch::optim::AdamWOptions&>(options);
@@ -62,7 +68,8 @@ GroupConstants constants_of(FusedKind kind, torch::optim::OptimizerOptions& opti
     c.beta1 = std::get<0>(o.betas()), c.beta2 = std::get<1>(o.betas());
   } else {
     auto& o = static_cast<torch::optim::SGDOptions&>(options);
-    c.lr = o.lr(), c.weight_decay = o.weight_decay(), c.momentum = o.momentum(), c.dampening = o.dampening();
+    c.lr = o.lr(), c.weight_decay = o.weight_decay(), c.momentum = o.momentum(),
+    c.dampening = o.dampening();
     c.nesterov = o.nesterov();
   }
   return c;
@@ -126,31 +133,36 @@ struct FusedUpdater::Impl {
     for (size_t i = 0; i < now.size(); ++i) {
       const torch::Tensor& p = now[i];
       if (p.scalar_type() != torch::kFloat || p.is_sparse() || p.layout() != torch::kStrided) {
-        throw Error(detail::str("The fused ", kind_name(kind), " takes dense fp32 parameters; parameter ", i,
-                                " (shape ", p.sizes(), ") is ", p.toString(), ". Fix: keep master weights in ",
-                                "fp32 (mixed precision does), or use torch::optim::", kind_name(kind), "."));
+        throw Error(detail::str(
+            "The fused ", kind_name(kind), " takes dense fp32 parameters; parameter ", i,
+            " (shape ", p.sizes(), ") is ", p.toString(), ". Fix: keep master weights in ",
+            "fp32 (mixed precision does), or use torch::optim::", kind_name(kind), "."));
       }
       if (p.device() != now.front().device()) {
-        throw Error(detail::str("The fused ", kind_name(kind), " keeps all parameters in one arena, but they are on ",
-                                now.front().device(), " and ", p.device(), " (parameter ", i, "). Fix: one ",
-                                "optimizer per device, or move the model to one device first."));
+        throw Error(detail::str(
+            "The fused ", kind_name(kind), " keeps all parameters in one arena, but they are on ",
+            now.front().device(), " and ", p.device(), " (parameter ", i, "). Fix: one ",
+            "optimizer per device, or move the model to one device first."));
       }
       for (size_t j = 0; j < i; ++j) {
         if (now[j].unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) {
-          throw Error(detail::str("Parameter ", i, " is also parameter ", j, " of this optimizer (listed twice, ",
+          throw Error(detail::str("Parameter ", i, " is also parameter ", j,
+                                  " of this optimizer (listed twice, ",
                                   "e.g. in two groups). Fix: give each parameter to one group."));
         }
       }
       new_offsets.push_back(total);
       total += p.numel();
     }
-    const auto options = now.empty() ? torch::TensorOptions(torch::kFloat)
-                                     : torch::TensorOptions(torch::kFloat).device(now.front().device());
+    const auto options = now.empty()
+                             ? torch::TensorOptions(torch::kFloat)
+                             : torch::TensorOptions(torch::kFloat).device(now.front().device());
     torch::Tensor new_params = torch::empty({total}, options);
     torch::Tensor new_grads = torch::zeros({total}, options);  // filled as gradients appear
     torch::Tensor new_state1 = uses_state1() ? torch::zeros({total}, options) : torch::Tensor();
     torch::Tensor new_state2 = uses_state2() ? torch::zeros({total}, options) : torch::Tensor();
-    torch::Tensor new_steps = torch::zeros({static_cast<int64_t>(now.size())}, options.dtype(torch::kDouble));
+    torch::Tensor new_steps =
+        torch::zeros({static_cast<int64_t>(now.size())}, options.dtype(torch::kDouble));
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < now.size(); ++i) {
       torch::Tensor& p = now[i];
@@ -169,7 +181,8 @@ struct FusedUpdater::Impl {
         new_steps[static_cast<int64_t>(i)].copy_(steps[static_cast<int64_t>(j)]);
       }
       const torch::Tensor& grad = p.grad();
-      if (grad.defined() && old != before.end() && detail::aliases(grad, grad_arena, offsets[old->second])) {
+      if (grad.defined() && old != before.end() &&
+          detail::aliases(grad, grad_arena, offsets[old->second])) {
         adopt_gradient(p, new_grads, new_offsets[i]);
       }
       p.set_data(detail::alias_into(new_params, new_offsets[i], p.sizes()));
@@ -179,7 +192,8 @@ struct FusedUpdater::Impl {
     offsets = std::move(new_offsets);
     numels.clear();
     for (const auto& p : params) numels.push_back(p.numel());
-    param_arena = new_params, grad_arena = new_grads, state1 = new_state1, state2 = new_state2, steps = new_steps;
+    param_arena = new_params, grad_arena = new_grads, state1 = new_state1, state2 = new_state2,
+    steps = new_steps;
     layouts.clear();
   }
 
@@ -200,8 +214,8 @@ struct FusedUpdater::Impl {
   void adopt_new_gradients() {
     for (size_t i = 0; i < params.size(); ++i) {
       const torch::Tensor& grad = params[i].grad();
-      if (standalone(grad) && grad.scalar_type() == torch::kFloat && grad.device() == grad_arena.device() &&
-          !detail::aliases(grad, grad_arena, offsets[i])) {
+      if (standalone(grad) && grad.scalar_type() == torch::kFloat &&
+          grad.device() == grad_arena.device() && !detail::aliases(grad, grad_arena, offsets[i])) {
         adopt_gradient(params[i], grad_arena, offsets[i]);
       }
     }
@@ -209,16 +223,20 @@ struct FusedUpdater::Impl {
 
   void ensure_packed() {
     if (!packed()) pack();
-    if (uses_state1() && !state1.defined()) state1 = torch::zeros_like(param_arena);  // momentum turned on
+    if (uses_state1() && !state1.defined())
+      state1 = torch::zeros_like(param_arena);  // momentum turned on
   }
 
   // A gradient as fp32 contiguous memory on the arena's device: itself when it already is.
   static torch::Tensor usable_grad(const torch::Tensor& grad, const torch::Tensor& param) {
     if (grad.is_sparse()) {
-      throw Error("The fused optimizers take dense gradients; a parameter has a sparse one. Fix: use dense "
-                  "gradients (e.g. Embedding without sparse=true) or torch::optim.");
+      throw Error(
+          "The fused optimizers take dense gradients; a parameter has a sparse one. Fix: use dense "
+          "gradients (e.g. Embedding without sparse=true) or torch::optim.");
     }
-    if (grad.scalar_type() == torch::kFloat && grad.is_contiguous() && grad.device() == param.device()) return grad;
+    if (grad.scalar_type() == torch::kFloat && grad.is_contiguous() &&
+        grad.device() == param.device())
+      return grad;
     return grad.to(param.device(), torch::kFloat).contiguous();
   }
 
@@ -228,7 +246,8 @@ struct FusedUpdater::Impl {
     auto* step_counts = steps.data_ptr<double>();
     auto& groups = optimizer->param_groups();
     std::vector<GroupConstants> constants;
-    for (size_t g = 0; g < groups.size(); ++g) constants.push_back(constants_of(kind, groups[g].options(), g));
+    for (size_t g = 0; g < groups.size(); ++g)
+      constants.push_back(constants_of(kind, groups[g].options(), g));
     for (size_t i = 0; i < params.size(); ++i) {
       const torch::Tensor& grad = params[i].grad();
       if (!grad.defined() || numels[i] == 0) continue;
@@ -292,7 +311,8 @@ struct FusedUpdater::Impl {
       }
       if (!layout.members.empty()) {
         layout.first = layout.members.front(), layout.last = layout.members.back();
-        layout.begin = offsets[layout.first], layout.end = offsets[layout.last] + numels[layout.last];
+        layout.begin = offsets[layout.first],
+        layout.end = offsets[layout.last] + numels[layout.last];
         layout.sizes = torch::tensor(sizes, torch::kLong).to(param_arena.device());
       }
       layouts.push_back(std::move(layout));
@@ -319,7 +339,8 @@ struct FusedUpdater::Impl {
   }
 
   void refresh_lr(size_t g) {
-    if (g >= layouts.size() || !layouts[g].neg_lr.defined()) return;  // packed again since: the graph is stale
+    if (g >= layouts.size() || !layouts[g].neg_lr.defined())
+      return;  // packed again since: the graph is stale
     GroupLayout& layout = layouts[g];
     const double lr = constants_of(kind, optimizer->param_groups()[g].options(), g).lr;
     layout.neg_lr.fill_(-lr);
@@ -416,7 +437,8 @@ struct FusedUpdater::Impl {
     // A recorded step takes the device path on the CPU too: the CPU loop reads the skip flag and
     // computes the step sizes on the host, which a replay would not repeat.
     if (param_arena.is_cpu() && !options.tensor_ops_on_cpu() && !detail::recording_step()) {
-      if (skip.defined() && skip.item<double>() != 0) return;  // on the CPU reading it costs nothing
+      if (skip.defined() && skip.item<double>() != 0)
+        return;  // on the CPU reading it costs nothing
       step_on_cpu();
     } else {
       step_with_tensor_ops(skip);
@@ -430,12 +452,14 @@ FusedUpdater::FusedUpdater(torch::optim::Optimizer& optimizer, FusedUpdaterOptio
   impl_->kind = kind_of(optimizer);
   impl_->options = options;
   for (size_t g = 0; g < optimizer.param_groups().size(); ++g) {
-    constants_of(impl_->kind, optimizer.param_groups()[g].options(), g);  // refuses amsgrad now, not at step 1
+    constants_of(impl_->kind, optimizer.param_groups()[g].options(),
+                 g);  // refuses amsgrad now, not at step 1
   }
   if (!optimizer.state().empty()) {
-    throw Error(detail::str("This ", kind_name(impl_->kind), " already has state (it has stepped or loaded a ",
-                            "checkpoint), which the fused update would not continue from. Fix: create the ",
-                            "fused update before the first step, and load checkpoints through it."));
+    throw Error(detail::str(
+        "This ", kind_name(impl_->kind), " already has state (it has stepped or loaded a ",
+        "checkpoint), which the fused update would not continue from. Fix: create the ",
+        "fused update before the first step, and load checkpoints through it."));
   }
   impl_->pack();
 }
@@ -446,9 +470,10 @@ void FusedUpdater::step() { impl_->step(torch::Tensor()); }
 
 void FusedUpdater::step_unless(const torch::Tensor& skip) {
   if (!skip.defined() || skip.numel() != 1) {
-    throw Error(detail::str("step_unless needs a one-element skip flag (e.g. GradScaler::found_inf()); got ",
-                            skip.defined() ? detail::str("shape ", skip.sizes()) : std::string("an undefined tensor"),
-                            "."));
+    throw Error(detail::str(
+        "step_unless needs a one-element skip flag (e.g. GradScaler::found_inf()); got ",
+        skip.defined() ? detail::str("shape ", skip.sizes()) : std::string("an undefined tensor"),
+        "."));
   }
   impl_->step(skip);
 }
@@ -479,21 +504,25 @@ void FusedUpdater::load(torch::serialize::InputArchive& archive) {
   archive.read(kSteps, steps);
   const auto saved_kind = static_cast<FusedKind>(kind.item<int64_t>());
   if (saved_kind != s.kind) {
-    throw Error(detail::str("The saved state is a fused ", kind_name(saved_kind), "'s, this is a fused ",
-                            kind_name(s.kind), ". Fix: build the optimizer the saved run used."));
+    throw Error(detail::str("The saved state is a fused ", kind_name(saved_kind),
+                            "'s, this is a fused ", kind_name(s.kind),
+                            ". Fix: build the optimizer the saved run used."));
   }
-  const std::vector<int64_t> saved(numels.data_ptr<int64_t>(), numels.data_ptr<int64_t>() + numels.numel());
+  const std::vector<int64_t> saved(numels.data_ptr<int64_t>(),
+                                   numels.data_ptr<int64_t>() + numels.numel());
   if (saved != s.numels) {
     throw Error(detail::str("The saved fused state is for ", saved.size(), " parameters of sizes [",
-                            detail::join(saved, ", "), "], this optimizer has ", s.numels.size(), " of sizes [",
-                            detail::join(s.numels, ", "), "]. Fix: build the model and parameter groups as ",
+                            detail::join(saved, ", "), "], this optimizer has ", s.numels.size(),
+                            " of sizes [", detail::join(s.numels, ", "),
+                            "]. Fix: build the model and parameter groups as ",
                             "the saved run did."));
   }
   const bool has1 = archive.try_read(kState1, state1), has2 = archive.try_read(kState2, state2);
   torch::NoGradGuard no_grad;
   s.steps.copy_(steps);
   if (s.uses_state2()) {
-    if (!has1 || !has2) throw Error("The saved fused Adam state lacks its moments. Fix: save it again.");
+    if (!has1 || !has2)
+      throw Error("The saved fused Adam state lacks its moments. Fix: save it again.");
     s.state2.copy_(state2);
   }
   if (has1) {

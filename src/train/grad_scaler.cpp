@@ -1,8 +1,7 @@
 #include "accelerant/grad_scaler.h"
 
-#include "accelerant/fused_optimizer.h"  // the FusedUpdater entry points
-
 #include "accelerant/error.h"
+#include "accelerant/fused_optimizer.h"  // the FusedUpdater entry points
 #include "base/step_recording.h"
 #include "base/text.h"
 
@@ -20,11 +19,13 @@ std::vector<torch::Tensor> optimizer_params(torch::optim::Optimizer& optimizer) 
 }  // namespace
 
 GradScaler::GradScaler(GradScalerOptions options, torch::Device device) : options_(options) {
-  if (options_.init_scale() <= 0 || options_.growth_factor() <= 1 || options_.backoff_factor() <= 0 ||
-      options_.backoff_factor() >= 1 || options_.growth_interval() < 1) {
+  if (options_.init_scale() <= 0 || options_.growth_factor() <= 1 ||
+      options_.backoff_factor() <= 0 || options_.backoff_factor() >= 1 ||
+      options_.growth_interval() < 1) {
     throw Error(detail::str("GradScaler options out of range: init_scale ", options_.init_scale(),
                             ", growth_factor ", options_.growth_factor(), ", backoff_factor ",
-                            options_.backoff_factor(), ", growth_interval ", options_.growth_interval(),
+                            options_.backoff_factor(), ", growth_interval ",
+                            options_.growth_interval(),
                             ". Fix: init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1, "
                             "growth_interval >= 1."));
   }
@@ -42,8 +43,9 @@ torch::Tensor GradScaler::scale(const torch::Tensor& loss) const {
 void GradScaler::unscale_(const std::vector<torch::Tensor>& params) {
   if (!enabled()) return;
   if (unscaled_) {
-    throw Error("GradScaler::unscale_ was called twice in one step. Fix: call it at most once "
-                "between update() calls (step() unscales only when you have not).");
+    throw Error(
+        "GradScaler::unscale_ was called twice in one step. Fix: call it at most once "
+        "between update() calls (step() unscales only when you have not).");
   }
   torch::NoGradGuard no_grad;
   const auto inverse = scale_.reciprocal();
@@ -60,7 +62,9 @@ void GradScaler::unscale_(const std::vector<torch::Tensor>& params) {
   unscaled_ = true;
 }
 
-void GradScaler::unscale_(torch::optim::Optimizer& optimizer) { unscale_(optimizer_params(optimizer)); }
+void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
+  unscale_(optimizer_params(optimizer));
+}
 
 bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   if (!enabled()) {
@@ -68,10 +72,14 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
     return true;
   }
   if (detail::recording_step()) {
-    throw Error("GradScaler::step(torch::optim optimizer) inside a graph step: deciding whether to skip the "
-                "update means reading found_inf on the host, which a captured step cannot do. Fix: use a fused "
-                "optimizer (accelerant::FusedAdamW / FusedSGD, or AcceleratorOptions::fused_optimizers(true)) "
-                "and step_on_device(its updater()).");
+    throw Error(
+        "GradScaler::step(torch::optim optimizer) inside a graph step: deciding whether to skip "
+        "the "
+        "update means reading found_inf on the host, which a captured step cannot do. Fix: use a "
+        "fused "
+        "optimizer (accelerant::FusedAdamW / FusedSGD, or "
+        "AcceleratorOptions::fused_optimizers(true)) "
+        "and step_on_device(its updater()).");
   }
   if (!unscaled_) unscale_(optimizer);
   // The one host read: torch::optim cannot take a device-side skip flag.
@@ -91,9 +99,10 @@ void GradScaler::step_on_device(FusedUpdater& updater) {
 
 bool GradScaler::step(FusedUpdater& updater) {
   if (detail::recording_step()) {
-    throw Error("GradScaler::step() inside a graph step: its result is read on the host, which a captured "
-                "step cannot do. Fix: call step_on_device() and read found_inf() after the step, e.g. in "
-                "a step closure (PreparedOptimizer does this for you).");
+    throw Error(
+        "GradScaler::step() inside a graph step: its result is read on the host, which a captured "
+        "step cannot do. Fix: call step_on_device() and read found_inf() after the step, e.g. in "
+        "a step closure (PreparedOptimizer does this for you).");
   }
   step_on_device(updater);
   // Read only after the step was queued, for the caller's step counters.
@@ -104,7 +113,8 @@ void GradScaler::update() {
   if (!enabled()) return;
   torch::NoGradGuard no_grad;
   const auto overflow = found_inf_ > 0;
-  const auto clean_steps = torch::where(overflow, torch::zeros_like(growth_tracker_), growth_tracker_ + 1);
+  const auto clean_steps =
+      torch::where(overflow, torch::zeros_like(growth_tracker_), growth_tracker_ + 1);
   const auto grow = clean_steps >= options_.growth_interval();
   scale_.copy_(torch::where(overflow, scale_ * options_.backoff_factor(),
                             torch::where(grow, scale_ * options_.growth_factor(), scale_)));

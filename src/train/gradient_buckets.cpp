@@ -8,14 +8,17 @@ namespace accelerant {
 std::vector<GradientBucket> plan_buckets(const std::vector<BucketParam>& params,
                                          const BucketPlanOptions& options) {
   if (options.bucket_cap_bytes() < 1 || options.first_bucket_cap_bytes() < 1) {
-    throw Error(detail::str("bucket caps must be positive (bucket_cap_bytes ", options.bucket_cap_bytes(),
-                            ", first_bucket_cap_bytes ", options.first_bucket_cap_bytes(),
+    throw Error(detail::str("bucket caps must be positive (bucket_cap_bytes ",
+                            options.bucket_cap_bytes(), ", first_bucket_cap_bytes ",
+                            options.first_bucket_cap_bytes(),
                             "). Fix: give a size in bytes, e.g. 25 MiB = 26214400."));
   }
   std::vector<GradientBucket> done;
   // One bucket being filled per (dtype, device): parameters of another kind do not close it.
   std::vector<GradientBucket> open;
-  auto cap = [&] { return done.empty() ? options.first_bucket_cap_bytes() : options.bucket_cap_bytes(); };
+  auto cap = [&] {
+    return done.empty() ? options.first_bucket_cap_bytes() : options.bucket_cap_bytes();
+  };
   auto close = [&](size_t i) {
     done.push_back(std::move(open[i]));
     open.erase(open.begin() + static_cast<std::ptrdiff_t>(i));

@@ -29,10 +29,10 @@ struct GradientReducer::State {
   std::vector<std::string> names;
   std::vector<torch::Tensor> params;
   std::vector<GradientBucket> plan;
-  std::vector<torch::Tensor> flat;                 // one buffer per bucket
-  std::vector<std::vector<torch::Tensor>> views;   // per bucket, per packed parameter
-  std::vector<int> bucket_of;                      // parameter index -> bucket, -1 when frozen
-  std::vector<size_t> slot_of;                     // parameter index -> position in its bucket
+  std::vector<torch::Tensor> flat;                // one buffer per bucket
+  std::vector<std::vector<torch::Tensor>> views;  // per bucket, per packed parameter
+  std::vector<int> bucket_of;                     // parameter index -> bucket, -1 when frozen
+  std::vector<size_t> slot_of;                    // parameter index -> position in its bucket
   // Parameter index -> whether its .grad can live in the bucket itself (same dtype and device as
   // the bucket): then autograd accumulates straight into the bucket and nothing is copied.
   std::vector<bool> bindable;
@@ -41,10 +41,10 @@ struct GradientReducer::State {
 
   mutable std::mutex mutex;
   bool sync = true;
-  bool in_backward = false;         // a backward pass has started reducing and not finished
-  std::vector<bool> ready;          // per parameter, this pass
-  std::vector<int64_t> waiting;     // per bucket: gradients still to come this pass
-  size_t next_bucket = 0;           // buckets start strictly in plan order
+  bool in_backward = false;      // a backward pass has started reducing and not finished
+  std::vector<bool> ready;       // per parameter, this pass
+  std::vector<int64_t> waiting;  // per bucket: gradients still to come this pass
+  size_t next_bucket = 0;        // buckets start strictly in plan order
   size_t ready_count = 0;
   size_t trainable = 0;
   std::vector<PendingCollective> in_flight;
@@ -52,7 +52,8 @@ struct GradientReducer::State {
 
   void start_pass() {
     std::fill(ready.begin(), ready.end(), false);
-    for (size_t b = 0; b < plan.size(); ++b) waiting[b] = static_cast<int64_t>(plan[b].params.size());
+    for (size_t b = 0; b < plan.size(); ++b)
+      waiting[b] = static_cast<int64_t>(plan[b].params.size());
     next_bucket = 0;
     ready_count = 0;
     stats.buckets_started_during_backward = 0;
@@ -94,7 +95,8 @@ struct GradientReducer::State {
     const torch::Tensor& grad = params[i].grad();
     torch::Tensor& view = views[b][slot_of[i]];
     if (grad.defined() && grad.is_sparse()) {
-      throw Error(detail::str("Parameter '", names[i], "' has a sparse gradient, which the gradient ",
+      throw Error(detail::str("Parameter '", names[i],
+                              "' has a sparse gradient, which the gradient ",
                               "reducer cannot bucket. Fix: use dense gradients (e.g. Embedding ",
                               "without sparse=true)."));
     }
@@ -140,8 +142,8 @@ struct GradientReducer::State {
     }
     if (!unused.empty() && !options.allow_unused_parameters()) {
       throw Error(detail::str(
-          rank_prefix(communicator->rank(), communicator->size()), unused.size(), " of ",
-          trainable, " trainable parameters got no gradient in this backward pass: ",
+          rank_prefix(communicator->rank(), communicator->size()), unused.size(), " of ", trainable,
+          " trainable parameters got no gradient in this backward pass: ",
           detail::join(unused, ", "),
           ". Their gradients cannot be averaged across processes, and the other ranks would wait "
           "for them. Likely cause: forward() did not use them (a branch not taken, a head not "
@@ -177,8 +179,9 @@ struct GradientReducer::State {
   std::weak_ptr<State> self;
 };
 
-GradientReducer::GradientReducer(const torch::OrderedDict<std::string, torch::Tensor>& named_parameters,
-                                 Communicator& communicator, GradientReducerOptions options)
+GradientReducer::GradientReducer(
+    const torch::OrderedDict<std::string, torch::Tensor>& named_parameters,
+    Communicator& communicator, GradientReducerOptions options)
     : state_(std::make_shared<State>()) {
   State& s = *state_;
   s.self = state_;
@@ -195,7 +198,8 @@ GradientReducer::GradientReducer(const torch::OrderedDict<std::string, torch::Te
   s.slot_of.assign(s.params.size(), 0);
   for (size_t b = 0; b < s.plan.size(); ++b) {
     const GradientBucket& bucket = s.plan[b];
-    s.flat.push_back(torch::zeros({bucket.numel}, torch::TensorOptions(wire_dtype(bucket)).device(bucket.device)));
+    s.flat.push_back(torch::zeros({bucket.numel},
+                                  torch::TensorOptions(wire_dtype(bucket)).device(bucket.device)));
     s.views.emplace_back();
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       const size_t i = bucket.params[k];
@@ -208,7 +212,8 @@ GradientReducer::GradientReducer(const torch::OrderedDict<std::string, torch::Te
   s.bindable.assign(s.params.size(), false);
   for (size_t i = 0; i < s.params.size(); ++i) {
     const int b = s.bucket_of[i];
-    s.bindable[i] = b >= 0 && options.gradient_as_bucket_view() && s.flat[b].scalar_type() == s.params[i].scalar_type();
+    s.bindable[i] = b >= 0 && options.gradient_as_bucket_view() &&
+                    s.flat[b].scalar_type() == s.params[i].scalar_type();
   }
   s.ready.assign(s.params.size(), false);
   s.waiting.assign(s.plan.size(), 0);
@@ -225,13 +230,15 @@ GradientReducer::GradientReducer(const torch::OrderedDict<std::string, torch::Te
     if (s.bucket_of[i] < 0) continue;
     auto accumulator = torch::autograd::impl::grad_accumulator(s.params[i]);
     if (!accumulator) {
-      throw Error(detail::str("Parameter '", s.names[i], "' requires grad but is not a leaf tensor, so ",
-                              "it has no gradient accumulator to hook. Fix: register parameters with ",
-                              "register_parameter (leaf tensors), or detach it first."));
+      throw Error(
+          detail::str("Parameter '", s.names[i], "' requires grad but is not a leaf tensor, so ",
+                      "it has no gradient accumulator to hook. Fix: register parameters with ",
+                      "register_parameter (leaf tensors), or detach it first."));
     }
     std::weak_ptr<State> weak = state_;
     accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [weak, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+        [weak, i](const torch::autograd::variable_list& outputs,
+                  const torch::autograd::variable_list&) {
           if (auto state = weak.lock()) state->on_gradient(i);
           return outputs;
         }));

@@ -6,15 +6,21 @@
 
 namespace accelerant {
 
-PreparedOptimizer::PreparedOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<TrainingState> state,
+PreparedOptimizer::PreparedOptimizer(torch::optim::Optimizer& optimizer,
+                                     std::shared_ptr<TrainingState> state,
                                      std::shared_ptr<FusedUpdater> fused)
     : optimizer_(&optimizer),
       state_(std::move(state)),
       fused_(std::move(fused)),
       updater_(fused_ ? fused_.get() : fused_updater_of(optimizer)) {
-  if (!state_) throw Error("PreparedOptimizer needs a TrainingState; got null. Fix: pass std::make_shared<TrainingState>().");
+  if (!state_)
+    throw Error(
+        "PreparedOptimizer needs a TrainingState; got null. Fix: pass "
+        "std::make_shared<TrainingState>().");
   if (fused_ && &fused_->optimizer() != optimizer_) {
-    throw Error("PreparedOptimizer: the fused update is bound to another optimizer. Fix: bind it to this one.");
+    throw Error(
+        "PreparedOptimizer: the fused update is bound to another optimizer. Fix: bind it to this "
+        "one.");
   }
 }
 
@@ -40,11 +46,12 @@ bool PreparedOptimizer::step() {
 // replay and reads the flag then, once the step's work has been queued in full.
 bool PreparedOptimizer::step_in_graph() {
   if (!updater_) {
-    throw Error(detail::str("PreparedOptimizer::step() inside a graph step with an unfused torch::optim optimizer: "
-                            "its step sizes (bias corrections, the learning rate) are computed on the host, so a "
-                            "replay would repeat the captured step's values. Fix: ",
-                            "AcceleratorOptions::fused_optimizers(true), or build the optimizer as "
-                            "accelerant::FusedAdamW / FusedAdam / FusedSGD."));
+    throw Error(detail::str(
+        "PreparedOptimizer::step() inside a graph step with an unfused torch::optim optimizer: "
+        "its step sizes (bias corrections, the learning rate) are computed on the host, so a "
+        "replay would repeat the captured step's values. Fix: ",
+        "AcceleratorOptions::fused_optimizers(true), or build the optimizer as "
+        "accelerant::FusedAdamW / FusedAdam / FusedSGD."));
   }
   auto state = state_;
   if (state_->scaler && state_->scaler->enabled()) {
@@ -73,9 +80,13 @@ void PreparedOptimizer::zero_grad() {
   if (state_->sync_gradients) optimizer_->zero_grad();
 }
 
-PreparedScheduler::PreparedScheduler(torch::optim::LRScheduler& scheduler, std::shared_ptr<TrainingState> state)
+PreparedScheduler::PreparedScheduler(torch::optim::LRScheduler& scheduler,
+                                     std::shared_ptr<TrainingState> state)
     : scheduler_(&scheduler), state_(std::move(state)) {
-  if (!state_) throw Error("PreparedScheduler needs a TrainingState; got null. Fix: pass std::make_shared<TrainingState>().");
+  if (!state_)
+    throw Error(
+        "PreparedScheduler needs a TrainingState; got null. Fix: pass "
+        "std::make_shared<TrainingState>().");
   seen_optimizer_steps_ = std::make_shared<int64_t>(state_->optimizer_steps);
 }
 

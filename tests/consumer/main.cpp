@@ -14,7 +14,8 @@ int main() {
         auto y = x.matmul(torch::tensor({1.0f, -2.0f, 3.0f, 0.5f})).unsqueeze(1);
         auto model = torch::nn::Linear(4, 1);
         torch::optim::SGD optimizer(model->parameters(), 0.1);
-        auto loader = accelerant::make_data_loader(x, y, accelerant::DataLoaderOptions().batch_size(32));
+        auto loader =
+            accelerant::make_data_loader(x, y, accelerant::DataLoaderOptions().batch_size(32));
         auto [m, o, l] = accelerator.prepare(model, optimizer, loader);
         torch::Tensor loss;
         for (int epoch = 0; epoch < 30; ++epoch) {
@@ -34,8 +35,8 @@ int main() {
       accelerant::LaunchOptions().processes_per_node(2).verbose(false));
   for (double loss : losses) {
     if (loss < 0 || loss > 1e-3) {
-      std::printf("consumer: FAILED (final losses %g, %g; -1 means the ranks' weights differ)\n", losses[0],
-                  losses[1]);
+      std::printf("consumer: FAILED (final losses %g, %g; -1 means the ranks' weights differ)\n",
+                  losses[0], losses[1]);
       return 1;
     }
   }

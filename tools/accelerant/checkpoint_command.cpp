@@ -42,15 +42,20 @@ enum class Kind { Checkpoint, CheckpointsFolder, SafetensorsFile, SafetensorsDir
 // itself), or safetensors weights. Throws with what was expected when it is none of these.
 Kind kind_of(const std::string& path, std::string* checkpoints_folder) {
   if (!exists(path)) {
-    throw CheckpointError(path + " does not exist. Fix: pass a checkpoint directory (e.g. "
-                                 "<project_dir>/checkpoints/checkpoint_3), a folder of them, or weights written by save_model.",
+    throw CheckpointError(path +
+                              " does not exist. Fix: pass a checkpoint directory (e.g. "
+                              "<project_dir>/checkpoints/checkpoint_3), a folder of them, or "
+                              "weights written by save_model.",
                           path);
   }
   if (!is_directory(path)) {
-    if (path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0) return Kind::SafetensorsFile;
-    throw CheckpointError(path + " is a file, not a checkpoint directory. Fix: pass the directory that holds its "
-                                 "manifest.json, or a .safetensors file.",
-                          path);
+    if (path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0)
+      return Kind::SafetensorsFile;
+    throw CheckpointError(
+        path +
+            " is a file, not a checkpoint directory. Fix: pass the directory that holds its "
+            "manifest.json, or a .safetensors file.",
+        path);
   }
   if (exists(path + "/manifest.json")) return Kind::Checkpoint;
   if (exists(path + "/model.safetensors") || exists(path + "/model.safetensors.index.json")) {
@@ -72,20 +77,21 @@ void print_checkpoint(const std::string& dir, const CheckpointManifest& m) {
   for (const auto& f : m.files) total += f.size;
   std::cout << "checkpoint     " << dir << "\n"
             << "format         accelerant-checkpoint version " << m.format_version << "\n"
-            << "written by     Accelerant " << m.accelerant_version << ", LibTorch " << m.libtorch_version << ", "
-            << m.created << "\n"
+            << "written by     Accelerant " << m.accelerant_version << ", LibTorch "
+            << m.libtorch_version << ", " << m.created << "\n"
             << "world size     " << m.world_size << " process(es)\n"
             << "progress       step " << m.step << " (optimizer steps), epoch " << m.epoch << "\n"
-            << "contents       " << m.models << " model(s), " << m.optimizers << " optimizer(s), " << m.schedulers
-            << " scheduler(s), " << m.data_loaders << " data loader(s), " << m.custom_objects
-            << " registered object(s), " << (m.scaler ? "an fp16 loss scaler" : "no loss scaler") << "\n";
+            << "contents       " << m.models << " model(s), " << m.optimizers << " optimizer(s), "
+            << m.schedulers << " scheduler(s), " << m.data_loaders << " data loader(s), "
+            << m.custom_objects << " registered object(s), "
+            << (m.scaler ? "an fp16 loss scaler" : "no loss scaler") << "\n";
   // The loader positions are what a resume continues from.
   try {
     size_t i = 0;
     for (const auto& loader : read_checkpoint_state(dir).data_loaders) {
-      std::cout << "data loader " << i++ << "  epoch " << loader.epoch << ", " << loader.samples_done << " of "
-                << loader.dataset_size << " samples done, seed " << loader.seed
-                << (loader.shuffle ? ", shuffled" : ", in order") << "\n";
+      std::cout << "data loader " << i++ << "  epoch " << loader.epoch << ", "
+                << loader.samples_done << " of " << loader.dataset_size << " samples done, seed "
+                << loader.seed << (loader.shuffle ? ", shuffled" : ", in order") << "\n";
     }
   } catch (const CheckpointError& e) {
     std::cout << "data loaders   unreadable: " << e.what() << "\n";
@@ -94,17 +100,20 @@ void print_checkpoint(const std::string& dir, const CheckpointManifest& m) {
   for (const auto& f : m.files) {
     char crc[16];
     std::snprintf(crc, sizeof crc, "%08x", f.crc32);
-    std::printf("  %-22s %12llu bytes  crc32 %s\n", f.path.c_str(), static_cast<unsigned long long>(f.size), crc);
+    std::printf("  %-22s %12llu bytes  crc32 %s\n", f.path.c_str(),
+                static_cast<unsigned long long>(f.size), crc);
   }
   std::fflush(stdout);
 }
 
-void print_tensors(const std::string& where, const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
+void print_tensors(const std::string& where,
+                   const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
   uint64_t total = 0;
   for (const auto& [name, t] : tensors) total += t.numel() * t.element_size();
   std::cout << "safetensors    " << where << "\n"
             << "tensors        " << tensors.size() << ", " << human_bytes(total) << "\n";
-  for (const auto& [name, t] : tensors) std::cout << "  " << name << "  " << t.scalar_type() << " " << t.sizes() << "\n";
+  for (const auto& [name, t] : tensors)
+    std::cout << "  " << name << "  " << t.scalar_type() << " " << t.sizes() << "\n";
 }
 
 int inspect(const std::string& path, bool as_json) {
@@ -112,24 +121,28 @@ int inspect(const std::string& path, bool as_json) {
   switch (kind_of(path, &folder)) {
     case Kind::Checkpoint: {
       const auto manifest = read_checkpoint_manifest(path);
-      if (as_json) std::cout << format_checkpoint_manifest(manifest);
-      else print_checkpoint(path, manifest);
+      if (as_json)
+        std::cout << format_checkpoint_manifest(manifest);
+      else
+        print_checkpoint(path, manifest);
       return 0;
     }
     case Kind::CheckpointsFolder: {
       const auto all = list_checkpoints(folder);
-      std::cout << all.size() << " complete checkpoint(s) in " << folder << " (oldest first; load_state() takes the last):\n";
+      std::cout << all.size() << " complete checkpoint(s) in " << folder
+                << " (oldest first; load_state() takes the last):\n";
       for (const auto& dir : all) {
         const auto m = read_checkpoint_manifest(dir);
-        std::cout << "  " << dir << "  step " << m.step << ", epoch " << m.epoch << ", " << m.world_size
-                  << " process(es), " << m.created << "\n";
+        std::cout << "  " << dir << "  step " << m.step << ", epoch " << m.epoch << ", "
+                  << m.world_size << " process(es), " << m.created << "\n";
       }
       return 0;
     }
     case Kind::SafetensorsFile: {
       const auto contents = read_safetensors(path);
       print_tensors(path, contents.tensors);
-      for (const auto& [k, v] : contents.metadata) std::cout << "metadata       " << k << " = " << v << "\n";
+      for (const auto& [k, v] : contents.metadata)
+        std::cout << "metadata       " << k << " = " << v << "\n";
       return 0;
     }
     case Kind::SafetensorsDir: {
@@ -158,7 +171,8 @@ int verify(const std::string& path) {
       for (const auto& dir : all) {
         try {
           const auto m = verify_checkpoint(dir);
-          std::cout << "OK  " << dir << " (step " << m.step << ", " << m.files.size() << " files)\n";
+          std::cout << "OK  " << dir << " (step " << m.step << ", " << m.files.size()
+                    << " files)\n";
         } catch (const CheckpointError& e) {
           ++bad;
           std::cout << "BAD " << dir << ": " << e.what() << "\n";
@@ -169,12 +183,14 @@ int verify(const std::string& path) {
     }
     case Kind::SafetensorsFile: {
       const auto contents = read_safetensors(path);
-      std::cout << "OK " << path << ": " << contents.tensors.size() << " tensors, every header entry consistent\n";
+      std::cout << "OK " << path << ": " << contents.tensors.size()
+                << " tensors, every header entry consistent\n";
       return 0;
     }
     case Kind::SafetensorsDir: {
       const auto tensors = read_model_safetensors(path);
-      std::cout << "OK " << path << ": " << tensors.size() << " tensors, the index and every shard consistent\n";
+      std::cout << "OK " << path << ": " << tensors.size()
+                << " tensors, the index and every shard consistent\n";
       return 0;
     }
   }
@@ -184,22 +200,26 @@ int verify(const std::string& path) {
 }  // namespace
 
 void add_checkpoint_command(CLI::App& app, Action& action) {
-  auto* checkpoint = app.add_subcommand("checkpoint", "Inspect or verify checkpoints and saved weights");
+  auto* checkpoint =
+      app.add_subcommand("checkpoint", "Inspect or verify checkpoints and saved weights");
   checkpoint->require_subcommand(1);
   checkpoint->footer(
       "Examples:\n"
       "  accelerant checkpoint inspect runs/exp1/checkpoints/checkpoint_3\n"
       "  accelerant checkpoint inspect runs/exp1          list the complete checkpoints\n"
       "  accelerant checkpoint verify runs/exp1/checkpoints/checkpoint_3\n"
-      "  accelerant checkpoint inspect weights/           tensors saved by save_model (safetensors)");
+      "  accelerant checkpoint inspect weights/           tensors saved by save_model "
+      "(safetensors)");
 
   auto path = std::make_shared<std::string>();
   auto as_json = std::make_shared<bool>(false);
   auto* inspect_cmd = checkpoint->add_subcommand(
       "inspect", "Show what a checkpoint holds: versions, world size, step, data positions, files");
-  inspect_cmd->add_option("DIR", *path,
-                          "A checkpoint directory, a folder of them (or the project_dir), a .safetensors file or "
-                          "a directory written by save_model")
+  inspect_cmd
+      ->add_option(
+          "DIR", *path,
+          "A checkpoint directory, a folder of them (or the project_dir), a .safetensors file or "
+          "a directory written by save_model")
       ->required();
   inspect_cmd->add_flag("--json", *as_json, "Print the checkpoint's manifest as JSON");
   inspect_cmd->footer(
@@ -208,11 +228,15 @@ void add_checkpoint_command(CLI::App& app, Action& action) {
       "  accelerant checkpoint inspect --json runs/exp1/checkpoints/checkpoint_3 | jq .step\n"
       "  accelerant checkpoint inspect runs/exp1\n"
       "  accelerant checkpoint inspect weights/model.safetensors");
-  inspect_cmd->callback([&action, path, as_json] { action = [path, as_json] { return inspect(*path, *as_json); }; });
+  inspect_cmd->callback(
+      [&action, path, as_json] { action = [path, as_json] { return inspect(*path, *as_json); }; });
 
   auto* verify_cmd = checkpoint->add_subcommand(
-      "verify", "Check every file's size and CRC-32 against the manifest (exit 1 naming the bad files)");
-  verify_cmd->add_option("DIR", *path, "A checkpoint directory, a folder of them, or safetensors weights")->required();
+      "verify",
+      "Check every file's size and CRC-32 against the manifest (exit 1 naming the bad files)");
+  verify_cmd
+      ->add_option("DIR", *path, "A checkpoint directory, a folder of them, or safetensors weights")
+      ->required();
   verify_cmd->footer(
       "Examples:\n"
       "  accelerant checkpoint verify runs/exp1/checkpoints/checkpoint_3\n"

@@ -26,8 +26,8 @@ void add_test_command(CLI::App& app, Action& action);
 /// accelerant launch's flags; unset ones leave the config file's value.
 struct LaunchFlags {
   std::string config_file;
-  std::optional<int> num_processes, num_machines, machine_rank, main_process_port, max_restarts, threads_per_process,
-      gradient_accumulation_steps;
+  std::optional<int> num_processes, num_machines, machine_rank, main_process_port, max_restarts,
+      threads_per_process, gradient_accumulation_steps;
   std::optional<std::string> main_process_ip, mixed_precision;
   std::optional<double> monitor_interval, join_timeout;
   std::string log_dir;

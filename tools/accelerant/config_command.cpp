@@ -22,8 +22,9 @@ T ask(const std::string& question, const T& fallback, Parse parse) {
     std::cout << question << " [" << fallback << "]: " << std::flush;
     std::string line;
     if (!std::getline(std::cin, line)) {
-      throw Error("accelerant config: the input ended before every question was answered. Fix: answer each "
-                  "question on its own line (an empty line takes the default in brackets).");
+      throw Error(
+          "accelerant config: the input ended before every question was answered. Fix: answer each "
+          "question on its own line (an empty line takes the default in brackets).");
     }
     if (line.empty()) return fallback;
     try {
@@ -41,7 +42,8 @@ int parse_int(const std::string& text, int low, int high) {
     if (used == text.size() && value >= low && value <= high) return value;
   } catch (const std::exception&) {
   }
-  throw Error("'" + text + "' is not a whole number from " + std::to_string(low) + " to " + std::to_string(high) + ".");
+  throw Error("'" + text + "' is not a whole number from " + std::to_string(low) + " to " +
+              std::to_string(high) + ".");
 }
 
 bool parse_yes_no(const std::string& text) { return parse_bool(text, "the answer"); }
@@ -51,29 +53,36 @@ Config ask_questions() {
   c.num_machines = ask("How many machines will take part?", c.num_machines,
                        [](const std::string& t) { return parse_int(t, 1, 100000); });
   if (c.num_machines > 1) {
-    c.machine_rank = ask("Which machine is this one (its rank, 0 = the main machine)?", c.machine_rank,
-                         [&](const std::string& t) { return parse_int(t, 0, c.num_machines - 1); });
+    c.machine_rank =
+        ask("Which machine is this one (its rank, 0 = the main machine)?", c.machine_rank,
+            [&](const std::string& t) { return parse_int(t, 0, c.num_machines - 1); });
     c.main_process_ip = ask("What is the main machine's address?", c.main_process_ip,
                             [](const std::string& t) { return t; });
   }
-  c.main_process_port = ask("Which port does the main machine listen on (0 = any free port, one machine only)?",
-                            c.main_process_port, [](const std::string& t) { return parse_int(t, 0, 65535); });
+  c.main_process_port =
+      ask("Which port does the main machine listen on (0 = any free port, one machine only)?",
+          c.main_process_port, [](const std::string& t) { return parse_int(t, 0, 65535); });
   c.num_processes = ask("How many processes in total, across all machines?", c.num_machines,
                         [](const std::string& t) { return parse_int(t, 1, 1000000); });
-  c.mixed_precision = ask(std::string("Mixed precision (no, fp16 on CUDA, bf16)?"), c.mixed_precision,
-                          [](const std::string& t) {
+  c.mixed_precision = ask(std::string("Mixed precision (no, fp16 on CUDA, bf16)?"),
+                          c.mixed_precision, [](const std::string& t) {
                             return std::string(to_string(parse_mixed_precision(t, "the answer")));
                           });
   if (c.mixed_precision == "bf16") {
-    c.downcast_bf16 = ask(std::string("Store the weights in bf16 too (downcast_bf16)? yes/no"), std::string("no"),
-                          [](const std::string& t) { return parse_yes_no(t) ? std::string("yes") : std::string("no"); }) == "yes";
+    c.downcast_bf16 = ask(std::string("Store the weights in bf16 too (downcast_bf16)? yes/no"),
+                          std::string("no"), [](const std::string& t) {
+                            return parse_yes_no(t) ? std::string("yes") : std::string("no");
+                          }) == "yes";
   }
-  c.debug = ask(std::string("Debug mode: check collectives across ranks before each call? yes/no"), std::string("no"),
-                [](const std::string& t) { return parse_yes_no(t) ? std::string("yes") : std::string("no"); }) == "yes";
+  c.debug = ask(std::string("Debug mode: check collectives across ranks before each call? yes/no"),
+                std::string("no"), [](const std::string& t) {
+                  return parse_yes_no(t) ? std::string("yes") : std::string("no");
+                }) == "yes";
   c.max_restarts = ask("How many times may a failed group be restarted?", c.max_restarts,
                        [](const std::string& t) { return parse_int(t, 0, 1000000); });
-  c.threads_per_process = ask("Threads per process (0 = cores / processes on the machine)?", c.threads_per_process,
-                              [](const std::string& t) { return parse_int(t, 0, 4096); });
+  c.threads_per_process =
+      ask("Threads per process (0 = cores / processes on the machine)?", c.threads_per_process,
+          [](const std::string& t) { return parse_int(t, 0, 4096); });
   return c;
 }
 
@@ -95,13 +104,16 @@ CLI::Validator mixed_precision_flag() {
 void add_config_command(CLI::App& app, Action& action) {
   auto* config = app.add_subcommand(
       "config",
-      "Write the config file that `accelerant launch` and the Accelerator read, by asking questions.\n\n"
+      "Write the config file that `accelerant launch` and the Accelerator read, by asking "
+      "questions.\n\n"
       "Examples:\n"
-      "  accelerant config                          answer the questions (Enter takes the default)\n"
+      "  accelerant config                          answer the questions (Enter takes the "
+      "default)\n"
       "  accelerant config default --mixed_precision bf16\n"
       "  accelerant config show                     print the config file in use\n"
       "  accelerant config validate --config_file my.yaml\n\n"
-      "Default location: $ACCELERANT_CONFIG_FILE, else $XDG_CACHE_HOME/accelerant/default_config.yaml,\n"
+      "Default location: $ACCELERANT_CONFIG_FILE, else "
+      "$XDG_CACHE_HOME/accelerant/default_config.yaml,\n"
       "else ~/.cache/accelerant/default_config.yaml.");
   auto file = std::make_shared<std::string>();
   config->add_option("--config_file", *file, "The config file to write (default: see above)");
@@ -117,8 +129,9 @@ void add_config_command(CLI::App& app, Action& action) {
   });
 
   auto* defaults = config->add_subcommand(
-      "default", "Write a basic config without questions (one machine, one process).\n\n"
-                 "Examples:\n  accelerant config default\n  accelerant config default --mixed_precision bf16");
+      "default",
+      "Write a basic config without questions (one machine, one process).\n\n"
+      "Examples:\n  accelerant config default\n  accelerant config default --mixed_precision bf16");
   auto precision = std::make_shared<std::string>("no");
   defaults->add_option("--mixed_precision", *precision, "no, fp16 or bf16")
       ->transform(mixed_precision_flag())
@@ -126,14 +139,15 @@ void add_config_command(CLI::App& app, Action& action) {
   defaults->add_option("--config_file", *file, "The config file to write");
   defaults->callback([&action, file, precision] {
     action = [file, precision] {
-      std::cout << "accelerant config default: wrote " << write_basic_config(*precision, config_path_or_default(*file))
-                << "\n";
+      std::cout << "accelerant config default: wrote "
+                << write_basic_config(*precision, config_path_or_default(*file)) << "\n";
       return 0;
     };
   });
 
-  auto* show = config->add_subcommand("show", "Print the config file in use, with every key.\n\n"
-                                              "Examples:\n  accelerant config show");
+  auto* show = config->add_subcommand("show",
+                                      "Print the config file in use, with every key.\n\n"
+                                      "Examples:\n  accelerant config show");
   show->add_option("--config_file", *file, "The config file to show");
   show->callback([&action, file] {
     action = [file] {
@@ -143,8 +157,10 @@ void add_config_command(CLI::App& app, Action& action) {
     };
   });
 
-  auto* validate = config->add_subcommand("validate", "Check a config file; exit status 0 when it is valid.\n\n"
-                                                      "Examples:\n  accelerant config validate --config_file my.yaml");
+  auto* validate =
+      config->add_subcommand("validate",
+                             "Check a config file; exit status 0 when it is valid.\n\n"
+                             "Examples:\n  accelerant config validate --config_file my.yaml");
   validate->add_option("--config_file", *file, "The config file to check");
   validate->callback([&action, file] {
     action = [file] {

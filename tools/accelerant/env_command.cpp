@@ -49,7 +49,8 @@ std::string variable(const char* name) { return environment_value(name).value_or
 // Every variable of the table with its value here (the table is the list: nothing is left out).
 void print_environment() {
   std::cout << "- Environment variables (docs/environment.md):\n";
-  for (const auto& v : environment_variables()) std::cout << "    " << v.name << "=" << variable(v.name) << "\n";
+  for (const auto& v : environment_variables())
+    std::cout << "    " << v.name << "=" << variable(v.name) << "\n";
 }
 
 std::string cell(const std::string& text) {
@@ -60,25 +61,34 @@ std::string cell(const std::string& text) {
 
 // docs/environment.md, generated from the table (ctest environment.doc_matches_table compares).
 void print_markdown() {
-  std::cout << "# Environment variables\n\n"
-               "<!-- Generated from the table in src/base/environment.cpp by `accelerant env --markdown`;\n"
-               "     ctest environment.doc_matches_table fails when they differ. -->\n\n"
-               "Every environment variable Accelerant reads, and only those: the library reads them through one\n"
-               "accessor that refuses a name missing from the table, and ctest `environment` fails on a\n"
-               "variable read anywhere else. `accelerant env` prints each with its value. Precedence for a\n"
-               "setting that also has an option: option or command-line flag > environment > config file >\n"
-               "default. An empty variable counts as unset.\n\n"
-               "- **bool**: `1`, `true`, `yes`, `y`, `on` or `0`, `false`, `no`, `n`, `off`, in any case (the\n"
-               "  same parser reads the config file's booleans and `accelerant config`'s answers).\n"
-               "- **no | fp16 | bf16** (mixed precision): `no` (full fp32 precision), `fp16` (CUDA only, with\n"
-               "  loss scaling) or `bf16` (CPU and CUDA autocast), in any case. `fp32` and `none` are refused\n"
-               "  everywhere (environment, config file, AcceleratorOptions, LaunchOptions, `--mixed_precision`):\n"
-               "  write `no`.\n\n"
-               "| Variable | Type | Default | Meaning | Read by |\n"
-               "|---|---|---|---|---|\n";
+  std::cout
+      << "# Environment variables\n\n"
+         "<!-- Generated from the table in src/base/environment.cpp by `accelerant env "
+         "--markdown`;\n"
+         "     ctest environment.doc_matches_table fails when they differ. -->\n\n"
+         "Every environment variable Accelerant reads, and only those: the library reads them "
+         "through one\n"
+         "accessor that refuses a name missing from the table, and ctest `environment` fails on a\n"
+         "variable read anywhere else. `accelerant env` prints each with its value. Precedence for "
+         "a\n"
+         "setting that also has an option: option or command-line flag > environment > config file "
+         ">\n"
+         "default. An empty variable counts as unset.\n\n"
+         "- **bool**: `1`, `true`, `yes`, `y`, `on` or `0`, `false`, `no`, `n`, `off`, in any case "
+         "(the\n"
+         "  same parser reads the config file's booleans and `accelerant config`'s answers).\n"
+         "- **no | fp16 | bf16** (mixed precision): `no` (full fp32 precision), `fp16` (CUDA only, "
+         "with\n"
+         "  loss scaling) or `bf16` (CPU and CUDA autocast), in any case. `fp32` and `none` are "
+         "refused\n"
+         "  everywhere (environment, config file, AcceleratorOptions, LaunchOptions, "
+         "`--mixed_precision`):\n"
+         "  write `no`.\n\n"
+         "| Variable | Type | Default | Meaning | Read by |\n"
+         "|---|---|---|---|---|\n";
   for (const auto& v : environment_variables()) {
-    std::cout << "| `" << v.name << "` | " << cell(v.type) << " | " << cell(v.default_value) << " | "
-              << cell(v.meaning) << " | " << cell(v.read_by) << " |\n";
+    std::cout << "| `" << v.name << "` | " << cell(v.type) << " | " << cell(v.default_value)
+              << " | " << cell(v.meaning) << " | " << cell(v.read_by) << " |\n";
   }
 }
 
@@ -86,20 +96,24 @@ void print_markdown() {
 std::string dev_shm_free() {
   struct statvfs fs {};
   if (::statvfs("/dev/shm", &fs) != 0) return "no /dev/shm (the all-reduce uses Gloo)";
-  return std::to_string(static_cast<unsigned long long>(fs.f_bavail) * fs.f_frsize / (1 << 20)) + " MiB free in /dev/shm";
+  return std::to_string(static_cast<unsigned long long>(fs.f_bavail) * fs.f_frsize / (1 << 20)) +
+         " MiB free in /dev/shm";
 }
 
 }  // namespace
 
 void add_env_command(CLI::App& app, Action& action) {
-  auto* env = app.add_subcommand("env",
-                                 "Print versions, hardware, thread settings and the config, ready to paste into a "
-                                 "bug report.\n\nExamples:\n  accelerant env\n  accelerant env --config_file my.yaml");
+  auto* env = app.add_subcommand(
+      "env",
+      "Print versions, hardware, thread settings and the config, ready to paste into a "
+      "bug report.\n\nExamples:\n  accelerant env\n  accelerant env --config_file my.yaml");
   auto file = std::make_shared<std::string>();
-  env->add_option("--config_file", *file, "The config file to show (default: the default location)");
+  env->add_option("--config_file", *file,
+                  "The config file to show (default: the default location)");
   auto markdown = std::make_shared<bool>(false);
   // Hidden (no group): it writes docs/environment.md, a maintainer's command.
-  env->add_flag("--markdown", *markdown, "Print the table of environment variables as docs/environment.md")
+  env->add_flag("--markdown", *markdown,
+                "Print the table of environment variables as docs/environment.md")
       ->group("");
   env->callback([&action, file, markdown] {
     action = [file, markdown] {
@@ -109,14 +123,17 @@ void add_env_command(CLI::App& app, Action& action) {
       }
       std::cout << "- Accelerant: " << kVersion << "\n"
                 << "- LibTorch: " << torch_version() << "\n"
-                << "- Gloo: " << GLOO_VERSION_MAJOR << "." << GLOO_VERSION_MINOR << "." << GLOO_VERSION_PATCH << "\n"
+                << "- Gloo: " << GLOO_VERSION_MAJOR << "." << GLOO_VERSION_MINOR << "."
+                << GLOO_VERSION_PATCH << "\n"
                 << "- Compiler: " << __VERSION__ << ", C++ " << __cplusplus << "\n"
                 << "- CPU: " << cpu_model() << ", " << usable_cpus() << " usable cores\n"
                 << "- BLAS: " << blas_in_use() << "\n"
-                << "- Threads: LibTorch intra-op " << torch::get_num_threads() << ", OpenBLAS " << openblas_threads()
-                << "\n"
+                << "- Threads: LibTorch intra-op " << torch::get_num_threads() << ", OpenBLAS "
+                << openblas_threads() << "\n"
                 << "- Shared memory for the all-reduce on one machine: " << dev_shm_free() << "\n"
-                << "- GPUs: " << (torch::cuda::is_available() ? std::to_string(torch::cuda::device_count()) : "none (CUDA not available)")
+                << "- GPUs: "
+                << (torch::cuda::is_available() ? std::to_string(torch::cuda::device_count())
+                                                : "none (CUDA not available)")
                 << "\n";
       print_environment();
       const std::string path = config_path_or_default(*file);

@@ -36,24 +36,26 @@ Config resolve_launch_config(const LaunchFlags& f) {
 
 int run_launch(const LaunchFlags& flags, const std::vector<std::string>& command) {
   const Config c = resolve_launch_config(flags);
-  auto options = LaunchOptions()
-                     .processes_per_node(c.num_processes / c.num_machines)
-                     .num_nodes(c.num_machines)
-                     .node_rank(c.machine_rank)
-                     .master_addr(c.main_process_ip)
-                     .master_port(c.main_process_port)
-                     .max_restarts(c.max_restarts)
-                     .monitor_interval(std::chrono::milliseconds(static_cast<int64_t>(c.monitor_interval * 1000)))
-                     .join_timeout(std::chrono::milliseconds(static_cast<int64_t>(c.join_timeout * 1000)))
-                     .mixed_precision(c.mixed_precision)
-                     .downcast_bf16(c.downcast_bf16)
-                     .use_cpu(c.use_cpu)
-                     .gradient_accumulation_steps(c.gradient_accumulation_steps)
-                     .threads_per_process(c.threads_per_process)
-                     .debug(c.debug)
-                     .prefix_output(flags.prefix_output)
-                     .log_dir(flags.log_dir)
-                     .tee(flags.tee);
+  auto options =
+      LaunchOptions()
+          .processes_per_node(c.num_processes / c.num_machines)
+          .num_nodes(c.num_machines)
+          .node_rank(c.machine_rank)
+          .master_addr(c.main_process_ip)
+          .master_port(c.main_process_port)
+          .max_restarts(c.max_restarts)
+          .monitor_interval(
+              std::chrono::milliseconds(static_cast<int64_t>(c.monitor_interval * 1000)))
+          .join_timeout(std::chrono::milliseconds(static_cast<int64_t>(c.join_timeout * 1000)))
+          .mixed_precision(c.mixed_precision)
+          .downcast_bf16(c.downcast_bf16)
+          .use_cpu(c.use_cpu)
+          .gradient_accumulation_steps(c.gradient_accumulation_steps)
+          .threads_per_process(c.threads_per_process)
+          .debug(c.debug)
+          .prefix_output(flags.prefix_output)
+          .log_dir(flags.log_dir)
+          .tee(flags.tee);
   launch_program(command, options);
   return 0;
 }
@@ -61,34 +63,43 @@ int run_launch(const LaunchFlags& flags, const std::vector<std::string>& command
 void add_launch_command(CLI::App& app, Action& action) {
   auto* launch = app.add_subcommand(
       "launch",
-      "Run a program as several worker processes (fork+exec, no shell), with the torchrun variables\n"
+      "Run a program as several worker processes (fork+exec, no shell), with the torchrun "
+      "variables\n"
       "and ACCELERANT_* set for each. Reads the config file; flags override it.\n\n"
       "Examples:\n"
       "  accelerant launch -n 2 ./fashion_mnist --epochs 1\n"
       "  accelerant launch -n 4 --max_restarts 2 --mixed_precision bf16 ./train\n"
       "  accelerant launch --num_machines 2 --machine_rank 0 --main_process_ip 10.0.0.1 \\\n"
-      "                    --main_process_port 29500 -n 8 ./train        (on each machine, its rank)");
+      "                    --main_process_port 29500 -n 8 ./train        (on each machine, its "
+      "rank)");
   auto flags = std::make_shared<LaunchFlags>();
-  launch->add_option("--config_file", flags->config_file, "Config file (default: accelerant config's location)");
-  launch->add_option("-n,--num_processes", flags->num_processes, "Processes in total, across machines");
+  launch->add_option("--config_file", flags->config_file,
+                     "Config file (default: accelerant config's location)");
+  launch->add_option("-n,--num_processes", flags->num_processes,
+                     "Processes in total, across machines");
   launch->add_option("--num_machines", flags->num_machines, "Machines taking part");
   launch->add_option("--machine_rank", flags->machine_rank, "This machine's rank (0 = main)");
   launch->add_option("--main_process_ip", flags->main_process_ip, "The main machine's address");
-  launch->add_option("--main_process_port", flags->main_process_port, "Its port (0 = free port, one machine)");
+  launch->add_option("--main_process_port", flags->main_process_port,
+                     "Its port (0 = free port, one machine)");
   launch->add_option("--max_restarts", flags->max_restarts, "Restarts of a failed group");
-  launch->add_option("--monitor_interval", flags->monitor_interval, "Seconds between checks of the workers");
+  launch->add_option("--monitor_interval", flags->monitor_interval,
+                     "Seconds between checks of the workers");
   launch->add_option("--join_timeout", flags->join_timeout,
                      "Seconds the machines' launchers wait for each other (default 600)");
   launch->add_option("--mixed_precision", flags->mixed_precision, "no, fp16 or bf16")
       ->transform(mixed_precision_flag());
-  launch->add_option("--threads_per_process", flags->threads_per_process, "0 = cores / local processes");
+  launch->add_option("--threads_per_process", flags->threads_per_process,
+                     "0 = cores / local processes");
   launch->add_option("--gradient_accumulation_steps", flags->gradient_accumulation_steps,
                      "Micro-batches per optimizer step in the workers' Accelerator");
   launch->add_flag("--cpu", flags->cpu, "Train on the CPU even when CUDA is available");
   launch->add_flag("--debug", flags->debug, "Check collectives across ranks; dry fork first");
-  launch->add_flag("--prefix_output", flags->prefix_output, "Prefix every output line with its rank");
-  launch->add_option("--log_dir", flags->log_dir,
-                     "Write each rank's output to DIR/attempt_<n>/rank_<r>.stdout|stderr (not the console)");
+  launch->add_flag("--prefix_output", flags->prefix_output,
+                   "Prefix every output line with its rank");
+  launch->add_option(
+      "--log_dir", flags->log_dir,
+      "Write each rank's output to DIR/attempt_<n>/rank_<r>.stdout|stderr (not the console)");
   launch->add_flag("--tee", flags->tee, "With --log_dir: show the output on the console too");
   launch->prefix_command();  // the first positional is the program; everything after it is its own
   launch->callback([&action, flags, launch] {

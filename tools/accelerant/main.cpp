@@ -18,7 +18,8 @@ std::string config_path_or_default(const std::string& config_file) {
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "accelerant: run one LibTorch training loop on one CPU, many processes, GPUs and machines.\n\n"
+      "accelerant: run one LibTorch training loop on one CPU, many processes, GPUs and "
+      "machines.\n\n"
       "Examples:\n"
       "  accelerant config            answer a few questions, write the config file\n"
       "  accelerant config default    write a basic config without questions\n"
@@ -44,7 +45,8 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   if (show_version) {
-    std::cout << "accelerant " << accelerant::kVersion << " (LibTorch " << accelerant::torch_version() << ")\n";
+    std::cout << "accelerant " << accelerant::kVersion << " (LibTorch "
+              << accelerant::torch_version() << ")\n";
     return 0;
   }
   if (!action) {
@@ -56,7 +58,8 @@ int main(int argc, char** argv) {
   } catch (const accelerant::Error& e) {  // LaunchError included: the failure report
     std::cerr << "accelerant: " << e.what() << "\n";
     return 1;
-  } catch (const std::exception& e) {  // LibTorch's c10::Error, std::bad_alloc, ...: said, not aborted on
+  } catch (const std::exception&
+               e) {  // LibTorch's c10::Error, std::bad_alloc, ...: said, not aborted on
     std::cerr << "accelerant: " << e.what() << "\n";
     return 1;
   }

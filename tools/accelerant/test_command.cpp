@@ -17,13 +17,14 @@ int failures = 0;
 
 void report(Accelerator& acc, const std::string& check, bool passed, const std::string& details) {
   if (!passed) ++failures;
-  std::cout << rank_prefix(acc.process_index(), acc.num_processes()) << (passed ? "PASS " : "FAIL ") << check
-            << (passed ? "" : ": " + details) << std::endl;
+  std::cout << rank_prefix(acc.process_index(), acc.num_processes()) << (passed ? "PASS " : "FAIL ")
+            << check << (passed ? "" : ": " + details) << std::endl;
 }
 
 torch::nn::Sequential tiny_mlp() {
   torch::manual_seed(0);
-  return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 4));
+  return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(),
+                               torch::nn::Linear(16, 4));
 }
 
 torch::Tensor flat_parameters(torch::nn::Sequential& model) {
@@ -39,28 +40,34 @@ int run_checks() {
   const int r = acc.process_index();
 
   auto sum = acc.reduce(torch::tensor({r + 1.0}), ReduceOp::kSum).item<double>();
-  report(acc, "all_reduce", sum == n * (n + 1) / 2.0,
-         "sum of 1..N is " + std::to_string(sum) + ", expected " + std::to_string(n * (n + 1) / 2.0));
+  report(
+      acc, "all_reduce", sum == n * (n + 1) / 2.0,
+      "sum of 1..N is " + std::to_string(sum) + ", expected " + std::to_string(n * (n + 1) / 2.0));
 
   if (n > 1) {
     auto& comm = ProcessState::get().communicator();
-    if (acc.is_main_process()) std::cout << rank_prefix(0, acc.num_processes()) << "all-reduce path: " << comm.all_reduce_path() << std::endl;
+    if (acc.is_main_process())
+      std::cout << rank_prefix(0, acc.num_processes())
+                << "all-reduce path: " << comm.all_reduce_path() << std::endl;
     // Several chunks of the shared-memory path (or Gloo's), every element checked.
     auto big = torch::full({1 << 20}, static_cast<float>(r + 1));
     comm.all_reduce_(big);
     const auto wrong = (big != static_cast<float>(n * (n + 1) / 2)).sum().item<int64_t>();
-    report(acc, "all_reduce of 4 MiB", wrong == 0, std::to_string(wrong) + " of 1048576 elements wrong");
+    report(acc, "all_reduce of 4 MiB", wrong == 0,
+           std::to_string(wrong) + " of 1048576 elements wrong");
   }
 
   {
     // The fused AdamW against torch::optim's, on this process alone.
     auto plain_model = tiny_mlp(), fused_model = tiny_mlp();
-    torch::optim::AdamW plain(plain_model->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+    torch::optim::AdamW plain(plain_model->parameters(),
+                              torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
     FusedAdamW fused(fused_model->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
     torch::manual_seed(2);
     for (int s = 0; s < 5; ++s) {
       auto input = torch::randn({8, 8});
-      for (auto* pair : {&plain_model, &fused_model}) (*pair)->forward(input).pow(2).mean().backward();
+      for (auto* pair : {&plain_model, &fused_model})
+        (*pair)->forward(input).pow(2).mean().backward();
       plain.step();
       fused.step();
       plain.zero_grad();
@@ -68,7 +75,8 @@ int run_checks() {
     }
     auto expected = flat_parameters(plain_model);
     const double difference =
-        ((flat_parameters(fused_model) - expected).abs().max() / expected.abs().max()).item<double>();
+        ((flat_parameters(fused_model) - expected).abs().max() / expected.abs().max())
+            .item<double>();
     report(acc, "fused AdamW equals torch::optim::AdamW", difference <= 1e-5,
            "relative difference " + std::to_string(difference) + " (limit 1e-5)");
   }
@@ -76,7 +84,8 @@ int run_checks() {
   auto gathered = acc.gather(torch::full({r + 1}, static_cast<double>(r)));
   bool gather_ok = gathered.size(0) == n * (n + 1) / 2;
   for (int k = 0, at = 0; gather_ok && k < n; at += ++k) {
-    gather_ok = torch::equal(gathered.narrow(0, at, k + 1), torch::full({k + 1}, static_cast<double>(k)));
+    gather_ok =
+        torch::equal(gathered.narrow(0, at, k + 1), torch::full({k + 1}, static_cast<double>(k)));
   }
   report(acc, "gather of unequal lengths", gather_ok, c10::str("got ", gathered));
 
@@ -89,28 +98,33 @@ int run_checks() {
   torch::optim::SGD reference_sgd(reference->parameters(), 0.1);
   for (int64_t s = 0; s < steps; ++s) {
     reference_sgd.zero_grad();
-    torch::nn::functional::cross_entropy(reference->forward(x.narrow(0, s * per_rank * n, per_rank * n)),
-                                         y.narrow(0, s * per_rank * n, per_rank * n))
+    torch::nn::functional::cross_entropy(
+        reference->forward(x.narrow(0, s * per_rank * n, per_rank * n)),
+        y.narrow(0, s * per_rank * n, per_rank * n))
         .backward();
     reference_sgd.step();
   }
   auto model = tiny_mlp();
   torch::optim::SGD sgd(model->parameters(), 0.1);
-  auto [m, o, loader] = acc.prepare(model, sgd, make_data_loader(x, y, DataLoaderOptions().batch_size(per_rank)));
+  auto [m, o, loader] =
+      acc.prepare(model, sgd, make_data_loader(x, y, DataLoaderOptions().batch_size(per_rank)));
   for (auto& batch : loader) {
     acc.backward(torch::nn::functional::cross_entropy(m->forward(batch.data), batch.target));
     o.step();
     o.zero_grad();
   }
   auto expected = flat_parameters(reference);
-  const double difference = ((flat_parameters(m) - expected).abs().max() / expected.abs().max()).item<double>();
+  const double difference =
+      ((flat_parameters(m) - expected).abs().max() / expected.abs().max()).item<double>();
   report(acc, "training steps equal one process on the combined batch", difference <= 1e-5,
          "relative difference " + std::to_string(difference) + " (limit 1e-5)");
 
-  const int total_failures = static_cast<int>(acc.reduce(torch::tensor({failures}), ReduceOp::kSum).item<int64_t>());
+  const int total_failures =
+      static_cast<int>(acc.reduce(torch::tensor({failures}), ReduceOp::kSum).item<int64_t>());
   if (acc.is_main_process()) {
-    std::cout << (total_failures == 0 ? "accelerant test: all checks passed on " : "accelerant test: FAILED on ") << n
-              << " process" << (n == 1 ? "" : "es") << std::endl;
+    std::cout << (total_failures == 0 ? "accelerant test: all checks passed on "
+                                      : "accelerant test: FAILED on ")
+              << n << " process" << (n == 1 ? "" : "es") << std::endl;
   }
   acc.end_training();
   return total_failures == 0 ? 0 : 1;
@@ -120,9 +134,11 @@ std::string own_executable() {
   char path[PATH_MAX];
   const ssize_t n = ::readlink("/proc/self/exe", path, sizeof(path) - 1);
   if (n <= 0) {
-    throw Error("accelerant test: cannot find its own executable: /proc/self/exe is unreadable. Likely cause: "
-                "/proc is not mounted (a minimal container). Fix: mount /proc, or run the checks under a "
-                "launcher yourself: `accelerant launch -n 2 accelerant test --worker`.");
+    throw Error(
+        "accelerant test: cannot find its own executable: /proc/self/exe is unreadable. Likely "
+        "cause: "
+        "/proc is not mounted (a minimal container). Fix: mount /proc, or run the checks under a "
+        "launcher yourself: `accelerant launch -n 2 accelerant test --worker`.");
   }
   return std::string(path, static_cast<size_t>(n));
 }
@@ -142,8 +158,10 @@ void add_test_command(CLI::App& app, Action& action) {
   auto processes = std::make_shared<std::optional<int>>();
   auto worker = std::make_shared<bool>(false);
   test->add_option("--config_file", *file, "The config file to test with");
-  test->add_option("-n,--num_processes", *processes, "Processes (default: the config's, at least 2)");
-  test->add_flag("--worker", *worker, "Internal: run the checks (started by accelerant test)")->group("");
+  test->add_option("-n,--num_processes", *processes,
+                   "Processes (default: the config's, at least 2)");
+  test->add_flag("--worker", *worker, "Internal: run the checks (started by accelerant test)")
+      ->group("");
   test->callback([&action, file, processes, worker] {
     action = [file, processes, worker] {
       if (*worker) return run_checks();
@@ -152,7 +170,8 @@ void add_test_command(CLI::App& app, Action& action) {
       flags.num_machines = 1;  // a self-test of this machine
       flags.machine_rank = 0;
       flags.main_process_port = 0;
-      flags.num_processes = processes->value_or(std::max(2, resolve_launch_config(flags).num_processes));
+      flags.num_processes =
+          processes->value_or(std::max(2, resolve_launch_config(flags).num_processes));
       return run_launch(flags, {own_executable(), "test", "--worker"});
     };
   });
