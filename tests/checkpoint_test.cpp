@@ -224,7 +224,7 @@ TEST(Checkpoint, AutoResumeAfterARestartEndsBitIdenticalToTheUninterruptedRun) {
   const std::string project = scratch.path;
   auto elastic = launch(
       [project](int index) {
-        const bool first_attempt = read_distributed_env().restart_count == 0;
+        const bool first_attempt = read_launch_contract().restart_count == 0;
         return run_training(
             AcceleratorOptions()
                 .seed(11)

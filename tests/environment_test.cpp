@@ -41,7 +41,7 @@ TEST(EnvironmentTable, EveryRowIsCompleteAndDeclaredOnce) {
 
 // What a launcher sets is what a worker reads: every variable of the launch contract is declared.
 TEST(EnvironmentTable, DeclaresEveryVariableTheLaunchersSet) {
-  DistributedEnv env;
+  LaunchContract env;
   env.timeout = std::chrono::milliseconds(5);
   env.threads_per_process = 2;
   env.error_file = "/tmp/e";
@@ -79,7 +79,7 @@ TEST(EnvironmentAccessor, ReadsDeclaredVariables) {
 
 // Fake environments (the launch contract's injectable EnvLookup) keep working.
 TEST(EnvironmentAccessor, InjectedLookupsStillWork) {
-  auto env = parse_distributed_env(env_of({{"RANK", "1"},
+  auto env = parse_launch_contract(env_of({{"RANK", "1"},
                                            {"WORLD_SIZE", "2"},
                                            {"MASTER_ADDR", "127.0.0.1"},
                                            {"ACCELERANT_DEBUG_MODE", "yes"},
@@ -163,7 +163,7 @@ TEST(ParseMixedPrecision, EverySourceTakesTheSameSpellings) {
       resolve_accelerator_settings({}, env_of({{"ACCELERANT_MIXED_PRECISION", "none"}}), {}),
       Error);
   EXPECT_THROW(resolve_accelerator_settings({}, none, {{"mixed_precision", "fp32"}}), Error);
-  EXPECT_THROW(parse_distributed_env(env_of({{"ACCELERANT_MIXED_PRECISION", "fp32"}})),
+  EXPECT_THROW(parse_launch_contract(env_of({{"ACCELERANT_MIXED_PRECISION", "fp32"}})),
                EnvironmentError);
   Config config;
   config.mixed_precision = "fp32";

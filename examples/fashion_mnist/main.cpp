@@ -214,7 +214,7 @@ int main(int argc, char** argv) {
               .front();
     } else {
       accuracy = train(train_split, test_split, s);
-      const auto env = accelerant::read_distributed_env();
+      const auto env = accelerant::read_launch_contract();
       if (env.rank != 0) return 0;  // the summary line comes from rank 0 only
       processes = env.world_size;
     }

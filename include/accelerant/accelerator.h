@@ -72,6 +72,11 @@ std::shared_ptr<torch::nn::Module> module_ptr(const M& model) {
 }
 }  // namespace detail
 
+/// The entry point of a training script (see the file comment): prepares the user's models,
+/// optimizers, schedulers and loaders for data-parallel, mixed-precision training, and offers the
+/// step helpers (backward, accumulate, clip_grad_norm_), the collectives for metrics and the
+/// checkpoints. One per process, made the same way on every process; not copyable. Calls that
+/// communicate are collectives: every process makes them, in the same order.
 class Accelerator {
  public:
   /// Resolves the options (option > environment > config file > default), joins the process
@@ -98,8 +103,22 @@ class Accelerator {
   }
   /// The model-specific part of prepare (device, downcast, broadcast, gradient reducer).
   void prepare_model(const std::shared_ptr<torch::nn::Module>& model);
+  /// The optimizer part of prepare: a PreparedOptimizer over `optimizer`, which must outlive it
+  /// and is saved by save_state. Under AcceleratorOptions::fused_optimizers a FusedUpdater is
+  /// bound to it (not to an optimizer that is fused already). Preparing the same optimizer again
+  /// returns another handle over the same optimizer and fused update.
   PreparedOptimizer prepare_optimizer(torch::optim::Optimizer& optimizer);
+  /// The scheduler part of prepare: a PreparedScheduler over `scheduler`, which must outlive it
+  /// and is saved by save_state; it advances only when the optimizer really stepped. Preparing
+  /// the same scheduler again returns a copy of the first handle.
   PreparedScheduler prepare_scheduler(torch::optim::LRScheduler& scheduler);
+  /// The loader part of prepare: a copy of `loader` (at its position) that yields this process's
+  /// share of each epoch (data_sharding.h) with the batches moved to device(), floating-point
+  /// ones cast to bf16 under downcast_bf16. Bound for a GPU, a loader without worker threads gets
+  /// one, so that batches are copied ahead of the step. The first prepared loader arms
+  /// AcceleratorOptions::auto_resume. Throws Error when the sharding cannot work (split_batches
+  /// with a batch size the processes do not divide), CheckpointError when a checkpoint that
+  /// auto_resume loaded already saved this loader over another number of samples.
   DataLoader prepare_data_loader(const DataLoader& loader);
 
   // ---- the training step ---------------------------------------------------------------------
@@ -111,10 +130,19 @@ class Accelerator {
   /// synchronises (every gradient_accumulation_steps-th, and the last batch of an epoch) and
   /// turns the models' all-reduce off while it only accumulates.
   class AccumulationGuard;
+  /// Starts one micro-step for `models` (prepared models or their holders; none = every prepared
+  /// model): counts it in state()->micro_steps and sets sync_gradients, true on every
+  /// gradient_accumulation_steps-th micro-step and on the last batch of an epoch, and the models'
+  /// all-reduce to match. Keep the guard alive over the forward, backward() and the optimizer
+  /// step. Throws Error for a model this Accelerator did not prepare, and inside a graph step
+  /// (compile() decides there).
   template <class... Models>
   AccumulationGuard accumulate(const Models&... models);
   /// RAII scope in which backward only accumulates locally (no communication) for `model`.
   class NoSyncGuard;
+  /// Turns `model`'s all-reduce off until the guard goes: backward() then only accumulates its
+  /// gradients locally, and the first backward after it averages everything accumulated. Throws
+  /// Error when `model` was not prepared by this Accelerator.
   template <class M>
   NoSyncGuard no_sync(const M& model);
   /// Whether this micro-step synchronises gradients (false while accumulating).
@@ -124,6 +152,8 @@ class Accelerator {
   /// norm); unscales fp16 gradients first. Returns the norm before clipping.
   double clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm,
                          double norm_type = 2.0);
+  /// clip_grad_norm_ over every parameter of `model` (a std::shared_ptr<Module> or a
+  /// TORCH_MODULE holder).
   template <class M>
   double clip_grad_norm_(const M& model, double max_norm, double norm_type = 2.0) {
     return clip_grad_norm_(detail::module_ptr(model)->parameters(), max_norm, norm_type);
@@ -134,6 +164,8 @@ class Accelerator {
   /// min(1, max_norm / (norm + 1e-6)), and the norm before clipping comes back as a 0-dim tensor.
   torch::Tensor clip_grad_norm_tensor(const std::vector<torch::Tensor>& parameters, double max_norm,
                                       double norm_type = 2.0);
+  /// clip_grad_norm_tensor over every parameter of `model` (a std::shared_ptr<Module> or a
+  /// TORCH_MODULE holder).
   template <class M>
   torch::Tensor clip_grad_norm_tensor(const M& model, double max_norm, double norm_type = 2.0) {
     return clip_grad_norm_tensor(detail::module_ptr(model)->parameters(), max_norm, norm_type);
@@ -158,8 +190,12 @@ class Accelerator {
   torch::Tensor gather_for_metrics(const torch::Tensor& tensor);
   /// all_reduce across ranks (bf16 reduced and returned as fp32).
   torch::Tensor reduce(const torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  /// `tensor` padded at the end of `dim` with `pad_value` to the largest size any process has
+  /// there, so that predictions of different lengths can be gathered. A collective.
   torch::Tensor pad_across_processes(const torch::Tensor& tensor, int64_t dim = 0,
                                      double pad_value = 0);
+  /// Returns when every process has reached this call (a barrier). Like every collective here,
+  /// throws Error after end_training().
   void wait_for_everyone();
 
   /// Writes the arguments (streamed, no separators) and a newline on the main process only.
@@ -185,7 +221,10 @@ class Accelerator {
   /// atomically (a temporary file renamed into place). Tensors, tensor lists and modules (the
   /// latter readable with torch::load(module, path)).
   void save(const torch::Tensor& tensor, const std::string& path) const;
+  /// A list of tensors, saved as one tensor is (readable with torch::load(tensors, path)).
   void save(const std::vector<torch::Tensor>& tensors, const std::string& path) const;
+  /// A model's parameters and buffers (a std::shared_ptr<Module> or a TORCH_MODULE holder), as
+  /// torch::save(module, path) writes them but on the CPU, whatever device it trains on.
   template <class M, class = std::enable_if_t<detail::is_shared_module<M>::value ||
                                               detail::is_module_holder_v<M>>>
   void save(const M& model, const std::string& path) const {
@@ -238,24 +277,39 @@ class Accelerator {
   /// the loop. Call it on every process (a collective), after prepare. Does nothing when
   /// auto_resume is off, when it ran already or when load_state replaced it.
   void auto_resume_now();
-  /// The directory of automatic checkpoints, <project_dir>/checkpoints ("" without project_dir).
+  /// The directory of automatic checkpoints, `<project_dir>/checkpoints` ("" without
+  /// project_dir).
   std::string checkpoints_dir() const;
 
   /// Waits for every process and leaves the process group; the Accelerator is done afterwards.
   void end_training();
 
   // ---- state ---------------------------------------------------------------------------------
+  // The process getters below were read at construction: still valid after end_training().
+  /// The settings in force, resolved at construction (option > environment > config file >
+  /// default).
   const AcceleratorSettings& settings() const { return settings_; }
+  /// The mixed precision in force: no, fp16 (CUDA only; with a loss scaler) or bf16.
   MixedPrecision mixed_precision() const { return settings_.mixed_precision; }
+  /// Micro-steps per optimizer step; 1 = no gradient accumulation.
   int64_t gradient_accumulation_steps() const { return settings_.gradient_accumulation_steps; }
+  /// Where this process trains and prepare puts models and batches: `cuda:<local rank>` when a
+  /// GPU is visible and the cpu setting is off, else cpu.
   torch::Device device() const { return device_; }
+  /// This process's rank among all processes, 0 to num_processes() - 1 (0 when not launched).
   int process_index() const { return process_index_; }
+  /// The processes training together (the world size); 1 when not launched.
   int num_processes() const { return num_processes_; }
+  /// This process's rank among the processes of its machine.
   int local_process_index() const { return local_process_index_; }
+  /// Whether this is rank 0, the process that writes files and prints.
   bool is_main_process() const { return process_index_ == 0; }
+  /// Whether this is the first process (local rank 0) of its machine.
   bool is_local_main_process() const { return local_process_index_ == 0; }
   /// Threads per process in force (after the CPU defaults).
   int threads() const { return threads_; }
+  /// The TrainingState this Accelerator shares with what it prepared: sync_gradients, the step
+  /// counters, the end of the loader's epoch, the fp16 scaler.
   const std::shared_ptr<TrainingState>& state() const { return state_; }
   /// The gradient reducer's counters for a prepared model.
   template <class M>
@@ -305,13 +359,19 @@ class Accelerator {
   void resume_from_latest();
 };
 
+/// What Accelerator::accumulate returns: while it lives, the models' all-reduce runs only on a
+/// synchronising micro-step; when it goes, their reducers synchronise again. Movable, not
+/// copyable.
 class Accelerator::AccumulationGuard {
  public:
+  /// Takes `reducers`, whose sync accumulate() has set for this micro-step, and turns their sync
+  /// back on when it goes.
   explicit AccumulationGuard(std::vector<GradientReducer*> reducers)
       : reducers_(std::move(reducers)) {}
   ~AccumulationGuard() {
     for (auto* reducer : reducers_) reducer->set_sync(true);
   }
+  /// Takes over `other`'s reducers; `other` then turns nothing back on.
   AccumulationGuard(AccumulationGuard&& other) noexcept : reducers_(std::move(other.reducers_)) {
     other.reducers_.clear();
   }
@@ -322,12 +382,16 @@ class Accelerator::AccumulationGuard {
   std::vector<GradientReducer*> reducers_;
 };
 
+/// What Accelerator::no_sync returns: one model's all-reduce is off while it lives and on again
+/// when it goes. Movable, not copyable.
 class Accelerator::NoSyncGuard {
  public:
+  /// Turns `reducer`'s sync off until the guard goes.
   explicit NoSyncGuard(GradientReducer& reducer) : reducer_(&reducer) { reducer_->set_sync(false); }
   ~NoSyncGuard() {
     if (reducer_) reducer_->set_sync(true);
   }
+  /// Takes over `other`'s reducer; `other` then turns nothing back on.
   NoSyncGuard(NoSyncGuard&& other) noexcept : reducer_(other.reducer_) { other.reducer_ = nullptr; }
   NoSyncGuard(const NoSyncGuard&) = delete;
   NoSyncGuard& operator=(const NoSyncGuard&) = delete;

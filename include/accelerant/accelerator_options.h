@@ -16,11 +16,16 @@
 #include <string>
 
 #include "accelerant/config.h"
-#include "accelerant/distributed_env.h"
 #include "accelerant/environment.h"  // MixedPrecision and its parser
+#include "accelerant/launch_contract.h"
 
 namespace accelerant {
 
+/// The Accelerator's options, set in code with chained setters
+/// (`AcceleratorOptions().mixed_precision("bf16")`). An unset std::optional option falls back to
+/// its environment variable, then the config file, then its default (see the file comment); the
+/// others are set in code only. resolve_accelerator_settings() turns them into
+/// AcceleratorSettings.
 struct AcceleratorOptions {
   /// "no", "fp16" (CUDA only, with loss scaling) or "bf16" (CPU and CUDA autocast), in any case;
   /// "fp32" and "none" are refused (parse_mixed_precision, docs/environment.md). Default: "no".
@@ -53,7 +58,7 @@ struct AcceleratorOptions {
   /// Default: false.
   TORCH_ARG(bool, allow_unused_parameters) = false;
   /// Where automatic checkpoints go: save_state() without a directory writes
-  /// <project_dir>/checkpoints/checkpoint_<n>, and load_state() without one reads the newest.
+  /// `<project_dir>/checkpoints/checkpoint_<n>`, and load_state() without one reads the newest.
   /// Default: none (save_state then needs a directory).
   TORCH_ARG(std::string, project_dir) = "";
   /// Automatic checkpoints kept; older ones are removed once a new one is complete. 0 keeps all.
@@ -71,15 +76,33 @@ struct AcceleratorOptions {
   TORCH_ARG(std::optional<std::string>, config_file) = std::nullopt;
 };
 
-/// The settings in force, after resolution.
+/// The settings in force, after resolution (Accelerator::settings()). Each field holds the value of
+/// the AcceleratorOptions option of the same name, or of the layer below that set it (`sources`
+/// says which); the initialisers are the defaults.
 struct AcceleratorSettings {
+  /// Autocast precision: kNo (fp32), kFp16 (CUDA only, with loss scaling) or kBf16. Also from
+  /// ACCELERANT_MIXED_PRECISION or the config file's mixed_precision.
   MixedPrecision mixed_precision = MixedPrecision::kNo;
+  /// Weights kept in bf16 while reductions of bf16 values run in fp32. Also from
+  /// ACCELERANT_DOWNCAST_BF16 or the config file's downcast_bf16.
   bool downcast_bf16 = false;
+  /// Micro-batches per optimizer step, 1 or more. Also from ACCELERANT_GRADIENT_ACCUMULATION_STEPS
+  /// or the config file's gradient_accumulation_steps.
   int64_t gradient_accumulation_steps = 1;
+  /// A loader's batch_size is the global batch, split across processes. Also from
+  /// ACCELERANT_SPLIT_BATCHES.
   bool split_batches = false;
+  /// The last step is padded so that every process has the same number of batches. Also from
+  /// ACCELERANT_EVEN_BATCHES.
   bool even_batches = true;
+  /// Training stays on the CPU even when CUDA is available. Also from ACCELERANT_USE_CPU or the
+  /// config file's use_cpu.
   bool cpu = false;
+  /// The seed of every generator and of the loaders' shuffling, when an option or ACCELERANT_SEED
+  /// chose one; unset leaves the generators untouched (the loaders shuffle with seed 0).
   std::optional<uint64_t> seed;
+  /// Intra-op and BLAS thread counts and malloc thresholds sized for the CPU are applied. Also
+  /// from ACCELERANT_CPU_DEFAULTS.
   bool cpu_defaults = true;
   /// For each setting that was not the default, where it came from: "option", "ACCELERANT_..."
   /// or "config file <path>".
@@ -87,7 +110,7 @@ struct AcceleratorSettings {
 };
 
 /// Resolves `options` over the environment and the config values. The settings a launcher passes
-/// (downcast_bf16, cpu, gradient_accumulation_steps) come from parse_distributed_env(env), the one
+/// (downcast_bf16, cpu, gradient_accumulation_steps) come from parse_launch_contract(env), the one
 /// reader of the launch contract. Throws accelerant::Error (EnvironmentError for a variable)
 /// naming the source, the value and the accepted values when one is invalid.
 AcceleratorSettings resolve_accelerator_settings(const AcceleratorOptions& options,

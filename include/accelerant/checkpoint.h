@@ -23,22 +23,38 @@ namespace accelerant {
 /// The manifest format this build writes; it reads every version up to this one.
 inline constexpr int kCheckpointFormatVersion = 1;
 
+/// One file of a checkpoint as the manifest lists it, with what verify_checkpoint checks.
 struct CheckpointFileEntry {
-  std::string path;  ///< relative to the checkpoint directory
-  uint64_t size = 0;
-  uint32_t crc32 = 0;
+  std::string path;    ///< relative to the checkpoint directory
+  uint64_t size = 0;   ///< in bytes
+  uint32_t crc32 = 0;  ///< CRC-32 of the contents (8 hex digits in the JSON)
 };
 
+/// manifest.json: what a checkpoint holds and who wrote it (written last, by the main process).
 struct CheckpointManifest {
+  /// The manifest format; this build writes kCheckpointFormatVersion and reads 1 to it.
   int format_version = kCheckpointFormatVersion;
-  std::string accelerant_version;
-  std::string libtorch_version;
-  std::string created;  ///< UTC, ISO 8601
+  std::string accelerant_version;  ///< the Accelerant that wrote it, e.g. "0.2.0"
+  std::string libtorch_version;    ///< the LibTorch it was built with (TORCH_VERSION)
+  std::string created;             ///< UTC, ISO 8601
+  /// Processes that saved it (one rank_`<r>` directory each); loading on another number
+  /// re-shards the data positions.
   int world_size = 1;
   int64_t step = 0;   ///< optimizer steps taken
   int64_t epoch = 0;  ///< the first prepared loader's epoch in progress
+  /// Prepared models it holds (model_`<i>`.pt). load_state requires this count, and each of the
+  /// four below, to match the run that loads it.
   int models = 0, optimizers = 0, schedulers = 0, data_loaders = 0, custom_objects = 0;
-  bool scaler = false;
+  /// \var optimizers
+  /// Prepared optimizers it holds (optimizer_`<i>`.pt).
+  /// \var schedulers
+  /// Prepared schedulers it holds (their step counts are in state.json).
+  /// \var data_loaders
+  /// Prepared data loaders it holds (their positions are in state.json).
+  /// \var custom_objects
+  /// Objects registered with register_for_checkpointing it holds (custom_`<i>`.pt).
+  bool scaler = false;  ///< whether scaler.pt (the fp16 loss scaler) is in it
+  /// Every file except manifest.json itself, each rank's included.
   std::vector<CheckpointFileEntry> files;
 };
 
@@ -46,27 +62,33 @@ struct CheckpointManifest {
 struct CheckpointLoaderState {
   int64_t epoch = 0;         ///< the epoch in progress
   int64_t samples_done = 0;  ///< positions of that epoch's order done, across all processes
-  int64_t dataset_size = 0;
-  uint64_t seed = 0;
-  bool shuffle = false;
+  int64_t dataset_size = 0;  ///< samples in its dataset: load_state requires the same
+  uint64_t seed = 0;         ///< its shuffle seed, restored by load_state
+  bool shuffle = false;      ///< whether it shuffled (for inspection; not restored)
 };
 
 /// state.json: the counters and data positions (written by the main process).
 struct CheckpointTrainingState {
+  /// Optimizer steps taken (TrainingState::optimizer_steps).
   int64_t optimizer_steps = 0, micro_steps = 0;
+  /// \var micro_steps
+  /// Micro-steps counted by Accelerator::accumulate (TrainingState::micro_steps).
   std::vector<unsigned> scheduler_steps;  ///< each prepared scheduler's step count
+  /// Each prepared loader, in the order prepare saw them.
   std::vector<CheckpointLoaderState> data_loaders;
 };
 
 /// Parses state.json text; `where` names it in errors. Throws CheckpointError naming the field.
 CheckpointTrainingState parse_checkpoint_state(const std::string& json_text,
                                                const std::string& where);
+/// `state` as the state.json text that parse_checkpoint_state reads (indented JSON).
 std::string format_checkpoint_state(const CheckpointTrainingState& state);
 
 /// Parses manifest.json text; `where` names it in errors. Throws CheckpointError for malformed
 /// JSON, a missing or mistyped field, or a format version newer than this build reads.
 CheckpointManifest parse_checkpoint_manifest(const std::string& json_text,
                                              const std::string& where);
+/// `manifest` as the manifest.json text that parse_checkpoint_manifest reads (indented JSON).
 std::string format_checkpoint_manifest(const CheckpointManifest& manifest);
 
 /// DIR/manifest.json, parsed. Throws CheckpointError when DIR is not a (complete) checkpoint.

@@ -38,22 +38,33 @@ class PendingCollective {
   /// True while the collective has been started and not yet waited for.
   bool pending() const { return state_ != nullptr; }
 
+  /// The collective's in-flight work, defined inside the library.
   struct State;
+  /// Made by Communicator::all_reduce_async_ around the collective it started; not for user code
+  /// (State is private to the library).
   explicit PendingCollective(std::shared_ptr<State> state) : state_(std::move(state)) {}
 
  private:
   std::shared_ptr<State> state_;
 };
 
+/// One process's end of the job's collectives: every rank calls the same collectives in the same
+/// order, each on its own Communicator. ProcessState::communicator() is the one of the job; a
+/// default-constructed one stands for a job of one process. Movable, not copyable.
 class Communicator {
  public:
   /// A communicator of one process: every collective returns (a copy of) its input.
   Communicator();
   ~Communicator();
+  /// Takes over the moved-from communicator's connections; that one must not be used afterwards.
   Communicator(Communicator&&) noexcept;
+  /// Takes over the moved-from communicator's connections and releases this one's; the moved-from
+  /// one must not be used afterwards.
   Communicator& operator=(Communicator&&) noexcept;
 
+  /// This process's rank in the group, 0 to size() - 1 (ProcessState::process_index()).
   int rank() const;
+  /// Processes in the group (ProcessState::num_processes()); 1 for a communicator of one.
   int size() const;
 
   /// Combines `tensor` across ranks and returns the result; the input is unchanged.
@@ -106,7 +117,10 @@ class Communicator {
   /// at once on every later call, since the peers' state is unknown.
   const std::string& broken_reason() const;
 
+  /// The group's connections and state, defined inside the library.
   struct Impl;
+  /// Made by ProcessState after the rendezvous, from the group it opened; not for user code (Impl
+  /// is private to the library).
   explicit Communicator(std::unique_ptr<Impl> impl);
 
  private:

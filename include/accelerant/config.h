@@ -20,29 +20,40 @@
 #include <string>
 #include <vector>
 
-#include "accelerant/distributed_env.h"
+#include "accelerant/launch_contract.h"
 
 namespace accelerant {
 
 /// The schema version this build writes (and the newest it reads).
 constexpr int kConfigVersion = 1;
 
+/// The contents of a config file, one field per key (the key is the field's name). The
+/// initialisers are the values of a key the file leaves out. `accelerant launch` reads every key
+/// (its flags override them); the Accelerator reads mixed_precision, downcast_bf16, use_cpu and
+/// gradient_accumulation_steps.
 struct Config {
+  /// The schema version the file was written with, 1 to kConfigVersion; newer is refused.
   int config_version = kConfigVersion;
-  int num_machines = 1;
-  int machine_rank = 0;
+  int num_machines = 1;  ///< machines taking part, each running its own `accelerant launch`
+  int machine_rank = 0;  ///< this machine's index, 0 (the main machine) to num_machines - 1
+  /// Address of the main machine (machine_rank 0), where the job's store listens (MASTER_ADDR).
   std::string main_process_ip = "127.0.0.1";
   int main_process_port = 29500;  ///< 0 = a free port, chosen at launch (single machine only)
   int num_processes = 1;          ///< total across machines
+  /// no, fp16 (CUDA only) or bf16 (parse_mixed_precision); "fp32" and "none" are refused.
   std::string mixed_precision = "no";
+  /// Keep the model's weights in bf16 (AcceleratorOptions::downcast_bf16); needs mixed_precision
+  /// bf16.
   bool downcast_bf16 = false;
-  bool use_cpu = false;
+  bool use_cpu = false;  ///< train on the CPU even when CUDA is available
+  /// Debug mode (LaunchOptions::debug): a dry fork first, then cross-rank checks of every
+  /// collective in the workers.
   bool debug = false;
-  int max_restarts = 0;
-  double monitor_interval = 0.1;  ///< seconds between checks of the workers
-  double join_timeout = 600;      ///< seconds the machines' launchers wait for each other
-  int threads_per_process = 0;    ///< 0 = cores / local processes
-  int gradient_accumulation_steps = 1;
+  int max_restarts = 0;  ///< how often the whole group is restarted after a worker fails, ≥ 0
+  double monitor_interval = 0.1;        ///< seconds between checks of the workers
+  double join_timeout = 600;            ///< seconds the machines' launchers wait for each other
+  int threads_per_process = 0;          ///< 0 = cores / local processes
+  int gradient_accumulation_steps = 1;  ///< micro-batches per optimizer step, ≥ 1
 };
 
 /// Every key a config file may contain, in the order they are written.

@@ -38,10 +38,15 @@ struct DataLoaderAccess;
 /// order (across all processes) its batches have covered so far. It does not depend on the world
 /// size, so a run resumed on another number of processes continues at the same sample.
 struct DataPosition {
+  /// The epoch in progress; once an epoch's last batch is handed out, the next (samples_done 0).
   int64_t epoch = 0;
+  /// Positions of that epoch's order (shuffled or not) covered by the batches handed out, across
+  /// all processes: 0 to the dataset size.
   int64_t samples_done = 0;
 };
 
+/// How a DataLoader batches, shuffles and builds its batches (make_data_loader); how a prepared
+/// loader splits them across processes comes from AcceleratorOptions (data_sharding.h).
 struct DataLoaderOptions {
   /// Samples per batch on each process (with AcceleratorOptions::split_batches: across all).
   /// Default: 1.
@@ -66,6 +71,9 @@ struct DataLoaderOptions {
 /// Builds the batch of the given dataset indices (collation included).
 using BatchMaker = std::function<Batch(const std::vector<int64_t>& indices)>;
 
+/// Batches of a dataset, one epoch per `for` (see the file comment). Made by make_data_loader;
+/// Accelerator::prepare returns a sharded copy. Copies share their state: a position reached
+/// through one is the position of all (prepare's sharded copy and with_workers start their own).
 class DataLoader {
  public:
   /// A loader over `dataset_size` samples whose batches `make_batch` builds.
@@ -76,15 +84,19 @@ class DataLoader {
   /// AcceleratorOptions::auto_resume, the first begin() of any of the Accelerator's loaders
   /// loads the newest checkpoint first (a collective): the only call here that may.
   Iterator begin();
+  /// The end of any epoch: what begin()'s iterator equals after the last batch.
   Iterator end();
 
   /// Batches this process gets in the current epoch.
   int64_t size() const;
+  /// Samples in the dataset, all processes together.
   int64_t dataset_size() const;
   /// The epoch the next `for` runs. Getters read this process's copy only: they never resume,
   /// load or talk to other ranks (before the first begin() under auto_resume they tell the
   /// position before the resume).
   int64_t epoch() const;
+  /// The next `for` runs `epoch` from its start (position (epoch, 0)); with shuffle its order is
+  /// that of seed + epoch.
   void set_epoch(int64_t epoch);
   /// The batches handed out so far count as done: after the k-th batch of an epoch the position
   /// is (epoch, k × the global batch); after the last it is (epoch + 1, 0).
@@ -99,10 +111,13 @@ class DataLoader {
   void set_seed(uint64_t seed);
   /// Samples every global step takes from the epoch's order (per-process batch × processes).
   int64_t samples_per_step() const;
+  /// The options it was made with (num_workers as with_workers set it).
   const DataLoaderOptions& options() const;
   /// This loader's sharding: rank, world size and the options prepare chose.
   const ShardingOptions& sharding() const;
+  /// The process whose share of each epoch it yields; 0 before prepare.
   int rank() const;
+  /// The processes each epoch is sharded across; 1 before prepare.
   int world_size() const;
 
   /// A copy of this loader (same position) whose batches are built by `num_workers` threads.
@@ -116,19 +131,35 @@ class DataLoader {
   std::shared_ptr<Shared> shared_;
 };
 
+/// A single-pass iterator over one epoch's batches (what `for (auto& batch : loader)` uses); a
+/// default-constructed one is the end. It holds the epoch's worker threads, joined when it
+/// reaches the end or goes.
 class DataLoader::Iterator {
  public:
+  /// Single pass: a batch is built for this epoch and handed out once.
   using iterator_category = std::input_iterator_tag;
+  /// What it yields: a Batch (data and target tensors).
   using value_type = Batch;
+  /// As the standard iterator requirements ask; batches are not counted by distance.
   using difference_type = std::ptrdiff_t;
+  /// The current Batch, through operator->.
   using pointer = Batch*;
+  /// The current Batch, through operator*.
   using reference = Batch&;
 
+  /// The end iterator (the same as DataLoader::end()).
   Iterator() = default;
+  /// The current batch (on the device for a prepared loader); ++ replaces it.
   Batch& operator*() { return current_; }
+  /// The current batch's members, as in it->data.
   Batch* operator->() { return &current_; }
+  /// Hands out the next batch (waiting for a worker thread that is still building it) and moves
+  /// the loader's position past it; after the last one it becomes the end. Rethrows what building
+  /// the batch threw.
   Iterator& operator++();
+  /// Whether both are at the end of their epoch or both are not: meant for comparing with end().
   bool operator==(const Iterator& other) const { return done() == other.done(); }
+  /// The negation of operator==.
   bool operator!=(const Iterator& other) const { return !(*this == other); }
 
  private:

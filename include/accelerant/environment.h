@@ -46,6 +46,8 @@ std::optional<bool> environment_flag(const std::string& name);
 /// naming `from`, the text and the accepted values.
 bool parse_bool(const std::string& text, const std::string& from);
 
+/// Autocast precision: kNo (full fp32 precision), kFp16 (CUDA only, with loss scaling) or kBf16
+/// (CPU and CUDA autocast). Written "no", "fp16" and "bf16" (parse_mixed_precision).
 enum class MixedPrecision { kNo, kFp16, kBf16 };
 /// "no", "fp16" or "bf16".
 const char* to_string(MixedPrecision precision);

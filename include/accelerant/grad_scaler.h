@@ -26,8 +26,11 @@ namespace accelerant {
 
 class FusedUpdater;
 
+/// How a GradScaler scales; the defaults are PyTorch's GradScaler's. The GradScaler constructor
+/// throws Error unless init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 and
+/// growth_interval >= 1.
 struct GradScalerOptions {
-  /// Default: 65536 (2^16).
+  /// The scale of the first step. Default: 65536 (2^16).
   TORCH_ARG(double, init_scale) = 65536.0;
   /// Factor applied after growth_interval steps without overflow. Default: 2.
   TORCH_ARG(double, growth_factor) = 2.0;
@@ -39,8 +42,13 @@ struct GradScalerOptions {
   TORCH_ARG(bool, enabled) = true;
 };
 
+/// Dynamic loss scaling for fp16 training (see the file comment). The Accelerator makes one under
+/// mixed_precision fp16 (TrainingState::scaler), which PreparedOptimizer drives; it is usable
+/// alone. Its state is 0-dim tensors on one device.
 class GradScaler {
  public:
+  /// A scaler whose state lives on `device`, the gradients' device, starting at
+  /// options.init_scale(). Throws Error for options out of range (see GradScalerOptions).
   explicit GradScaler(GradScalerOptions options = {}, torch::Device device = torch::kCPU);
 
   /// loss * scale (the loss itself when disabled).
@@ -48,6 +56,8 @@ class GradScaler {
   /// Divides the gradients of `params` by the scale and records whether any is inf or nan.
   /// Called by step() unless already called this step (e.g. before gradient clipping).
   void unscale_(const std::vector<torch::Tensor>& params);
+  /// unscale_ over the parameters of every parameter group of `optimizer`. Throws Error when
+  /// called twice in one step (between update() calls).
   void unscale_(torch::optim::Optimizer& optimizer);
   /// Unscales if needed, then runs optimizer.step() unless a gradient overflowed. Returns whether
   /// it stepped. The skip decision is read on the host, whatever the optimizer: a FusedSGD /
@@ -73,10 +83,13 @@ class GradScaler {
   const torch::Tensor& scale_tensor() const { return scale_; }
   /// The current scale (reads it from the device).
   double current_scale() const;
+  /// GradScalerOptions::enabled: when false every call passes through unchanged.
   bool enabled() const { return options_.enabled(); }
 
   /// The scale and the count of clean steps since it last changed (what a checkpoint keeps).
   void save(torch::serialize::OutputArchive& archive) const;
+  /// Restores what save() wrote, onto this scaler's device, and starts a fresh step (no overflow
+  /// recorded, nothing unscaled). Throws c10::Error when `archive` lacks the entries.
   void load(torch::serialize::InputArchive& archive);
 
  private:

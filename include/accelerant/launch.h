@@ -31,6 +31,10 @@
 
 namespace accelerant {
 
+/// Options of launch() and launch_program(), set with chained setters
+/// (`LaunchOptions().processes_per_node(4)`): the size and shape of the group, its rendezvous,
+/// restarts, the settings passed to the workers, and what becomes of their output. Invalid values
+/// make launch throw LaunchError before anything is forked.
 struct LaunchOptions {
   /// Worker processes on this machine (torchrun: nproc_per_node; each worker sees it as
   /// LOCAL_WORLD_SIZE). Not Config::num_processes, which counts across machines. Default: 1.
@@ -78,7 +82,7 @@ struct LaunchOptions {
   TORCH_ARG(std::chrono::milliseconds, stop_grace_period) = std::chrono::seconds(5);
   /// Prefix every line a worker prints with "[rank r/N] " (rank_prefix). Default: false.
   TORCH_ARG(bool, prefix_output) = false;
-  /// Directory for per-rank logs: attempt_<n>/rank_<r>.stdout and .stderr (one directory per
+  /// Directory for per-rank logs: `attempt_<n>/rank_<r>.stdout` and `.stderr` (one directory per
   /// restart attempt). Empty = no log files. Default: empty.
   TORCH_ARG(std::string, log_dir) = "";
   /// With log_dir: also show the workers' output on the console (without log_dir it always is).

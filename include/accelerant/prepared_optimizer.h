@@ -22,12 +22,16 @@
 
 namespace accelerant {
 
+/// What Accelerator::prepare returns for an optimizer: a handle over the user's optimizer that
+/// follows a TrainingState (see the file comment). Copies step the same optimizer, with the same
+/// state.
 class PreparedOptimizer {
  public:
   /// Wraps `optimizer` (which must outlive this handle) under `state`. With `fused` (bound to
   /// `optimizer`), step() runs the fused update instead of optimizer.step(); without, an
   /// `optimizer` that is itself fused (FusedSGD / FusedAdam / FusedAdamW) runs its own updater.
   /// Which update runs is decided here, once, and step() calls the scaler's matching entry.
+  /// Throws Error when `state` is null or `fused` is bound to another optimizer.
   PreparedOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<TrainingState> state,
                     std::shared_ptr<FusedUpdater> fused = nullptr);
 
@@ -40,10 +44,12 @@ class PreparedOptimizer {
   void zero_grad();
   /// The last step() that should have updated was skipped because of an fp16 overflow.
   bool step_was_skipped() const { return state_->last_step_skipped; }
+  /// The user's optimizer behind this handle, for its parameter groups, options or state.
   torch::optim::Optimizer& optimizer() const { return *optimizer_; }
   /// The fused update step() runs: the one prepare bound (AcceleratorOptions::fused_optimizers)
   /// or the optimizer's own when it is a fused type; null for a plain torch::optim step.
   FusedUpdater* fused_updater() const { return updater_; }
+  /// The TrainingState it follows (the preparing Accelerator's state()).
   const std::shared_ptr<TrainingState>& state() const { return state_; }
 
  private:
@@ -58,14 +64,19 @@ class PreparedOptimizer {
   bool step_in_graph();
 };
 
+/// What Accelerator::prepare returns for a learning-rate scheduler: a handle over the user's
+/// scheduler whose step() advances it only when the optimizer really updated the parameters (see
+/// the file comment). Copies share the count of optimizer steps already followed.
 class PreparedScheduler {
  public:
-  /// Wraps `scheduler` (which must outlive this handle) under `state`.
+  /// Wraps `scheduler` (which must outlive this handle) under `state`, counting from its
+  /// optimizer_steps now. Throws Error when `state` is null.
   PreparedScheduler(torch::optim::LRScheduler& scheduler, std::shared_ptr<TrainingState> state);
 
   /// Advances the schedule if the optimizer updated the parameters since the last call. Inside
   /// a GraphStep it is recorded and runs after every replay.
   void step();
+  /// The user's scheduler behind this handle.
   torch::optim::LRScheduler& scheduler() const { return *scheduler_; }
   /// After load_state changed the step counters: count from the restored optimizer steps.
   /// Copies of a handle share this, so the user's copy follows too.

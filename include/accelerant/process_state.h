@@ -1,5 +1,5 @@
 // Which process this is and how it talks to the others. Usable on its own, without an
-// Accelerator: ProcessState::get() reads the environment once (see distributed_env.h), and when
+// Accelerator: ProcessState::get() reads the environment once (see launch_contract.h), and when
 // the world has more than one process it meets the others through c10d's TCPStore (hosted by
 // rank 0, or by the launcher's agent) and opens a Gloo group (NCCL too in CUDA builds).
 #pragma once
@@ -14,10 +14,13 @@
 #include <vector>
 
 #include "accelerant/communicator.h"
-#include "accelerant/distributed_env.h"
+#include "accelerant/launch_contract.h"
 
 namespace accelerant {
 
+/// Options of ProcessState::initialize: how long to wait for the other processes, whether to check
+/// collectives across ranks, and whether to stay on the CPU. Each unset one falls back to the
+/// variable the launcher set (ACCELERANT_TIMEOUT_MS, ACCELERANT_DEBUG_MODE), then its default.
 struct ProcessStateOptions {
   /// Rendezvous and collective timeout. Default: ACCELERANT_TIMEOUT_MS, else 30 minutes.
   TORCH_ARG(std::optional<std::chrono::milliseconds>, timeout) = std::nullopt;
@@ -27,37 +30,64 @@ struct ProcessStateOptions {
   TORCH_ARG(bool, cpu) = false;
 };
 
+/// This process's place in the job, its device and its Communicator to the other processes: one
+/// per process, shared by the Accelerator and by code that uses it directly. get() or initialize()
+/// creates it (with a rendezvous when the job has more than one process) and shutdown() ends it.
+/// Not copyable.
 class ProcessState {
  public:
   /// The process state, initialised from the environment with default options on first use.
   static ProcessState& get();
   /// Initialises with `options`. Throws if already initialised (call it before anything else).
   static ProcessState& initialize(const ProcessStateOptions& options = {});
+  /// True once get() or initialize() has created the state and shutdown() has not since ended it.
+  /// Creates nothing itself.
   static bool initialized();
   /// Waits (through the store, up to the timeout) until every rank has called shutdown, then
   /// closes the group. Safe to call when not initialised. Launchers call it after the worker's
   /// function returns, so that no rank exits while another still reads from it.
   static void shutdown();
 
-  const DistributedEnv& env() const { return env_; }
+  /// The launcher's description of this process that the state was built from, as read once by
+  /// read_launch_contract() (launch_contract.h).
+  const LaunchContract& env() const { return env_; }
+  /// This process's global rank, 0 to num_processes() - 1 (RANK, or the Slurm and Open MPI
+  /// equivalents); 0 when the program was not launched as several processes.
   int process_index() const { return env_.rank; }
+  /// Processes in the whole job, across every machine (WORLD_SIZE); 1 when not launched.
   int num_processes() const { return env_.world_size; }
+  /// This process's index among the processes on its machine, 0 to num_local_processes() - 1
+  /// (LOCAL_RANK); it picks the GPU.
   int local_process_index() const { return env_.local_rank; }
+  /// Processes on this machine (LOCAL_WORLD_SIZE).
   int num_local_processes() const { return env_.local_world_size; }
+  /// This machine's index among the job's machines, 0 to num_nodes() - 1 (GROUP_RANK).
   int node_index() const { return env_.node_rank; }
+  /// Machines taking part in the job; 1 when not launched.
   int num_nodes() const { return env_.num_nodes; }
+  /// True on global rank 0 only: the one process of the job that should print a summary or write
+  /// a shared file.
   bool is_main_process() const { return env_.rank == 0; }
+  /// True on local rank 0: one process per machine, e.g. to fill a machine-local cache.
   bool is_local_main_process() const { return env_.local_rank == 0; }
+  /// True when the job has more than one process, and so a rendezvous and a process group.
   bool distributed() const { return env_.world_size > 1; }
   /// How many times the launcher has restarted the group before this attempt (0 the first time).
   int restart_count() const { return env_.restart_count; }
+  /// Whether collectives first check op, dtype and shape across ranks (communicator.h):
+  /// ProcessStateOptions::debug_mode, else ACCELERANT_DEBUG_MODE, else off.
   bool debug_mode() const { return debug_mode_; }
+  /// The rendezvous and collective timeout in force: ProcessStateOptions::timeout, else
+  /// ACCELERANT_TIMEOUT_MS, else 30 minutes.
   std::chrono::milliseconds timeout() const { return timeout_; }
-  /// cuda:<local rank> when a GPU is visible and `cpu` is off, else cpu.
+  /// `cuda:<local rank>` (modulo the visible GPUs) when a GPU is visible and `cpu` is off, else
+  /// cpu.
   torch::Device device() const { return device_; }
   /// "[rank r/N] " when distributed, "" otherwise: the prefix of every message about this rank.
   std::string rank_prefix() const;
 
+  /// The collectives between this job's processes, set up at the rendezvous. With one process it
+  /// is a communicator of one, whose collectives return (a copy of) their input.
   Communicator& communicator() { return communicator_; }
 
   /// Returns when every process has reached this call.
@@ -79,10 +109,10 @@ class ProcessState {
   ~ProcessState();
 
  private:
-  ProcessState(DistributedEnv env, const ProcessStateOptions& options);
+  ProcessState(LaunchContract env, const ProcessStateOptions& options);
   void rendezvous();
 
-  DistributedEnv env_;
+  LaunchContract env_;
   std::chrono::milliseconds timeout_;
   bool debug_mode_;
   torch::Device device_;

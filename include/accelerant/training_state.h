@@ -9,6 +9,9 @@
 
 namespace accelerant {
 
+/// The state shared by an Accelerator and the objects it prepared (see the file comment): the
+/// Accelerator's state(), or a std::make_shared<TrainingState>() for wrappers built alone. Plain
+/// data, read and written on this process only.
 struct TrainingState {
   /// False on the micro-steps of gradient accumulation that only accumulate: the optimizer and
   /// scheduler wrappers then do nothing, and the gradient reducer does not communicate.

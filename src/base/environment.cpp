@@ -11,7 +11,7 @@
 namespace accelerant {
 namespace {
 
-constexpr const char* kContract = "settings (distributed_env.cpp: the launch contract)";
+constexpr const char* kContract = "settings (launch_contract.cpp: the launch contract)";
 constexpr const char* kOptions = "settings (accelerator_options.cpp: AcceleratorOptions)";
 constexpr const char* kConfig = "settings (config.cpp: the config file's location)";
 
@@ -61,7 +61,7 @@ const std::vector<EnvVariable> kTable = {
     {"ACCELERANT_MIXED_PRECISION", "no | fp16 | bf16", "no (then the config file)",
      "Mixed precision: no (fp32), fp16 (CUDA, loss scaling) or bf16 (CPU and CUDA); any case; "
      "fp32 and none are refused.",
-     "settings (distributed_env.cpp, accelerator_options.cpp)"},
+     "settings (launch_contract.cpp, accelerator_options.cpp)"},
     {"ACCELERANT_THREADS_PER_PROCESS", "integer 0..4096", "0 (cores / processes on the machine)",
      "Intra-op threads per worker, chosen by the launcher.", kContract},
     {"ACCELERANT_ERROR_FILE", "path", "unset",
@@ -84,8 +84,8 @@ const std::vector<EnvVariable> kTable = {
     // Where the config file is.
     {"ACCELERANT_CONFIG_FILE", "path", "unset", "The config file to read and write.", kConfig},
     {"XDG_CACHE_HOME", "path", "unset",
-     "Without ACCELERANT_CONFIG_FILE: <it>/accelerant/default_config.yaml.", kConfig},
-    {"HOME", "path", "unset (then .)", "Otherwise: <it>/.cache/accelerant/default_config.yaml.",
+     "Without ACCELERANT_CONFIG_FILE: `<it>/accelerant/default_config.yaml`.", kConfig},
+    {"HOME", "path", "unset (then .)", "Otherwise: `<it>/.cache/accelerant/default_config.yaml`.",
      kConfig},
     // comm.
     {"GLOO_SOCKET_IFNAME", "comma-separated interface names",

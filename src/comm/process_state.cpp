@@ -93,7 +93,7 @@ struct ProcessState::Rendezvous {
   c10::intrusive_ptr<c10d::Store> attempt_store;  // keys of this restart attempt only
 };
 
-ProcessState::ProcessState(DistributedEnv env, const ProcessStateOptions& options)
+ProcessState::ProcessState(LaunchContract env, const ProcessStateOptions& options)
     : env_(std::move(env)),
       timeout_(options.timeout().value_or(env_.timeout.value_or(kDefaultTimeout))),
       debug_mode_(options.debug_mode().value_or(env_.debug_mode)),
@@ -192,7 +192,7 @@ void ProcessState::wait_for_everyone() { communicator_.barrier(); }
 ProcessState& ProcessState::get() {
   std::lock_guard<std::mutex> lock(state_mutex());
   auto& slot = state_slot();
-  if (!slot) slot.reset(new ProcessState(read_distributed_env(), ProcessStateOptions()));
+  if (!slot) slot.reset(new ProcessState(read_launch_contract(), ProcessStateOptions()));
   return *slot;
 }
 
@@ -205,7 +205,7 @@ ProcessState& ProcessState::initialize(const ProcessStateOptions& options) {
         "earlier initialize, or ProcessState::get(), which initialises with default options). "
         "Fix: call initialize once, before anything else uses the process state.");
   }
-  slot.reset(new ProcessState(read_distributed_env(), options));
+  slot.reset(new ProcessState(read_launch_contract(), options));
   return *slot;
 }
 

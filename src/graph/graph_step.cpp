@@ -8,9 +8,9 @@
 #include <map>
 #include <mutex>
 
-#include "accelerant/distributed_env.h"
 #include "accelerant/environment.h"
 #include "accelerant/error.h"
+#include "accelerant/launch_contract.h"
 #include "accelerant/metrics.h"
 #include "base/step_recording.h"
 #include "base/text.h"
@@ -75,7 +75,7 @@ std::string changes(const std::vector<std::string>& before, const std::vector<st
 // not start a rendezvous.
 std::string rank_prefix() {
   try {
-    const DistributedEnv env = read_distributed_env();
+    const LaunchContract env = read_launch_contract();
     return env.world_size > 1 ? accelerant::rank_prefix(env.rank, env.world_size) : "";
   } catch (const Error&) {
     return "";  // malformed variables are ProcessState's to report

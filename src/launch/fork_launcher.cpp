@@ -12,9 +12,9 @@
 #include <memory>
 #include <thread>
 
-#include "accelerant/distributed_env.h"
 #include "accelerant/environment.h"
 #include "accelerant/launch.h"
+#include "accelerant/launch_contract.h"
 #include "base/cpu_settings.h"
 #include "base/text.h"
 #include "base/torch_compat.h"
@@ -153,7 +153,7 @@ class Agent {
   std::vector<std::vector<char>> run() {
     validate(o_);
     refuse_if_cuda_initialized();
-    const bool debug = o_.debug().value_or(read_distributed_env().debug_mode);
+    const bool debug = o_.debug().value_or(read_launch_contract().debug_mode);
     threads_ = choose_threads(o_, o_.verbose());
     if (debug) dry_fork(threads_, std::min(o_.timeout(), std::chrono::milliseconds(60000)));
     workdir_ = make_workdir();
@@ -268,7 +268,7 @@ class Agent {
     workers_.clear();
     first_failure_ = WorkerExit{};
     for (int local = 0; local < o_.processes_per_node(); ++local) {
-      DistributedEnv env;
+      LaunchContract env;
       env.source = EnvSource::kAccelerant;
       env.rank = o_.node_rank() * o_.processes_per_node() + local;
       env.world_size = o_.processes_per_node() * o_.num_nodes();

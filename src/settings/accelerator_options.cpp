@@ -29,7 +29,7 @@ class Resolver {
     return std::nullopt;
   }
 
-  // A setting the launch contract carries (parse_distributed_env already read and checked its
+  // A setting the launch contract carries (parse_launch_contract already read and checked its
   // variable): the option, else the launcher's value, else the config file.
   template <class T, class Parse>
   void resolve_launched(const char* key, const std::optional<T>& option,
@@ -105,7 +105,7 @@ AcceleratorSettings resolve_accelerator_settings(const AcceleratorOptions& o, co
         parse_mixed_precision(*o.mixed_precision(), "AcceleratorOptions::mixed_precision");
   r.resolve("mixed_precision", precision_option, "ACCELERANT_MIXED_PRECISION", "mixed_precision",
             parse_mixed_precision, s.mixed_precision);
-  const DistributedEnv launched = parse_distributed_env(env);
+  const LaunchContract launched = parse_launch_contract(env);
   r.resolve_launched("downcast_bf16", o.downcast_bf16(), launched.downcast_bf16,
                      "ACCELERANT_DOWNCAST_BF16", "downcast_bf16", parse_bool, s.downcast_bf16);
   if (o.gradient_accumulation_steps() && *o.gradient_accumulation_steps() < 1) {

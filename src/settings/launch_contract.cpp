@@ -1,4 +1,4 @@
-#include "accelerant/distributed_env.h"
+#include "accelerant/launch_contract.h"
 
 #include <cstdlib>
 #include <limits>
@@ -76,7 +76,7 @@ class Reader {
 
 constexpr long long kIntMax = std::numeric_limits<int>::max();
 
-void read_torchrun(const Reader& r, DistributedEnv& env) {
+void read_torchrun(const Reader& r, LaunchContract& env) {
   env.source = r.text("ACCELERANT_LAUNCHER") ? EnvSource::kAccelerant : EnvSource::kTorchrun;
   env.world_size =
       r.required("WORLD_SIZE", 1, kIntMax, "set WORLD_SIZE to the total number of processes (≥ 1)");
@@ -100,7 +100,7 @@ void read_torchrun(const Reader& r, DistributedEnv& env) {
                         .value_or(0)));
 }
 
-void read_slurm(const Reader& r, DistributedEnv& env) {
+void read_slurm(const Reader& r, LaunchContract& env) {
   env.source = EnvSource::kSlurm;
   const std::string fix = "run the program through srun, which sets the SLURM_* variables per task";
   env.world_size = r.required("SLURM_NTASKS", 1, kIntMax, fix);
@@ -113,7 +113,7 @@ void read_slurm(const Reader& r, DistributedEnv& env) {
                            .value_or((env.world_size + env.num_nodes - 1) / env.num_nodes));
 }
 
-void read_openmpi(const Reader& r, DistributedEnv& env) {
+void read_openmpi(const Reader& r, LaunchContract& env) {
   env.source = EnvSource::kOpenMpi;
   const std::string fix = "run the program through Open MPI's mpirun, which sets OMPI_COMM_WORLD_*";
   env.world_size = r.required("OMPI_COMM_WORLD_SIZE", 1, kIntMax, fix);
@@ -125,7 +125,7 @@ void read_openmpi(const Reader& r, DistributedEnv& env) {
   env.node_rank = env.rank / env.local_world_size;  // mpirun's default block mapping
 }
 
-void read_accelerant_extras(const Reader& r, DistributedEnv& env) {
+void read_accelerant_extras(const Reader& r, LaunchContract& env) {
   env.debug_mode = r.flag("ACCELERANT_DEBUG_MODE");
   if (auto ms = r.integer("ACCELERANT_TIMEOUT_MS", 1, std::numeric_limits<long long>::max(),
                           "set a positive number of milliseconds")) {
@@ -145,7 +145,7 @@ void read_accelerant_extras(const Reader& r, DistributedEnv& env) {
                 "set a whole number of micro-batches per optimizer step, 1 or more");
 }
 
-void validate(const Reader& r, DistributedEnv& env) {
+void validate(const Reader& r, LaunchContract& env) {
   const bool torchrun_like =
       env.source == EnvSource::kAccelerant || env.source == EnvSource::kTorchrun;
   const char* rank_var = torchrun_like                     ? "RANK"
@@ -217,9 +217,9 @@ const char* to_string(EnvSource source) {
   return "unknown";
 }
 
-DistributedEnv parse_distributed_env(const EnvLookup& lookup) {
+LaunchContract parse_launch_contract(const EnvLookup& lookup) {
   Reader r(lookup);
-  DistributedEnv env;
+  LaunchContract env;
   read_accelerant_extras(r, env);
   if (r.text("RANK") || r.text("WORLD_SIZE")) {
     read_torchrun(r, env);
@@ -238,9 +238,9 @@ EnvLookup process_environment() {
   return [](const std::string& var) { return environment_value(var); };
 }
 
-DistributedEnv read_distributed_env() { return parse_distributed_env(process_environment()); }
+LaunchContract read_launch_contract() { return parse_launch_contract(process_environment()); }
 
-std::map<std::string, std::string> to_environment(const DistributedEnv& env) {
+std::map<std::string, std::string> to_environment(const LaunchContract& env) {
   std::map<std::string, std::string> vars = {
       {"RANK", std::to_string(env.rank)},
       {"WORLD_SIZE", std::to_string(env.world_size)},

@@ -1,7 +1,7 @@
 // Table tests for reading the distributed environment: every launcher's variable set, and every
 // bad value, which must name the variable, its value and a fix.
-#include <accelerant/distributed_env.h>
 #include <accelerant/error.h>
+#include <accelerant/launch_contract.h>
 #include <gtest/gtest.h>
 
 #include <map>
@@ -10,8 +10,8 @@ using namespace accelerant;
 
 namespace {
 
-DistributedEnv parse(const std::map<std::string, std::string>& vars) {
-  return parse_distributed_env([&](const std::string& name) -> std::optional<std::string> {
+LaunchContract parse(const std::map<std::string, std::string>& vars) {
+  return parse_launch_contract([&](const std::string& name) -> std::optional<std::string> {
     auto it = vars.find(name);
     if (it == vars.end()) return std::nullopt;
     return it->second;
@@ -20,7 +20,7 @@ DistributedEnv parse(const std::map<std::string, std::string>& vars) {
 
 }  // namespace
 
-TEST(DistributedEnv, NoVariablesMeansOneProcess) {
+TEST(LaunchContract, NoVariablesMeansOneProcess) {
   auto env = parse({});
   EXPECT_EQ(env.source, EnvSource::kNone);
   EXPECT_EQ(env.rank, 0);
@@ -35,7 +35,7 @@ struct GoodCase {
   int rank, world, local_rank, local_world, node, nodes;
 };
 
-TEST(DistributedEnv, ReadsEachLauncher) {
+TEST(LaunchContract, ReadsEachLauncher) {
   const std::vector<GoodCase> cases = {
       {"torchrun",
        {{"RANK", "5"},
@@ -120,7 +120,7 @@ TEST(DistributedEnv, ReadsEachLauncher) {
   }
 }
 
-TEST(DistributedEnv, DefaultsAndExtras) {
+TEST(LaunchContract, DefaultsAndExtras) {
   auto env = parse({{"RANK", "0"},
                     {"WORLD_SIZE", "2"},
                     {"MASTER_ADDR", "h"},
@@ -139,7 +139,7 @@ TEST(DistributedEnv, DefaultsAndExtras) {
 }
 
 // `mpirun -np 2 ./train` on one machine needs no MASTER_ADDR; across machines it still must be set.
-TEST(DistributedEnv, MpirunOnOneMachineMeetsOnLoopbackWithoutMasterAddr) {
+TEST(LaunchContract, MpirunOnOneMachineMeetsOnLoopbackWithoutMasterAddr) {
   auto one_machine = parse({{"OMPI_COMM_WORLD_RANK", "1"},
                             {"OMPI_COMM_WORLD_SIZE", "2"},
                             {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
@@ -157,8 +157,8 @@ TEST(DistributedEnv, MpirunOnOneMachineMeetsOnLoopbackWithoutMasterAddr) {
   }
 }
 
-TEST(DistributedEnv, RoundTripsThroughLauncherVariables) {
-  DistributedEnv in;
+TEST(LaunchContract, RoundTripsThroughLauncherVariables) {
+  LaunchContract in;
   in.rank = 3;
   in.world_size = 4;
   in.local_rank = 1;
@@ -198,8 +198,8 @@ TEST(DistributedEnv, RoundTripsThroughLauncherVariables) {
 
 // The launcher passes an Accelerator setting only when it chose one: unset stays unset, so the
 // worker's own environment and config file still decide.
-TEST(DistributedEnv, UnchosenAcceleratorSettingsAreNotPassed) {
-  DistributedEnv in;
+TEST(LaunchContract, UnchosenAcceleratorSettingsAreNotPassed) {
+  LaunchContract in;
   in.master_addr = "127.0.0.1";
   auto vars = to_environment(in);
   EXPECT_EQ(vars.count("ACCELERANT_DOWNCAST_BF16"), 0u);
@@ -218,7 +218,7 @@ struct BadCase {
   std::string phrase;  // part of the explanation
 };
 
-TEST(DistributedEnv, RejectsBadValuesNamingVariableValueAndFix) {
+TEST(LaunchContract, RejectsBadValuesNamingVariableValueAndFix) {
   const std::map<std::string, std::string> ok = {{"MASTER_ADDR", "127.0.0.1"}};
   auto with = [&](std::map<std::string, std::string> extra) {
     extra.insert(ok.begin(), ok.end());

@@ -1,6 +1,8 @@
-// The one place that reads the distributed environment. Launchers describe a process's identity
-// through environment variables; this file turns the variables of every launcher Accelerant
-// understands into one typed DistributedEnv, and back (for Accelerant's own launchers).
+// The launch contract: what a launcher tells each process it starts (its rank, the world, where to
+// meet, and the settings a launcher passes down), read in this one place. Launchers describe a
+// process's identity through environment variables; this file turns the variables of every
+// launcher Accelerant understands into one typed LaunchContract, and back (for Accelerant's own
+// launchers, which write it with to_environment).
 //
 // Recognised, in this order of precedence:
 //   1. torchrun's contract, which Accelerant's launchers also set (RANK, WORLD_SIZE, LOCAL_RANK,
@@ -19,20 +21,23 @@
 
 namespace accelerant {
 
+/// Which launcher's variables described the process: kNone (none set: one process), kAccelerant
+/// (torchrun's contract with ACCELERANT_LAUNCHER, set by `accelerant launch` and
+/// accelerant::launch), kTorchrun, kSlurm (srun) or kOpenMpi (mpirun).
 enum class EnvSource { kNone, kAccelerant, kTorchrun, kSlurm, kOpenMpi };
 
 /// "none", "accelerant", "torchrun", "slurm" or "openmpi".
 const char* to_string(EnvSource source);
 
 /// A process's place in the job, as its launcher described it.
-struct DistributedEnv {
-  EnvSource source = EnvSource::kNone;
-  int rank = 0;              ///< RANK / SLURM_PROCID / OMPI_COMM_WORLD_RANK
-  int world_size = 1;        ///< WORLD_SIZE / SLURM_NTASKS / OMPI_COMM_WORLD_SIZE
-  int local_rank = 0;        ///< index on this machine
-  int local_world_size = 1;  ///< processes on this machine
-  int node_rank = 0;         ///< GROUP_RANK / SLURM_NODEID / rank / local_world_size
-  int num_nodes = 1;
+struct LaunchContract {
+  EnvSource source = EnvSource::kNone;  ///< the launcher whose variables were read
+  int rank = 0;                         ///< RANK / SLURM_PROCID / OMPI_COMM_WORLD_RANK
+  int world_size = 1;                   ///< WORLD_SIZE / SLURM_NTASKS / OMPI_COMM_WORLD_SIZE
+  int local_rank = 0;                   ///< index on this machine
+  int local_world_size = 1;             ///< processes on this machine
+  int node_rank = 0;                    ///< GROUP_RANK / SLURM_NODEID / rank / local_world_size
+  int num_nodes = 1;        ///< machines: SLURM_NNODES, else ⌈world_size / local_world_size⌉
   std::string master_addr;  ///< MASTER_ADDR; required when world_size > 1
   int master_port = 29500;  ///< MASTER_PORT. Default: 29500 (torchrun's)
   /// The launcher's agent hosts the TCPStore (TORCHELASTIC_USE_AGENT_STORE or
@@ -52,6 +57,7 @@ struct DistributedEnv {
   std::optional<int64_t>
       gradient_accumulation_steps;  ///< ACCELERANT_GRADIENT_ACCUMULATION_STEPS, ≥ 1
 
+  /// True when the job has more than one process, which then meet at master_addr:master_port.
   bool distributed() const { return world_size > 1; }
 };
 
@@ -63,13 +69,13 @@ using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
 EnvLookup process_environment();
 
 /// Parses and validates. Throws EnvironmentError naming the variable, its value and the fix.
-DistributedEnv parse_distributed_env(const EnvLookup& lookup);
+LaunchContract parse_launch_contract(const EnvLookup& lookup);
 
-/// parse_distributed_env over this process's environment.
-DistributedEnv read_distributed_env();
+/// parse_launch_contract over this process's environment.
+LaunchContract read_launch_contract();
 
-/// The variables a launcher sets so that a worker's read_distributed_env() returns `env`:
+/// The variables a launcher sets so that a worker's read_launch_contract() returns `env`:
 /// torchrun's contract plus ACCELERANT_*.
-std::map<std::string, std::string> to_environment(const DistributedEnv& env);
+std::map<std::string, std::string> to_environment(const LaunchContract& env);
 
 }  // namespace accelerant
