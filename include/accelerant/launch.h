@@ -94,14 +94,19 @@ struct LaunchOptions {
   TORCH_ARG(bool, verbose) = true;
 };
 
-namespace detail {
-
-/// Runs in the forked worker: calls the user's function for the worker with global rank `index`
-/// and returns its result, serialised.
+/// What a forked worker runs: the job's function for the worker with global rank `index`, its
+/// result serialised (empty for none).
 using WorkerBody = std::function<std::vector<char>(int index)>;
 
-/// The agent: forks, watches, restarts, reports. Returns each local worker's serialised result.
-std::vector<std::vector<char>> launch_forked(const LaunchOptions& options, const WorkerBody& body);
+/// The agent behind launch() and launch_program(): forks options.processes_per_node workers that
+/// each run `body`, watches them, restarts the group after a failure up to max_restarts, relays
+/// their output and reports the first failure. Returns each local worker's bytes in local rank
+/// order. Throws LaunchError when the group fails after max_restarts restarts. launch() is this
+/// with the result serialised for you; call this one to move your own bytes.
+std::vector<std::vector<char>> launch_serialized(const LaunchOptions& options,
+                                                 const WorkerBody& body);
+
+namespace detail {
 
 template <class R>
 std::vector<char> encode_result(const R& value) {
@@ -150,12 +155,12 @@ auto launch_with(const LaunchOptions& options, Fn& fn, Tuple& args) {
   };
   using R = std::decay_t<decltype(run(0))>;
   if constexpr (std::is_void_v<R>) {
-    launch_forked(options, [&](int index) {
+    launch_serialized(options, [&](int index) {
       run(index);
       return std::vector<char>{};
     });
   } else {
-    auto raw = launch_forked(options, [&](int index) { return encode_result<R>(run(index)); });
+    auto raw = launch_serialized(options, [&](int index) { return encode_result<R>(run(index)); });
     std::vector<R> results;
     results.reserve(raw.size());
     for (const auto& bytes : raw) results.push_back(decode_result<R>(bytes));

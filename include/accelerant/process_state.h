@@ -121,12 +121,6 @@ class ProcessState {
   std::unique_ptr<Rendezvous> rendezvous_;
 };
 
-namespace detail {
-/// In a freshly forked worker: drop (without destroying) the parent's state, whose threads and
-/// sockets do not exist in the child, so that the worker reads its own environment.
-void forget_process_state_after_fork();
-}  // namespace detail
-
 template <class Fn>
 void ProcessState::main_process_first(Fn&& fn) {
   if (!is_main_process()) wait_for_everyone();

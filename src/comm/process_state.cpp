@@ -15,6 +15,7 @@
 #include "base/torch_compat.h"
 #include "base/uncaught_exception_recorder.h"
 #include "comm/communicator_impl.h"
+#include "comm/process_state_fork.h"
 #include "comm/shared_memory_connect.h"
 
 namespace accelerant {

@@ -396,10 +396,14 @@ class Agent {
 };
 
 }  // namespace
+}  // namespace accelerant::detail
 
-std::vector<std::vector<char>> launch_forked(const LaunchOptions& options, const WorkerBody& body) {
-  Agent agent(options, body);
+namespace accelerant {
+
+std::vector<std::vector<char>> launch_serialized(const LaunchOptions& options,
+                                                 const WorkerBody& body) {
+  detail::Agent agent(options, body);
   return agent.run();
 }
 
-}  // namespace accelerant::detail
+}  // namespace accelerant

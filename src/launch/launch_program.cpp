@@ -47,7 +47,7 @@ void launch_program(const std::vector<std::string>& command, const LaunchOptions
                                            : "no such executable"));
   }
   std::vector<std::string> args = command;
-  detail::launch_forked(options, [&args](int) -> std::vector<char> {
+  launch_serialized(options, [&args](int) -> std::vector<char> {
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

@@ -19,6 +19,7 @@
 #include "base/exit_hooks.h"
 #include "base/text.h"
 #include "base/uncaught_exception_recorder.h"
+#include "comm/process_state_fork.h"
 #include "launch/signal_guard.h"
 
 namespace accelerant::detail {
