@@ -168,7 +168,8 @@ TEST(ParseMixedPrecision, EverySourceTakesTheSameSpellings) {
   Config config;
   config.mixed_precision = "fp32";
   EXPECT_THROW(validate_config(config), Error);
-  EXPECT_THROW(launch([](int) {}, LaunchOptions().processes_per_node(1).mixed_precision("fp32")), Error);
+  EXPECT_THROW(launch([](int) {}, LaunchOptions().processes_per_node(1).mixed_precision("fp32")),
+               Error);
 
   EXPECT_EQ(resolve_accelerator_settings(AcceleratorOptions().mixed_precision("BF16"), none, {})
                 .mixed_precision,
