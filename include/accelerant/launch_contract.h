@@ -50,6 +50,9 @@ struct LaunchContract {
   std::string mixed_precision = "no";  ///< ACCELERANT_MIXED_PRECISION: no | fp16 | bf16
   int threads_per_process = 0;         ///< ACCELERANT_THREADS_PER_PROCESS; 0 = not set
   std::string error_file;              ///< ACCELERANT_ERROR_FILE: where to record a fatal error
+  /// TORCHELASTIC_ERROR_FILE: torchrun's error file, where a fatal error is recorded as the JSON
+  /// its failure summary reads.
+  std::string torchelastic_error_file;
   // Accelerator settings the launcher chose for its workers; unset = the launcher left them to the
   // worker's own resolution (accelerator_options.h), which reads them from here.
   std::optional<bool> downcast_bf16;  ///< ACCELERANT_DOWNCAST_BF16
@@ -59,6 +62,9 @@ struct LaunchContract {
 
   /// True when the job has more than one process, which then meet at master_addr:master_port.
   bool distributed() const { return world_size > 1; }
+  /// True when a launcher started this process (source is not kNone), even as a group of one:
+  /// accelerant::launch then runs its function here as this rank instead of forking a group.
+  bool launched() const { return source != EnvSource::kNone; }
 };
 
 /// Looks one variable up; std::nullopt when it is unset.

@@ -32,6 +32,10 @@ const std::vector<EnvVariable> kTable = {
      "torchrun's agent hosts the TCPStore (not rank 0).", kContract},
     {"TORCHELASTIC_RESTART_COUNT", "integer ≥ 0", "0",
      "How many times torchrun restarted the group.", kContract},
+    {"TORCHELASTIC_ERROR_FILE", "path", "unset",
+     "torchrun's error file: a worker's fatal error is written there as JSON (torchrun's @record "
+     "contract), so torchrun's failure summary quotes it.",
+     kContract},
     // Slurm's srun.
     {"SLURM_PROCID", "integer ≥ 0", "unset", "srun's rank of this task.", kContract},
     {"SLURM_NTASKS", "integer ≥ 1", "unset", "srun's number of tasks.", kContract},

@@ -18,6 +18,8 @@
 #include "base/cpu_settings.h"
 #include "base/text.h"
 #include "base/torch_compat.h"
+#include "base/uncaught_exception_recorder.h"
+#include "launch/agent.h"
 #include "launch/failure_report.h"
 #include "launch/node_group.h"
 #include "launch/output_relay.h"
@@ -63,7 +65,7 @@ void validate(const LaunchOptions& o) {
     bad_option(str("gradient_accumulation_steps is ", *o.gradient_accumulation_steps()),
                "use 1 or more micro-batches per optimizer step");
   }
-  if (o.monitor_interval().count() <= 0 || o.timeout().count() <= 0 ||
+  if (o.monitor_interval().count() <= 0 || (o.timeout() && o.timeout()->count() <= 0) ||
       o.join_timeout().count() <= 0) {
     bad_option("monitor_interval, timeout and join_timeout must be positive",
                "give durations above zero");
@@ -155,7 +157,8 @@ class Agent {
     refuse_if_cuda_initialized();
     const bool debug = o_.debug().value_or(read_launch_contract().debug_mode);
     threads_ = choose_threads(o_, o_.verbose());
-    if (debug) dry_fork(threads_, std::min(o_.timeout(), std::chrono::milliseconds(60000)));
+    timeout_ = resolved_timeout(o_);
+    if (debug) dry_fork(threads_, std::min(timeout_, std::chrono::milliseconds(60000)));
     workdir_ = make_workdir();
     nodes_ = std::make_unique<NodeGroup>(o_);  // on several machines: waits for all of them
     port_ = nodes_->store_port();
@@ -281,7 +284,7 @@ class Agent {
       env.agent_hosts_store = true;
       env.restart_count = attempt;
       env.debug_mode = debug;
-      env.timeout = o_.timeout();
+      env.timeout = timeout_;
       env.mixed_precision = o_.mixed_precision();
       env.threads_per_process = threads_;
       env.downcast_bf16 = o_.downcast_bf16();
@@ -346,12 +349,15 @@ class Agent {
     }
   }
 
-  // SIGTERM, a grace period, then SIGKILL; every worker reaped before returning.
+  // SIGTERM, a grace period, then SIGKILL; every worker reaped before returning. SIGCONT after
+  // SIGTERM: a stopped worker (SIGSTOP, a debugger's ^Z) would otherwise hold its SIGTERM until
+  // the SIGKILL, and its clean-up would never run.
   void stop_group() {
     bool any = false;
     for (auto& w : workers_) {
       if (w.running) {
         ::kill(w.pid, SIGTERM);
+        ::kill(w.pid, SIGCONT);
         any = true;
       }
     }
@@ -387,6 +393,7 @@ class Agent {
   const WorkerBody& body_;
   OutputRelay relay_;
   int threads_ = 1;
+  std::chrono::milliseconds timeout_{0};
   std::string workdir_;
   std::unique_ptr<NodeGroup> nodes_;
   int port_ = 0;
@@ -402,8 +409,41 @@ namespace accelerant {
 
 std::vector<std::vector<char>> launch_serialized(const LaunchOptions& options,
                                                  const WorkerBody& body) {
-  detail::Agent agent(options, body);
-  return agent.run();
+  const LaunchContract outer = read_launch_contract();
+  if (!outer.launched()) return detail::run_agent(options, body);
+  // Started by a launcher: this process is one rank of the outer job. Forking a group here would
+  // make a second, independent job per rank (both writing the same checkpoints), so fn runs here.
+  if (options.verbose() && outer.rank == 0 &&
+      options.processes_per_node() != outer.local_world_size) {
+    std::fprintf(stderr,
+                 "accelerant::launch: this process was started by %s as rank 0 of %d, so the "
+                 "function runs in each of the job's processes (processes_per_node(%d) does not "
+                 "apply: the outer launcher chose %d per machine).\n",
+                 to_string(outer.source), outer.world_size, options.processes_per_node(),
+                 outer.local_world_size);
+  }
+  // The outer launcher's failure report (ours, or torchrun's summary) quotes what fn threw.
+  detail::record_uncaught_exceptions_to(outer.error_file, outer.torchelastic_error_file);
+  try {
+    return {body(outer.rank)};
+  } catch (...) {
+    detail::record_exception(std::current_exception());
+    throw;
+  }
 }
 
 }  // namespace accelerant
+
+namespace accelerant::detail {
+
+std::vector<std::vector<char>> run_agent(const LaunchOptions& options, const WorkerBody& body) {
+  Agent agent(options, body);
+  return agent.run();
+}
+
+std::chrono::milliseconds resolved_timeout(const LaunchOptions& options) {
+  if (options.timeout()) return *options.timeout();
+  return read_launch_contract().timeout.value_or(std::chrono::minutes(30));
+}
+
+}  // namespace accelerant::detail

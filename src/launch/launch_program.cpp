@@ -10,6 +10,7 @@
 #include "accelerant/environment.h"
 #include "accelerant/launch.h"
 #include "base/text.h"
+#include "launch/agent.h"
 
 namespace accelerant {
 namespace {
@@ -47,7 +48,8 @@ void launch_program(const std::vector<std::string>& command, const LaunchOptions
                                            : "no such executable"));
   }
   std::vector<std::string> args = command;
-  launch_serialized(options, [&args](int) -> std::vector<char> {
+  // Never in place: `accelerant launch` under another launcher is its own (per-machine) group.
+  detail::run_agent(options, [&args](int) -> std::vector<char> {
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

@@ -5,6 +5,7 @@
 
 #include "accelerant/error.h"
 #include "base/text.h"
+#include "launch/agent.h"
 
 namespace accelerant::detail {
 namespace {
@@ -44,7 +45,7 @@ void NodeGroup::join_as_main() {
   so.port = static_cast<std::uint16_t>(options_.master_port());
   so.isServer = true;
   so.waitWorkers = false;
-  so.timeout = options_.timeout();
+  so.timeout = resolved_timeout(options_);
   try {
     store_ = c10::make_intrusive<c10d::TCPStore>(options_.master_addr(), so);
   } catch (const std::exception& e) {
@@ -102,7 +103,7 @@ void NodeGroup::join_as_other() {
   } catch (const std::exception& e) {
     throw not_there(e.what());
   }
-  store_->setTimeout(options_.timeout());
+  store_->setTimeout(resolved_timeout(options_));
   const int port = std::stoi(text(store_->get(key("links_port"))));
   links_ = NodeLinks::connect(
       options_.master_addr(), port,

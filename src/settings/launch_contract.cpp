@@ -94,6 +94,7 @@ void read_torchrun(const Reader& r, LaunchContract& env) {
           .value_or(env.rank / env.local_world_size));
   env.agent_hosts_store =
       r.flag("ACCELERANT_AGENT_STORE") || r.flag("TORCHELASTIC_USE_AGENT_STORE");
+  env.torchelastic_error_file = r.text("TORCHELASTIC_ERROR_FILE").value_or("");
   env.restart_count = static_cast<int>(
       r.integer("ACCELERANT_RESTART_COUNT", 0, kIntMax, "leave it to the launcher")
           .value_or(r.integer("TORCHELASTIC_RESTART_COUNT", 0, kIntMax, "leave it to the launcher")
