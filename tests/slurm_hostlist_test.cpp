@@ -1,10 +1,10 @@
 // Table tests for Slurm's hostlist expressions (src/settings/slurm_hostlist.h). The expected
 // expansions are what `scontrol show hostnames` of Slurm 22.05 printed for the same text, except
 // where a comment says otherwise.
+#include "settings/slurm_hostlist.h"
+
 #include <accelerant/error.h>
 #include <gtest/gtest.h>
-
-#include "settings/slurm_hostlist.h"
 
 using accelerant::EnvironmentError;
 using accelerant::detail::expand_slurm_hostlist;

@@ -48,8 +48,8 @@ class Parser {
         variable_, text_,
         str("Invalid Slurm node list: ", variable_, "=", text_.empty() ? "(empty)" : text_, " ",
             what,
-            ". Likely cause: the variable was set or edited by hand (Slurm writes it itself, in the "
-            "form node[01-04,07]). Fix: leave the node lists to srun and sbatch, or export "
+            ". Likely cause: the variable was set or edited by hand (Slurm writes it itself, "
+            "in the form node[01-04,07]). Fix: leave the node lists to srun and sbatch, or export "
             "MASTER_ADDR to the address of the machine that runs rank 0, so that no node list "
             "needs to be read."));
   }
@@ -139,8 +139,8 @@ class Parser {
     }
     Range range{std::stoull(lo), std::stoull(hi), lo.size()};
     if (range.lo > range.hi) {
-      fail(str("has the range ", entry, ", whose start is above its end (write ", hi, "-", lo,
-               ")"));
+      fail(
+          str("has the range ", entry, ", whose start is above its end (write ", hi, "-", lo, ")"));
     }
     if (range.hi - range.lo >= kMaxSlurmHosts) fail(too_many());
     return range;
