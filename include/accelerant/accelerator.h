@@ -235,9 +235,11 @@ class Accelerator {
   /// Saves the whole training state into `dir` (a directory; see accelerant/checkpoint.h): every
   /// prepared model, optimizer and scheduler, the fp16 scaler, each loader's data position and
   /// seed, the step counters, each rank's random generators and the objects registered with
-  /// register_for_checkpointing. Call it on every process, between steps. Crash-safe: written into
-  /// a hidden temporary directory beside `dir`, fsynced, then renamed into place, so a crash or a
-  /// full disk at any moment leaves the previous checkpoint as it was. `dir` empty = automatic
+  /// register_for_checkpointing. Call it on every process, between steps; in the middle of
+  /// gradient accumulation each rank also saves the gradients it accumulated so far, so that the
+  /// resumed run is exact (such a checkpoint loads only on as many processes). Crash-safe: written
+  /// into a hidden temporary directory beside `dir`, fsynced, then renamed into place, so a crash
+  /// or a full disk at any moment leaves the previous checkpoint as it was. `dir` empty = automatic
   /// naming under AcceleratorOptions::project_dir. Returns the directory written. Throws
   /// CheckpointError (on every process) when any process could not write its part.
   std::string save_state(const std::string& dir = "");
