@@ -1,11 +1,14 @@
 // The Accelerator on real forked processes over loopback: data-parallel training equals
 // single-process training on the combined batch, accumulation equals a bigger batch, the
-// all-reduce overlaps backward, gather_for_metrics returns exactly the dataset, and a parameter
-// without a gradient is named instead of hanging.
+// all-reduce overlaps backward, gather_for_metrics returns exactly the dataset, a parameter
+// without a gradient is named instead of hanging, and a rank that built another model is named
+// instead of aborting.
 #include <accelerant/accelerant.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+
+#include "test_support.h"
 
 using namespace accelerant;
 
@@ -269,5 +272,36 @@ TEST(AcceleratorDistributed, GradientsLiveInTheBucketsAndAReplacedGradientIsBoun
         << "the bias gradient is the batch size on every rank, averaged";
     EXPECT_EQ(r[3].item<float>(), 4) << "four replaced gradients";
     EXPECT_EQ(r[4].item<float>(), 0) << "not bound again after being replaced";
+  }
+}
+
+TEST(AcceleratorDistributed, ARankThatBuiltAnotherModelIsNamedOnEveryRank) {
+  // Before prepare checked, the broadcast of rank 0's weights aborted inside Gloo (SIGABRT).
+  auto messages = launch(
+      [](int rank) -> std::string {
+        Accelerator acc;
+        auto model = torch::nn::Sequential(torch::nn::Linear(16, rank == 1 ? 64 : 32),
+                                           torch::nn::Tanh(), torch::nn::Linear(32, 4));
+        try {
+          acc.prepare(model);
+          return "prepared";
+        } catch (const Error& e) {
+          return e.what();
+        }
+      },
+      ranks(2));
+  ASSERT_EQ(messages.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    const std::string& m = messages[r];
+    EXPECT_TRUE(accelerant::testing::contains(m, "[rank " + std::to_string(r) + "/2]")) << m;
+    EXPECT_TRUE(
+        accelerant::testing::contains(m, "the ranks built different models (rank 1 differs"))
+        << m;
+    EXPECT_TRUE(accelerant::testing::contains(
+        m,
+        "First difference: parameter 0.weight is [32, 16] Float on rank 0 but [64, 16] Float on "
+        "rank 1"))
+        << m;
+    EXPECT_TRUE(accelerant::testing::contains(m, "Fix: build the same model on every rank")) << m;
   }
 }
