@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
 #include <map>
 #include <sstream>
 
@@ -356,11 +357,35 @@ void Accelerator::backward(const torch::Tensor& loss) {
         loss.defined() ? c10::str("a tensor of shape ", loss.sizes()) : "an undefined tensor",
         ". Fix: reduce it first, e.g. loss.mean()."));
   }
+  warn_if_data_unsharded();
   torch::Tensor scaled = loss;
   if (settings_.gradient_accumulation_steps > 1)
     scaled = scaled / settings_.gradient_accumulation_steps;
   if (state_->scaler) scaled = state_->scaler->scale(scaled);
   scaled.backward();
+}
+
+void Accelerator::warn_if_data_unsharded() {
+  // Training of a prepared model on several processes without a prepared loader: the data most
+  // likely comes from a loader every rank iterates whole, which is not an error anyone would see.
+  if (warned_unsharded_data_ || num_processes_ == 1 || models_.empty() ||
+      !checkpointed_->loaders.empty()) {
+    return;
+  }
+  warned_unsharded_data_ = true;
+  if (!is_main_process()) return;  // the same on every rank: said once
+  std::cerr << detail::str(
+                   rank_prefix_, "warning: backward() on ", num_processes_,
+                   " processes, but this Accelerator prepared no data loader. Unless each rank "
+                   "reads its own part of the data, every rank sees the whole data set: each "
+                   "optimizer step averages ",
+                   num_processes_, " copies of the same batches and an epoch takes ",
+                   num_processes_,
+                   " times the work it should. Fix: pass the loader to prepare, e.g. auto [model, "
+                   "opt, loader] = acc.prepare(model, opt, make_data_loader(...)) (wrap a "
+                   "torch::data dataset with make_data_loader); it gives each rank its share. "
+                   "Said once.")
+            << std::endl;
 }
 
 Accelerator::AccumulationGuard Accelerator::accumulate_modules(
