@@ -39,12 +39,25 @@ std::vector<std::string> under(const std::string& launcher, std::vector<std::str
   } else if (launcher == "torchrun") {
     // Debian's torchrun 1.13 crashes on Python 3.11 in its redirect parsing unless given
     // --redirects/--tee.
-    argv = {"/usr/bin/python3", "-m",  "torch.distributed.run", "--standalone", "--nproc_per_node",
-            "2",                "--redirects", "1",          "--tee",        "1",
+    argv = {"/usr/bin/python3",
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "--redirects",
+            "1",
+            "--tee",
+            "1",
             "--no_python"};
   } else if (launcher == "mpirun") {
     // --allow-run-as-root: CI may run as root, which mpirun refuses by default.
-    argv = {"/usr/bin/mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x",
+    argv = {"/usr/bin/mpirun",
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            "2",
+            "-x",
             "MASTER_PORT=" + std::to_string(free_port())};
   }
   argv.insert(argv.end(), program.begin(), program.end());
@@ -97,6 +110,7 @@ INSTANTIATE_TEST_SUITE_P(Launchers, EveryLauncher,
                          ::testing::Values("by hand", "accelerant launch", "torchrun", "mpirun"),
                          [](const auto& info) {
                            std::string name = info.param;
-                           for (auto& c : name) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+                           for (auto& c : name)
+                             c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
                            return name;
                          });
