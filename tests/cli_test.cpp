@@ -1,9 +1,13 @@
 // The accelerant command line, run as a real program.
+#include <accelerant/accelerant.h>
+#include <accelerant/checkpoint.h>
 #include <accelerant/config.h>
 #include <accelerant/environment.h>
 #include <accelerant/version.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -155,6 +159,54 @@ TEST(CliConfig, BadFilesAreRefusedWithWhatAndWhere) {
   std::string out;
   EXPECT_EQ(run_cli({"config", "show", "--config_file", dir.path + "/missing.yaml"}, out), 1);
   EXPECT_NE(out.find("accelerant config"), std::string::npos) << out;
+}
+
+// inspect says whether a checkpoint verifies (exit 1 when not); before, it described a corrupt
+// checkpoint as if it were good and listed it among the "complete" ones.
+TEST(CliCheckpoint, InspectSaysWhetherEachCheckpointVerifies) {
+  ScratchDir dir;
+  const std::string project = dir.path;
+  accelerant::launch(
+      [project](int) {
+        accelerant::Accelerator acc(accelerant::AcceleratorOptions().project_dir(project));
+        auto net = torch::nn::Linear(4, 2);
+        acc.prepare(net);
+        acc.save_state();
+        acc.save_state();
+        return 0;
+      },
+      accelerant::LaunchOptions().processes_per_node(1).verbose(false));
+  const std::string checkpoints = project + "/checkpoints";
+  const std::string newest = checkpoints + "/checkpoint_1";
+  std::string out;
+  EXPECT_EQ(run_cli({"checkpoint", "inspect", newest}, out), 0) << out;
+  EXPECT_NE(out.find("verified       yes"), std::string::npos) << out;
+
+  {
+    std::fstream model(newest + "/model_0.pt", std::ios::in | std::ios::out | std::ios::binary);
+    model.seekg(100);
+    const char byte = static_cast<char>(model.get() ^ 0x5a);
+    model.seekp(100);
+    model.put(byte);
+  }
+  EXPECT_EQ(run_cli({"checkpoint", "inspect", newest}, out), 1) << out;
+  EXPECT_NE(out.find("verified       NO: checkpoint " + newest +
+                     " is damaged: model_0.pt is corrupted: CRC-32"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(run_cli({"checkpoint", "inspect", "--json", newest}, out), 1) << out;
+  EXPECT_NE(out.find("model_0.pt is corrupted"), std::string::npos) << out;
+
+  ::mkdir((checkpoints + "/checkpoint_2").c_str(), 0755);  // no manifest
+  EXPECT_EQ(run_cli({"checkpoint", "inspect", project}, out), 1) << out;
+  EXPECT_NE(out.find("3 checkpoint(s) in " + checkpoints + ", 1 verified"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find(checkpoints + "/checkpoint_0  step 0"), std::string::npos) << out;
+  EXPECT_NE(out.find(newest + "  DAMAGED: checkpoint " + newest + " is damaged"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find(checkpoints + "/checkpoint_2  INCOMPLETE: no manifest.json"),
+            std::string::npos)
+      << out;
 }
 
 TEST(CliEnv, PrintsVersionsHardwareAndTheConfig) {
