@@ -161,6 +161,57 @@ TEST(CliConfig, BadFilesAreRefusedWithWhatAndWhere) {
   EXPECT_NE(out.find("accelerant config"), std::string::npos) << out;
 }
 
+// Files that are no config file (note "Bounded input" in src/base/bounded_input.h): before, a
+// directory aborted the CLI (std::ios_base::failure, exit 134), 2 MB were parsed and 100,000
+// nested brackets were reported as a YAML syntax error.
+TEST(CliConfig, ADirectoryAHugeOrADeeplyNestedFileIsRefusedWithTheReason) {
+  ScratchDir dir;
+  std::string out;
+  EXPECT_EQ(run_cli({"config", "validate", "--config_file", dir.path}, out), 1) << out;
+  EXPECT_NE(out.find("Config file " + dir.path + " is a directory, not a file"), std::string::npos)
+      << out;
+  EXPECT_EQ(run_cli({"launch", "--config_file", dir.path, "/bin/true"}, out), 1) << out;
+  EXPECT_NE(out.find("is a directory, not a file"), std::string::npos) << out;
+
+  const std::string huge = dir.path + "/huge.yaml";
+  {
+    std::ofstream file(huge);
+    file << "num_processes: 1\n";
+    for (int i = 0; i < 40000; ++i) file << "# a comment line of fifty bytes, give or take...\n";
+  }
+  EXPECT_EQ(run_cli({"config", "validate", "--config_file", huge}, out), 1) << out;
+  EXPECT_NE(out.find("bytes, more than the limit of 1048576"), std::string::npos) << out;
+
+  const std::string deep = dir.path + "/deep.yaml";
+  std::ofstream(deep) << "num_processes: " << std::string(100000, '[') << std::string(100000, ']')
+                      << "\n";
+  EXPECT_EQ(run_cli({"config", "validate", "--config_file", deep}, out), 1) << out;
+  EXPECT_NE(out.find("nests lists and mappings more than 64 deep"), std::string::npos) << out;
+}
+
+// A default config file that is there but cannot be read is an error with the system's reason;
+// before, launch skipped it without a word and ran with the defaults. A missing one is still fine.
+TEST(CliConfig, ADefaultConfigThatCannotBeReadIsAnErrorNotSkipped) {
+  ScratchDir dir;
+  std::ofstream(dir.path + "/file") << "x";
+  std::string out;
+  ::setenv("ACCELERANT_CONFIG_FILE", (dir.path + "/file/default_config.yaml").c_str(), 1);
+  EXPECT_EQ(run_cli({"launch", "-n", "1", "/bin/true"}, out), 1) << out;
+  EXPECT_NE(out.find("default_config.yaml cannot be opened (Not a directory)"), std::string::npos)
+      << out;
+  if (::geteuid() != 0) {  // root reads any file
+    const std::string locked = dir.path + "/locked.yaml";
+    std::ofstream(locked) << "num_processes: 1\n";
+    ::chmod(locked.c_str(), 0);
+    ::setenv("ACCELERANT_CONFIG_FILE", locked.c_str(), 1);
+    EXPECT_EQ(run_cli({"launch", "-n", "1", "/bin/true"}, out), 1) << out;
+    EXPECT_NE(out.find("cannot be opened (Permission denied)"), std::string::npos) << out;
+  }
+  ::setenv("ACCELERANT_CONFIG_FILE", (dir.path + "/missing.yaml").c_str(), 1);
+  EXPECT_EQ(run_cli({"launch", "-n", "1", "/bin/true"}, out), 0) << out;
+  ::unsetenv("ACCELERANT_CONFIG_FILE");
+}
+
 // inspect says whether a checkpoint verifies (exit 1 when not); before, it described a corrupt
 // checkpoint as if it were good and listed it among the "complete" ones.
 TEST(CliCheckpoint, InspectSaysWhetherEachCheckpointVerifies) {
