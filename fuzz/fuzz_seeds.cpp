@@ -2,6 +2,7 @@
 // the formats as this build writes them: fuzz_seeds SAFETENSORS_DIR JSON_DIR.
 #include <torch/torch.h>
 
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -63,5 +64,34 @@ int main(int argc, char** argv) {
   state.scheduler_steps = {12};
   state.data_loaders = {{1, 640, 60000, 42, true}};
   write(json_dir + "/state.json", accelerant::format_checkpoint_state(state));
+
+  // Nesting bombs (note "Bounded input" in src/base/bounded_input.h), small enough to mutate
+  // quickly; the 100,000-deep ones that overflowed the stack are in the unit tests. Each must be
+  // refused at once, and the fuzzer mutates around the limit (depth 64 passes, 65 does not).
+  auto nested = [](size_t depth, bool closed) {
+    return std::string(depth, '[') + (closed ? std::string(depth, ']') : "");
+  };
+  auto safetensors_with_header = [](const std::string& header) {
+    std::string out(8, '\0');
+    const uint64_t n = header.size();
+    std::memcpy(&out[0], &n, 8);
+    return out + header;
+  };
+  write(tensors_dir + "/deep_header.safetensors",
+        safetensors_with_header("{\"a\":" + nested(2000, true) + "}"));
+  write(tensors_dir + "/deep_unclosed_header.safetensors",
+        safetensors_with_header("{\"a\":" + nested(2000, false)));
+  write(tensors_dir + "/depth_65_header.safetensors",
+        safetensors_with_header("{\"a\":" + nested(64, true) + "}"));
+  write(json_dir + "/deep_manifest.json",
+        "{\"format\": \"accelerant-checkpoint\", \"files\": " + nested(2000, true) + "}");
+  write(json_dir + "/deep_unclosed.json", "{\"contents\": " + nested(2000, false));
+  write(json_dir + "/deep_objects.json", [] {
+    std::string text;
+    for (int i = 0; i < 2000; ++i) text += "{\"a\":";
+    return text + "1" + std::string(2000, '}');
+  }());
+  write(json_dir + "/brackets_in_strings.json",
+        "{\"s\": \"" + nested(1000, false) + "\\\"" + nested(1000, false) + "\"}");
   return 0;
 }

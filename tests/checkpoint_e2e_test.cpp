@@ -207,7 +207,7 @@ TEST(CheckpointCommand, InspectAndVerifyWhatATrainingRunLeft) {
   EXPECT_EQ(manifest.at("world_size"), 2);
 
   ASSERT_EQ(run_cli({"checkpoint", "inspect", project}, out), 0) << out;
-  EXPECT_TRUE(contains(out, "2 complete checkpoint(s) in " + project + "/checkpoints")) << out;
+  EXPECT_TRUE(contains(out, "2 checkpoint(s) in " + project + "/checkpoints, 2 verified")) << out;
   EXPECT_TRUE(contains(out, newest + "  step 20, epoch 1")) << out;
 
   ASSERT_EQ(run_cli({"checkpoint", "inspect", project + "/weights"}, out), 0) << out;

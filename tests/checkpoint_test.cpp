@@ -5,6 +5,7 @@
 // removes old checkpoints only once the new one is complete.
 #include <accelerant/accelerant.h>
 #include <accelerant/checkpoint.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -528,6 +529,132 @@ TEST(CheckpointRefusals, ADirectoryThatIsNoCheckpointSaysSo) {
   } catch (const CheckpointError& e) {
     EXPECT_TRUE(contains(e.what(), "has no manifest.json")) << e.what();
   }
+}
+
+// A checkpoint holds its own files: a symbolic link inside one (to a file with the very bytes
+// the manifest lists, so that every checksum matches) is refused naming the link, where before
+// it was read through.
+TEST(CheckpointRefusals, ASymbolicLinkInsideTheCheckpointIsRefusedNamingIt) {
+  ScratchDir scratch;
+  const std::string outside = scratch.path;
+  auto error = error_loading(scratch.path + "/l", [outside](const std::string& d) {
+    ASSERT_EQ(std::rename((d + "/model_0.pt").c_str(), (outside + "/model_0.pt").c_str()), 0);
+    ASSERT_EQ(::symlink((outside + "/model_0.pt").c_str(), (d + "/model_0.pt").c_str()), 0);
+  });
+  EXPECT_TRUE(contains(error, "model_0.pt is a symbolic link")) << error;
+  EXPECT_TRUE(contains(error, "Nothing was loaded")) << error;
+
+  const std::string d = scratch.path + "/l";
+  ASSERT_EQ(std::rename((d + "/rank_0").c_str(), (outside + "/rank_0").c_str()), 0);
+  ASSERT_EQ(::symlink((outside + "/rank_0").c_str(), (d + "/rank_0").c_str()), 0);
+  error = accelerant::testing::error_message([&] { verify_checkpoint(d); });
+  EXPECT_TRUE(contains(error, "rank_0 is a symbolic link")) << error;
+
+  ASSERT_EQ(std::rename((d + "/manifest.json").c_str(), (outside + "/manifest.json").c_str()), 0);
+  ASSERT_EQ(::symlink((outside + "/manifest.json").c_str(), (d + "/manifest.json").c_str()), 0);
+  error = accelerant::testing::error_message([&] { verify_checkpoint(d); });
+  EXPECT_TRUE(contains(error, d + "/manifest.json is a symbolic link")) << error;
+}
+
+// The manifest's counts and world size say which files a checkpoint has; a list that disagrees
+// is named, file by file, before LibTorch is asked for a tensor that is not there (or a rank's
+// generators are silently left as they were).
+TEST(CheckpointRefusals, AManifestWhoseFilesDisagreeWithItsCountsNamesTheFile) {
+  ScratchDir scratch;
+  auto error = error_loading(scratch.path + "/w", [](const std::string& d) {
+    rewrite(d + "/manifest.json", "\"world_size\": 1", "\"world_size\": 2");
+  });
+  EXPECT_TRUE(contains(error,
+                       "rank_1/rng.pt (the random generators of rank 1) is not in the "
+                       "manifest's file list although its counts"))
+      << error;
+  EXPECT_TRUE(contains(error, "world size 2")) << error;
+  error = error_loading(scratch.path + "/m", [](const std::string& d) {
+    rewrite(d + "/manifest.json", "\"models\": 1", "\"models\": 2");
+  });
+  EXPECT_TRUE(contains(error, "model_1.pt (the model) is not in the manifest's file list"))
+      << error;
+  error = error_loading(scratch.path + "/o", [](const std::string& d) {
+    rewrite(d + "/manifest.json", "\"optimizers\": 1", "\"optimizers\": 0");
+  });
+  EXPECT_TRUE(contains(error, "optimizer_0.pt is in the manifest's file list but has no role"))
+      << error;
+}
+
+namespace {
+
+// Saves checkpoint_0 at step 3 and checkpoint_1 at step 6 under `project` (one process).
+void save_two_checkpoints(const std::string& project) {
+  launch(
+      [project](int) {
+        run_training(
+            AcceleratorOptions().seed(11).project_dir(project), 1, [](Accelerator&) {},
+            [](Accelerator& acc) {
+              const int64_t step = acc.state()->optimizer_steps;
+              if (step == 3 || step == 6) acc.save_state();
+              return step == 6;
+            });
+        return 0;
+      },
+      ranks(1));
+}
+
+// A process that resumes with auto_resume: the step it resumed at, then what it wrote to stderr.
+std::string auto_resume_output(const std::string& project) {
+  return launch(
+             [project](int) -> std::string {
+               const std::string log = project + "/stderr.txt";
+               const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+               ::dup2(fd, 2);
+               ::close(fd);
+               int64_t resumed_at = -1;
+               run_training(
+                   AcceleratorOptions().seed(11).project_dir(project).auto_resume(true), 1,
+                   [&](Accelerator& acc) {
+                     acc.auto_resume_now();
+                     resumed_at = acc.state()->optimizer_steps;
+                   },
+                   [](Accelerator&) { return true; });
+               std::fflush(stderr);
+               std::ifstream in(log);
+               return std::to_string(resumed_at) + "\n" +
+                      std::string(std::istreambuf_iterator<char>(in), {});
+             },
+             ranks(1))
+      .at(0);
+}
+
+}  // namespace
+
+// auto_resume never retries a damaged checkpoint on every restart, nor starts over silently: it
+// takes the newest one that verifies and says which it skipped, why, and which it used.
+TEST(CheckpointRefusals, AutoResumeFallsBackToTheNewestCheckpointThatVerifiesAndSaysWhy) {
+  ScratchDir scratch;
+  const std::string project = scratch.path;
+  const std::string checkpoints = project + "/checkpoints";
+  save_two_checkpoints(project);
+  flip_byte(checkpoints + "/checkpoint_1/model_0.pt", 100);
+  ASSERT_EQ(::mkdir((checkpoints + "/checkpoint_2").c_str(), 0755), 0);  // no manifest
+
+  std::string out = auto_resume_output(project);
+  EXPECT_EQ(out.substr(0, 2), "3\n") << out;
+  EXPECT_TRUE(contains(out, "WARNING: auto_resume skipped 2 checkpoint(s) in " + checkpoints))
+      << out;
+  EXPECT_TRUE(contains(out, checkpoints + "/checkpoint_2 has no manifest.json")) << out;
+  EXPECT_TRUE(contains(out, "checkpoint " + checkpoints +
+                                "/checkpoint_1 is damaged: model_0.pt is corrupted: CRC-32"))
+      << out;
+  EXPECT_TRUE(contains(out, "Resuming from " + checkpoints +
+                                "/checkpoint_0, the newest that "
+                                "verifies"))
+      << out;
+
+  // None verifies: a fresh start, said as loudly.
+  flip_byte(checkpoints + "/checkpoint_0/state.json", 5);
+  out = auto_resume_output(project);
+  EXPECT_EQ(out.substr(0, 2), "0\n") << out;
+  EXPECT_TRUE(contains(out, "skipped 3 checkpoint(s)")) << out;
+  EXPECT_TRUE(contains(out, "No checkpoint there verifies: training starts from step 0")) << out;
 }
 
 // ---- automatic naming ---------------------------------------------------------------------------

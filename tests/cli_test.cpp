@@ -1,9 +1,13 @@
 // The accelerant command line, run as a real program.
+#include <accelerant/accelerant.h>
+#include <accelerant/checkpoint.h>
 #include <accelerant/config.h>
 #include <accelerant/environment.h>
 #include <accelerant/version.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -155,6 +159,105 @@ TEST(CliConfig, BadFilesAreRefusedWithWhatAndWhere) {
   std::string out;
   EXPECT_EQ(run_cli({"config", "show", "--config_file", dir.path + "/missing.yaml"}, out), 1);
   EXPECT_NE(out.find("accelerant config"), std::string::npos) << out;
+}
+
+// Files that are no config file (note "Bounded input" in src/base/bounded_input.h): before, a
+// directory aborted the CLI (std::ios_base::failure, exit 134), 2 MB were parsed and 100,000
+// nested brackets were reported as a YAML syntax error.
+TEST(CliConfig, ADirectoryAHugeOrADeeplyNestedFileIsRefusedWithTheReason) {
+  ScratchDir dir;
+  std::string out;
+  EXPECT_EQ(run_cli({"config", "validate", "--config_file", dir.path}, out), 1) << out;
+  EXPECT_NE(out.find("Config file " + dir.path + " is a directory, not a file"), std::string::npos)
+      << out;
+  EXPECT_EQ(run_cli({"launch", "--config_file", dir.path, "/bin/true"}, out), 1) << out;
+  EXPECT_NE(out.find("is a directory, not a file"), std::string::npos) << out;
+
+  const std::string huge = dir.path + "/huge.yaml";
+  {
+    std::ofstream file(huge);
+    file << "num_processes: 1\n";
+    for (int i = 0; i < 40000; ++i) file << "# a comment line of fifty bytes, give or take...\n";
+  }
+  EXPECT_EQ(run_cli({"config", "validate", "--config_file", huge}, out), 1) << out;
+  EXPECT_NE(out.find("bytes, more than the limit of 1048576"), std::string::npos) << out;
+
+  const std::string deep = dir.path + "/deep.yaml";
+  std::ofstream(deep) << "num_processes: " << std::string(100000, '[') << std::string(100000, ']')
+                      << "\n";
+  EXPECT_EQ(run_cli({"config", "validate", "--config_file", deep}, out), 1) << out;
+  EXPECT_NE(out.find("nests lists and mappings more than 64 deep"), std::string::npos) << out;
+}
+
+// A default config file that is there but cannot be read is an error with the system's reason;
+// before, launch skipped it without a word and ran with the defaults. A missing one is still fine.
+TEST(CliConfig, ADefaultConfigThatCannotBeReadIsAnErrorNotSkipped) {
+  ScratchDir dir;
+  std::ofstream(dir.path + "/file") << "x";
+  std::string out;
+  ::setenv("ACCELERANT_CONFIG_FILE", (dir.path + "/file/default_config.yaml").c_str(), 1);
+  EXPECT_EQ(run_cli({"launch", "-n", "1", "/bin/true"}, out), 1) << out;
+  EXPECT_NE(out.find("default_config.yaml cannot be opened (Not a directory)"), std::string::npos)
+      << out;
+  if (::geteuid() != 0) {  // root reads any file
+    const std::string locked = dir.path + "/locked.yaml";
+    std::ofstream(locked) << "num_processes: 1\n";
+    ::chmod(locked.c_str(), 0);
+    ::setenv("ACCELERANT_CONFIG_FILE", locked.c_str(), 1);
+    EXPECT_EQ(run_cli({"launch", "-n", "1", "/bin/true"}, out), 1) << out;
+    EXPECT_NE(out.find("cannot be opened (Permission denied)"), std::string::npos) << out;
+  }
+  ::setenv("ACCELERANT_CONFIG_FILE", (dir.path + "/missing.yaml").c_str(), 1);
+  EXPECT_EQ(run_cli({"launch", "-n", "1", "/bin/true"}, out), 0) << out;
+  ::unsetenv("ACCELERANT_CONFIG_FILE");
+}
+
+// inspect says whether a checkpoint verifies (exit 1 when not); before, it described a corrupt
+// checkpoint as if it were good and listed it among the "complete" ones.
+TEST(CliCheckpoint, InspectSaysWhetherEachCheckpointVerifies) {
+  ScratchDir dir;
+  const std::string project = dir.path;
+  accelerant::launch(
+      [project](int) {
+        accelerant::Accelerator acc(accelerant::AcceleratorOptions().project_dir(project));
+        auto net = torch::nn::Linear(4, 2);
+        acc.prepare(net);
+        acc.save_state();
+        acc.save_state();
+        return 0;
+      },
+      accelerant::LaunchOptions().processes_per_node(1).verbose(false));
+  const std::string checkpoints = project + "/checkpoints";
+  const std::string newest = checkpoints + "/checkpoint_1";
+  std::string out;
+  EXPECT_EQ(run_cli({"checkpoint", "inspect", newest}, out), 0) << out;
+  EXPECT_NE(out.find("verified       yes"), std::string::npos) << out;
+
+  {
+    std::fstream model(newest + "/model_0.pt", std::ios::in | std::ios::out | std::ios::binary);
+    model.seekg(100);
+    const char byte = static_cast<char>(model.get() ^ 0x5a);
+    model.seekp(100);
+    model.put(byte);
+  }
+  EXPECT_EQ(run_cli({"checkpoint", "inspect", newest}, out), 1) << out;
+  EXPECT_NE(out.find("verified       NO: checkpoint " + newest +
+                     " is damaged: model_0.pt is corrupted: CRC-32"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(run_cli({"checkpoint", "inspect", "--json", newest}, out), 1) << out;
+  EXPECT_NE(out.find("model_0.pt is corrupted"), std::string::npos) << out;
+
+  ::mkdir((checkpoints + "/checkpoint_2").c_str(), 0755);  // no manifest
+  EXPECT_EQ(run_cli({"checkpoint", "inspect", project}, out), 1) << out;
+  EXPECT_NE(out.find("3 checkpoint(s) in " + checkpoints + ", 1 verified"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find(checkpoints + "/checkpoint_0  step 0"), std::string::npos) << out;
+  EXPECT_NE(out.find(newest + "  DAMAGED: checkpoint " + newest + " is damaged"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find(checkpoints + "/checkpoint_2  INCOMPLETE: no manifest.json"),
+            std::string::npos)
+      << out;
 }
 
 TEST(CliEnv, PrintsVersionsHardwareAndTheConfig) {

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -175,6 +176,49 @@ TEST(Safetensors, HostileFilesAreRefusedWithTheReason) {
             std::string::npos);
 }
 
+// Nesting bombs (note "Bounded input" in src/base/bounded_input.h): before the depth check a
+// header of 100,000 '[' overflowed the stack inside nlohmann::json (SIGSEGV), and an unclosed one
+// of 50 MB took 14.6 s and 3.9 GB. Now a linear scan refuses them before anything is parsed.
+TEST(Safetensors, DeeplyNestedHeadersAreRefusedBeforeParsing) {
+  const std::string open(100000, '[');
+  const std::string closed = open + std::string(100000, ']');
+  for (const std::string& header :
+       {"{\"a\":" + closed + "}", "{\"a\":" + open, "{\"__metadata__\":{\"k\":" + closed + "}}"}) {
+    const std::string error = decode_error(raw_file(header, ""));
+    EXPECT_TRUE(t::contains(error, "its header nests lists and mappings more than 64 deep"))
+        << error.substr(0, 400);
+  }
+  // 20 MB of an unclosed nesting is refused at its 65th bracket, not read to its end.
+  const auto start = std::chrono::steady_clock::now();
+  const std::string error = decode_error(raw_file("{\"a\":" + std::string(20 << 20, '['), ""));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_TRUE(t::contains(error, "more than 64 deep (at byte 68)")) << error.substr(0, 400);
+  EXPECT_LT(seconds, 2.0);
+
+  // 64 deep is within the limit: refused for what it holds, not for its depth.
+  const std::string at_limit = "{\"a\":" + std::string(63, '[') + std::string(63, ']') + "}";
+  EXPECT_FALSE(t::contains(decode_error(raw_file(at_limit, "")), "deep"));
+  // Brackets and escaped quotes inside strings are text, not nesting.
+  SafetensorsContents text;
+  text.metadata = {{"note", std::string(1000, '[') + "\"{" + std::string(1000, '{') + "\\"}};
+  EXPECT_EQ(decode_safetensors(encode_safetensors(text), "text").metadata, text.metadata);
+}
+
+TEST(SafetensorsModel, ADeeplyNestedIndexIsRefusedNamingIt) {
+  t::ScratchDir dir;
+  const std::string index = dir.path + "/model.safetensors.index.json";
+  spit(index, "{\"weight_map\": " + std::string(100000, '[') + std::string(100000, ']') + "}");
+  try {
+    read_model_safetensors(dir.path);
+    ADD_FAILURE() << "a nesting bomb was accepted";
+  } catch (const CheckpointError& e) {
+    EXPECT_TRUE(t::contains(e.what(), index + " nests lists and mappings more than 64 deep"))
+        << e.what();
+    EXPECT_EQ(e.path(), index);
+  }
+}
+
 // A cheap in-test fuzzer: random bit flips, byte writes, truncations and header-length edits of
 // valid files. Every outcome must be a decoded file or a CheckpointError, never a crash, a hang
 // or another exception; a decoded file must hold what its header says.
@@ -276,6 +320,42 @@ TEST(CheckpointJson, NumbersOutOfRangeOfTheirFieldAreRefusedNotConverted) {
     EXPECT_THROW(parse_checkpoint_manifest(with(valid_manifest, from, to), "manifest.json"),
                  CheckpointError)
         << to;
+  }
+}
+
+// Nesting bombs and oversized text in manifest.json and state.json (note "Bounded input"):
+// refused with the file's name before parsing; before the check 100,000 '[' crashed the reader.
+TEST(CheckpointJson, DeeplyNestedOrOversizedFilesAreRefusedBeforeParsing) {
+  const std::string bomb = std::string(100000, '[') + std::string(100000, ']');
+  std::string deep_objects;
+  for (int i = 0; i < 100000; ++i) deep_objects += "{\"a\":";
+  deep_objects += "1" + std::string(100000, '}');
+  for (const std::string& text :
+       {"{\"format\": \"accelerant-checkpoint\", \"files\": " + bomb + "}", deep_objects,
+        "{\"contents\": " + std::string(100000, '[')}) {
+    for (const bool manifest : {true, false}) {
+      try {
+        if (manifest)
+          parse_checkpoint_manifest(text, "manifest.json");
+        else
+          parse_checkpoint_state(text, "state.json");
+        ADD_FAILURE() << "a nesting bomb was accepted";
+      } catch (const CheckpointError& e) {
+        EXPECT_TRUE(t::contains(e.what(), std::string(manifest ? "manifest.json" : "state.json") +
+                                              " nests lists and mappings more than 64 deep"))
+            << std::string(e.what()).substr(0, 300);
+      }
+    }
+  }
+  const std::string oversized = std::string((64 << 20) + 1, ' ') + "{}";
+  try {
+    parse_checkpoint_state(oversized, "state.json");
+    ADD_FAILURE() << "64 MiB of text was parsed";
+  } catch (const CheckpointError& e) {
+    EXPECT_TRUE(t::contains(e.what(),
+                            "state.json has 67108867 bytes, more than the limit of "
+                            "67108864"))
+        << e.what();
   }
 }
 

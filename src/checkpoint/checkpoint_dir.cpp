@@ -5,11 +5,89 @@
 
 #include "accelerant/checkpoint.h"
 #include "accelerant/error.h"
+#include "base/bounded_input.h"
 #include "base/file_io.h"
 #include "base/text.h"
+#include "checkpoint/checkpoint_layout.h"
 #include "checkpoint/durable_files.h"
 
 namespace accelerant {
+namespace {
+
+// One of the checkpoint's JSON files, read within kMaxJsonBytes and never through a symbolic
+// link (note "Bounded input" in base/bounded_input.h).
+std::string read_json_file(const std::string& path) {
+  const auto file =
+      detail::read_bounded_file(path, detail::layout::kMaxJsonBytes, detail::Symlinks::kRefuse);
+  if (!file.problem.empty()) {
+    throw CheckpointError(
+        detail::str(detail::said_of(path, file.problem),
+                    file.problem == "it is a symbolic link"
+                        ? ". Likely cause: the checkpoint was assembled by hand or tampered "
+                          "with; a checkpoint holds its own files, never links. Fix: copy the "
+                          "real file in its place, or use another checkpoint."
+                        : ". Fix: check the file's permissions, or use another checkpoint."),
+        path);
+  }
+  return file.bytes;
+}
+
+// The first component of `relative` (inside `dir`) that is a symbolic link, or "".
+std::string first_symlink(const std::string& dir, const std::string& relative) {
+  for (size_t slash = relative.find('/');; slash = relative.find('/', slash + 1)) {
+    const std::string part = relative.substr(0, slash);
+    struct stat st {};
+    if (::lstat((dir + "/" + part).c_str(), &st) == 0 && S_ISLNK(st.st_mode)) return part;
+    if (slash == std::string::npos) return "";
+  }
+}
+
+// The files a manifest's counts and world size imply, each with its role.
+std::vector<std::pair<std::string, std::string>> expected_files(const CheckpointManifest& m) {
+  namespace layout = detail::layout;
+  std::vector<std::pair<std::string, std::string>> files;
+  for (int i = 0; i < m.models; ++i) files.emplace_back(layout::model_file(i), "model");
+  for (int i = 0; i < m.optimizers; ++i) files.emplace_back(layout::optimizer_file(i), "optimizer");
+  for (int i = 0; i < m.custom_objects; ++i)
+    files.emplace_back(layout::custom_file(i), "registered object");
+  if (m.scaler) files.emplace_back(layout::kScalerFile, "fp16 loss scaler");
+  files.emplace_back(layout::kStateFile, "training state");
+  for (int r = 0; r < m.world_size; ++r)
+    files.emplace_back(layout::rng_file(r), detail::str("random generators of rank ", r));
+  return files;
+}
+
+// Whether the manifest's file list is the one its counts and world size imply: a file it
+// needs but does not list would otherwise surface as LibTorch's "No such serialized tensor".
+std::vector<std::string> role_problems(const CheckpointManifest& m) {
+  std::vector<std::string> problems;
+  const auto expected = expected_files(m);
+  auto listed = [&](const std::string& path) {
+    return std::any_of(m.files.begin(), m.files.end(),
+                       [&](const CheckpointFileEntry& f) { return f.path == path; });
+  };
+  for (const auto& [path, role] : expected) {
+    if (!listed(path)) {
+      problems.push_back(detail::str(
+          path, " (the ", role, ") is not in the manifest's file list ", "although its counts (",
+          m.models, " model(s), ", m.optimizers, " optimizer(s), ", m.custom_objects,
+          " registered object(s), world size ", m.world_size, ") need it"));
+    }
+  }
+  for (const auto& f : m.files) {
+    const bool known = std::any_of(expected.begin(), expected.end(),
+                                   [&](const auto& e) { return e.first == f.path; });
+    if (!known) {
+      problems.push_back(detail::str(f.path, " is in the manifest's file list but has no role in ",
+                                     "a checkpoint of ", m.models, " model(s), ", m.optimizers,
+                                     " optimizer(s), ", m.custom_objects,
+                                     " registered object(s) and world size ", m.world_size));
+    }
+  }
+  return problems;
+}
+
+}  // namespace
 
 CheckpointManifest read_checkpoint_manifest(const std::string& dir) {
   if (!detail::is_directory(dir)) {
@@ -26,7 +104,7 @@ CheckpointManifest read_checkpoint_manifest(const std::string& dir) {
                     "it finished. Fix: use a complete checkpoint (latest_checkpoint() finds one)."),
         dir);
   }
-  return parse_checkpoint_manifest(detail::read_file(path), path);
+  return parse_checkpoint_manifest(read_json_file(path), path);
 }
 
 CheckpointTrainingState read_checkpoint_state(const std::string& dir) {
@@ -38,18 +116,22 @@ CheckpointTrainingState read_checkpoint_state(const std::string& dir) {
                     "checkpoint."),
         path);
   }
-  return parse_checkpoint_state(detail::read_file(path), path);
+  return parse_checkpoint_state(read_json_file(path), path);
 }
 
 CheckpointManifest verify_checkpoint(const std::string& dir) {
   CheckpointManifest manifest = read_checkpoint_manifest(dir);
-  std::vector<std::string> problems;
-  std::string first_bad;
+  std::vector<std::string> problems = role_problems(manifest);
+  std::string first_bad = problems.empty() ? "" : dir + "/" + detail::layout::kManifestFile;
   for (const auto& f : manifest.files) {
     const std::string path = dir + "/" + f.path;
     struct stat st {};
     std::string problem;
-    if (::stat(path.c_str(), &st) != 0) {
+    const std::string link = first_symlink(dir, f.path);
+    if (!link.empty()) {
+      problem = detail::str(link, " is a symbolic link (a checkpoint holds its own files; links ",
+                            "are not followed)");
+    } else if (::stat(path.c_str(), &st) != 0) {
       problem = detail::str(f.path, " is missing");
     } else if (static_cast<uint64_t>(st.st_size) != f.size) {
       problem = detail::str(f.path, " has ", st.st_size, " bytes, the manifest says ", f.size,

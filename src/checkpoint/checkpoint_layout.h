@@ -1,6 +1,7 @@
 // The names of the files inside a checkpoint directory (accelerant/checkpoint.h), shared by the
 // save and the load so that they cannot drift apart.
 #pragma once
+#include <cstdint>
 #include <string>
 
 #include "base/text.h"
@@ -17,5 +18,9 @@ inline std::string gradients_file(int rank) { return str("rank_", rank, "/gradie
 inline const char* const kStateFile = "state.json";
 inline const char* const kScalerFile = "scaler.pt";
 inline const char* const kManifestFile = "manifest.json";
+
+/// The largest manifest.json, state.json or model.safetensors.index.json read (docs/checkpoints.md
+/// "Limits"): a manifest lists ~100 bytes per file, so 64 MiB is room for over 500,000 files.
+constexpr uint64_t kMaxJsonBytes = 64ull << 20;
 
 }  // namespace accelerant::detail::layout

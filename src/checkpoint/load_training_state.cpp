@@ -1,12 +1,14 @@
 // load_training_state: the loading half of the protocol (training_checkpoint.h), one step per
 // function: find the checkpoint, check that it fits, read every piece, then apply everywhere or
 // nowhere (a snapshot taken first is what a failed apply rolls back to).
+#include <algorithm>
 #include <cstdio>
 
 #include "accelerant/error.h"
 #include "base/file_io.h"
 #include "base/text.h"
 #include "checkpoint/checkpoint_layout.h"
+#include "checkpoint/durable_files.h"
 #include "checkpoint/state_pieces.h"
 #include "checkpoint/training_checkpoint.h"
 
@@ -281,8 +283,51 @@ std::string agreed_latest_checkpoint(const CheckpointRanks& ranks,
                               "Fix: set AcceleratorOptions().project_dir(...)."));
   }
   // Every process must take the same decision: the main process looks, the others follow.
-  const std::string latest = ranks.is_main() ? latest_checkpoint(checkpoints_dir).value_or("") : "";
-  return ranks.communicator->broadcast_bytes(latest, 0);
+  std::string chosen;
+  if (ranks.is_main()) {
+    std::vector<std::string> skipped;
+    chosen = newest_verified_checkpoint(checkpoints_dir, &skipped);
+    if (!skipped.empty()) {
+      std::fprintf(stderr,
+                   "%sWARNING: auto_resume skipped %zu checkpoint(s) in %s that cannot be "
+                   "loaded:\n  %s\n%s\n",
+                   ranks.rank_prefix.c_str(), skipped.size(), checkpoints_dir.c_str(),
+                   join(skipped, "\n  ").c_str(),
+                   chosen.empty()
+                       ? "No checkpoint there verifies: training starts from step 0. Fix: restore "
+                         "a good checkpoint there, or remove the damaged ones."
+                       : str("Resuming from ", chosen,
+                             ", the newest that verifies. Fix: remove or restore the skipped ones.")
+                             .c_str());
+      std::fflush(stderr);
+    }
+  }
+  return ranks.communicator->broadcast_bytes(chosen, 0);
+}
+
+std::string newest_verified_checkpoint(const std::string& checkpoints_dir,
+                                       std::vector<std::string>* skipped) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  for (const auto& name : list_directory(checkpoints_dir)) {
+    const int64_t n = checkpoint_iteration(name);
+    if (n >= 0 && is_directory(checkpoints_dir + "/" + name))
+      found.emplace_back(n, checkpoints_dir + "/" + name);
+  }
+  std::sort(found.rbegin(), found.rend());
+  for (const auto& [n, dir] : found) {
+    if (!path_exists(dir + "/" + layout::kManifestFile)) {
+      skipped->push_back(str(dir, " has no ", layout::kManifestFile,
+                             " (not a complete checkpoint: deleted or never finished)"));
+      continue;
+    }
+    try {
+      verify_checkpoint(dir);
+      return dir;
+    } catch (const CheckpointError& e) {
+      skipped->push_back(e.what());
+    }
+  }
+  return "";
 }
 
 }  // namespace accelerant::detail

@@ -3,12 +3,15 @@
 #include <cstdio>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <type_traits>
 
 #include "accelerant/checkpoint.h"
 #include "accelerant/error.h"
+#include "base/bounded_input.h"
 #include "base/text.h"
+#include "checkpoint/checkpoint_layout.h"
 
 namespace accelerant {
 namespace {
@@ -67,15 +70,22 @@ T field(const json& object, const std::string& name, const std::string& where) {
   }
 }
 
+// Bounded (base/bounded_input.h, note "Bounded input"): a nesting bomb is refused, not parsed.
 json parse_json(const std::string& text, const std::string& where) {
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
+  std::string problem;
+  if (text.size() > detail::layout::kMaxJsonBytes) {
+    problem = detail::str("it has ", text.size(), " bytes, more than the limit of ",
+                          detail::layout::kMaxJsonBytes);
+  }
+  std::optional<json> doc;
+  if (problem.empty()) doc = detail::parse_bounded_json(text, &problem);
+  if (!doc) {
     throw CheckpointError(
-        detail::str(where, " is not valid JSON (", e.what(), "). Likely cause: the file was ",
+        detail::str(detail::said_of(where, problem), ". Likely cause: the file was ",
                     "damaged, or is not a file Accelerant wrote. Fix: use another checkpoint."),
         where);
   }
+  return std::move(*doc);
 }
 
 }  // namespace

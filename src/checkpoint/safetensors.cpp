@@ -4,11 +4,14 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <string_view>
 
 #include "accelerant/error.h"
+#include "base/bounded_input.h"
 #include "base/file_io.h"
 #include "base/text.h"
 #include "checkpoint/durable_files.h"
@@ -61,8 +64,8 @@ bool little_endian_host() {
   return first == 1;
 }
 
-// Headers above this are refused before parsing, as the reference implementation does: a
-// legitimate header is a few bytes per tensor.
+// Headers above this are refused before they are read or parsed, as the reference implementation
+// does (docs/checkpoints.md "Limits"): a legitimate header is about 100 bytes per tensor.
 constexpr uint64_t kMaxHeaderBytes = 100u * 1000u * 1000u;
 
 [[noreturn]] void bad_file(const std::string& where, const std::string& problem) {
@@ -195,15 +198,13 @@ SafetensorsContents decode_safetensors(const std::string& bytes, const std::stri
     bad_file(where, str("its header length is ", header_size, " bytes but only ", bytes.size() - 8,
                         " follow"));
   }
-  const std::string header_text = bytes.substr(8, header_size);
+  const std::string_view header_text(bytes.data() + 8, header_size);
   if (header_text.empty() || header_text[0] != '{')
     bad_file(where, "its header does not start with '{'");
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(header_text);
-  } catch (const nlohmann::json::exception& e) {
-    bad_file(where, str("its header is not valid JSON (", e.what(), ")"));
-  }
+  std::string problem;
+  auto parsed = detail::parse_bounded_json(header_text, &problem);  // note "Bounded input"
+  if (!parsed) bad_file(where, detail::said_of("its header", problem));
+  const nlohmann::json header = std::move(*parsed);
   if (!header.is_object()) bad_file(where, "its header is not a JSON object");
 
   SafetensorsContents contents;
@@ -267,6 +268,27 @@ SafetensorsContents read_safetensors(const std::string& path) {
         str("no safetensors file at ", path, ". Fix: check the path; save_model writes ",
             "model.safetensors or model-0000k-of-0000n.safetensors with an index."),
         path);
+  }
+  // The header's length and nesting are checked before the rest of the file is read: a bad
+  // header must not cost the file's size (note "Bounded input").
+  {
+    std::ifstream in(path, std::ios::binary | std::ios::ate);
+    const auto file_size = static_cast<uint64_t>(std::max<std::streamoff>(in.tellg(), 0));
+    in.seekg(0);
+    char prefix[8] = {};
+    uint64_t header_size = 0;
+    if (file_size >= 8 && in.read(prefix, 8)) {
+      std::memcpy(&header_size, prefix, 8);
+      if (header_size > kMaxHeaderBytes) {
+        bad_file(path, str("its header length is ", header_size, " bytes (at most ",
+                           kMaxHeaderBytes, ")"));
+      }
+      std::string header(std::min(header_size, file_size - 8), '\0');
+      if (in.read(&header[0], static_cast<std::streamsize>(header.size()))) {
+        const std::string nesting = detail::nesting_problem(header, detail::Syntax::kJson);
+        if (!nesting.empty()) bad_file(path, detail::said_of("its header", nesting));
+      }
+    }
   }
   return decode_safetensors(detail::read_file(path), path);
 }

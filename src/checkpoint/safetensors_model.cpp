@@ -1,13 +1,16 @@
 // A model's weights as safetensors files: one file, or shards plus Hugging Face's index.
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <regex>
 #include <set>
 
 #include "accelerant/error.h"
 #include "accelerant/safetensors.h"
+#include "base/bounded_input.h"
 #include "base/file_io.h"
 #include "base/text.h"
+#include "checkpoint/checkpoint_layout.h"
 #include "checkpoint/durable_files.h"
 #include "checkpoint/state_pieces.h"
 
@@ -95,14 +98,18 @@ std::map<std::string, torch::Tensor> read_model_safetensors(const std::string& d
   const std::string index_path = dir + "/" + kIndexFile;
   std::vector<std::string> files;
   if (detail::path_exists(index_path)) {
-    nlohmann::json index;
-    try {
-      index = nlohmann::json::parse(detail::read_file(index_path));
-    } catch (const nlohmann::json::exception& e) {
-      throw CheckpointError(
-          str(index_path, " is not valid JSON (", e.what(), "). Fix: save the model again."),
-          index_path);
+    // Bounded (note "Bounded input"): a nesting bomb or a huge file is refused, not parsed.
+    const auto file = detail::read_bounded_file(index_path, detail::layout::kMaxJsonBytes);
+    std::string problem = file.problem;
+    std::optional<nlohmann::json> parsed;
+    if (problem.empty()) parsed = detail::parse_bounded_json(file.bytes, &problem);
+    if (!parsed) {
+      throw CheckpointError(str(detail::said_of(index_path, problem),
+                                ". Likely cause: it was damaged or is not an index save_model "
+                                "wrote. Fix: save the model again."),
+                            index_path);
     }
+    nlohmann::json index = std::move(*parsed);
     if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
       throw CheckpointError(
           str(index_path, " has no \"weight_map\" object. Fix: save the model again."), index_path);

@@ -93,10 +93,17 @@ std::string save_training_state(const CheckpointedState& state, const Checkpoint
 std::string load_training_state(CheckpointedState& state, const CheckpointRanks& ranks,
                                 const std::string& dir, const std::string& checkpoints_dir);
 
-/// The newest complete checkpoint in `checkpoints_dir` as the main process sees it, the same
-/// on every process (a collective); "" when there is none. Throws CheckpointError when
-/// `checkpoints_dir` is empty (no project directory).
+/// The newest checkpoint in `checkpoints_dir` that verifies (newest_verified_checkpoint) as the
+/// main process sees it, the same on every process (a collective); "" when there is none. The
+/// main process prints a warning to stderr naming every newer checkpoint it skipped and why.
+/// Throws CheckpointError when `checkpoints_dir` is empty (no project directory).
 std::string agreed_latest_checkpoint(const CheckpointRanks& ranks,
                                      const std::string& checkpoints_dir);
+
+/// The newest checkpoint_<n> in `checkpoints_dir` with a manifest whose files all verify
+/// (verify_checkpoint); "" when none does. Each newer one passed over is added to `*skipped`
+/// with the reason (no manifest.json, or verify_checkpoint's message), newest first.
+std::string newest_verified_checkpoint(const std::string& checkpoints_dir,
+                                       std::vector<std::string>* skipped);
 
 }  // namespace accelerant::detail

@@ -4,6 +4,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -13,11 +14,16 @@
 
 #include "accelerant/environment.h"
 #include "accelerant/error.h"
+#include "base/bounded_input.h"
 #include "base/file_io.h"
 #include "base/text.h"
 
 namespace accelerant {
 namespace {
+
+// A config file is about 1 KB; anything over this is not one (docs/cli.md "Config files"), and is
+// refused before it is read (note "Bounded input" in base/bounded_input.h).
+constexpr uint64_t kMaxConfigBytes = 1u << 20;
 
 // How one key is read from YAML into a Config and written back.
 struct Field {
@@ -126,15 +132,30 @@ const std::vector<std::string>& config_keys() {
 }
 
 Config load_config(const std::string& path) {
-  std::ifstream file(path);
-  if (!file) {
+  const auto file = detail::read_bounded_file(path, kMaxConfigBytes);
+  if (!file.problem.empty()) {
+    const bool too_big = file.error == 0 && file.problem.find("bytes") != std::string::npos;
     throw Error(detail::str(
-        "Config file ", path, " cannot be read. Fix: create one with `accelerant config` ",
-        "(questions) or `accelerant config default`, or pass another --config_file."));
+        detail::said_of("Config file " + path, file.problem), ". ",
+        too_big ? "Likely cause: --config_file or ACCELERANT_CONFIG_FILE names another kind of "
+                  "file (a config file is a few lines of YAML, at most 1 MiB). "
+        : file.error != ENOENT
+            ? "Likely cause: --config_file or ACCELERANT_CONFIG_FILE names the wrong path, or "
+              "the file's permissions keep it from this user. "
+            : "",
+        "Fix: create one with `accelerant config` (questions) or `accelerant config default`, ",
+        "or pass another --config_file."));
+  }
+  const std::string nesting = detail::nesting_problem(file.bytes, detail::Syntax::kYaml);
+  if (!nesting.empty()) {
+    throw Error(detail::str(detail::said_of("Config file " + path, nesting),
+                            ", while a config is a flat list of `key: value` lines. Fix: ",
+                            "rewrite it with `accelerant config default`, or pass another ",
+                            "--config_file."));
   }
   YAML::Node root;
   try {
-    root = YAML::Load(file);
+    root = YAML::Load(file.bytes);
   } catch (const YAML::Exception& e) {
     throw Error(
         detail::str("Config file ", path, " is not valid YAML: ", e.msg, " at ", position(e.mark),
@@ -296,7 +317,10 @@ std::string default_config_path(const EnvLookup& lookup) {
 }
 
 ConfigValues read_config_values(const std::string& path) {
-  if (!std::ifstream(path)) return {};  // no config file: nothing from this layer
+  // No config file: nothing from this layer. One that exists but cannot be read is an error
+  // (load_config says why), never silently skipped.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 && errno == ENOENT) return {};
   return to_config_values(load_config(path));
 }
 

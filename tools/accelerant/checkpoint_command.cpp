@@ -4,9 +4,11 @@
 #include <accelerant/checkpoint.h>
 #include <accelerant/safetensors.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <sstream>
 
 #include "commands.h"
 
@@ -116,27 +118,64 @@ void print_tensors(const std::string& where,
     std::cout << "  " << name << "  " << t.scalar_type() << " " << t.sizes() << "\n";
 }
 
+// "" when the checkpoint verifies, else verify_checkpoint's reason.
+std::string verification_problem(const std::string& dir) {
+  try {
+    verify_checkpoint(dir);
+    return "";
+  } catch (const CheckpointError& e) {
+    return e.what();
+  }
+}
+
 int inspect(const std::string& path, bool as_json) {
   std::string folder;
   switch (kind_of(path, &folder)) {
     case Kind::Checkpoint: {
       const auto manifest = read_checkpoint_manifest(path);
-      if (as_json)
+      const std::string problem = verification_problem(path);
+      if (as_json) {
         std::cout << format_checkpoint_manifest(manifest);
-      else
+        if (!problem.empty()) std::cerr << "accelerant checkpoint inspect: " << problem << "\n";
+      } else {
         print_checkpoint(path, manifest);
-      return 0;
+        std::cout << "verified       "
+                  << (problem.empty() ? "yes: every file's size and CRC-32 match the manifest"
+                                      : "NO: " + problem)
+                  << "\n";
+      }
+      return problem.empty() ? 0 : 1;
     }
     case Kind::CheckpointsFolder: {
-      const auto all = list_checkpoints(folder);
-      std::cout << all.size() << " complete checkpoint(s) in " << folder
-                << " (oldest first; load_state() takes the last):\n";
-      for (const auto& dir : all) {
-        const auto m = read_checkpoint_manifest(dir);
-        std::cout << "  " << dir << "  step " << m.step << ", epoch " << m.epoch << ", "
-                  << m.world_size << " process(es), " << m.created << "\n";
+      // Every checkpoint_<n>, complete or not, each with what verify_checkpoint says of it.
+      std::vector<std::pair<int64_t, std::string>> found;
+      std::error_code ignored;
+      for (const auto& entry : std::filesystem::directory_iterator(folder, ignored)) {
+        const int64_t n = checkpoint_iteration(entry.path().filename().string());
+        if (n >= 0 && is_directory(entry.path().string())) found.emplace_back(n, entry.path());
       }
-      return 0;
+      std::sort(found.begin(), found.end());
+      int good = 0;
+      std::ostringstream lines;
+      for (const auto& [n, dir] : found) {
+        lines << "  " << dir << "  ";
+        if (!exists(dir + "/manifest.json")) {
+          lines << "INCOMPLETE: no manifest.json (deleted, or a save that never finished)\n";
+          continue;
+        }
+        try {
+          const auto m = verify_checkpoint(dir);
+          ++good;
+          lines << "step " << m.step << ", epoch " << m.epoch << ", " << m.world_size
+                << " process(es), " << m.created << ", verified\n";
+        } catch (const CheckpointError& e) {
+          lines << "DAMAGED: " << e.what() << "\n";
+        }
+      }
+      std::cout << found.size() << " checkpoint(s) in " << folder << ", " << good
+                << " verified (oldest first; auto_resume takes the newest verified one):\n"
+                << lines.str();
+      return good == static_cast<int>(found.size()) ? 0 : 1;
     }
     case Kind::SafetensorsFile: {
       const auto contents = read_safetensors(path);

@@ -4,8 +4,10 @@
 #include <dlfcn.h>
 #include <gloo/config.h>
 #include <sched.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 
+#include <cerrno>
 #include <fstream>
 #include <iostream>
 #include <set>
@@ -138,7 +140,8 @@ void add_env_command(CLI::App& app, Action& action) {
       print_environment();
       const std::string path = config_path_or_default(*file);
       std::cout << "- Config file: " << path;
-      if (!std::ifstream(path)) {
+      struct stat st {};
+      if (::stat(path.c_str(), &st) != 0 && errno == ENOENT) {
         std::cout << " (none; `accelerant config` writes one)\n";
       } else {
         std::cout << "\n";

@@ -3,6 +3,7 @@
 // ACCELERANT_* set, watches them, restarts the group up to max_restarts and reports the first
 // failure. Settings come from the config file; flags override it.
 #include <accelerant/accelerant.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,7 +17,12 @@ namespace accelerant::cli {
 Config resolve_launch_config(const LaunchFlags& f) {
   const std::string path = config_path_or_default(f.config_file);
   Config c;
-  if (!f.config_file.empty() || std::ifstream(path)) c = load_config(path);
+  // The default file is optional, but one that is there and cannot be read is an error (a
+  // path through a file, a directory, no permission): load_config says why.
+  struct stat st {};
+  if (!f.config_file.empty() || ::stat(path.c_str(), &st) == 0 || errno != ENOENT) {
+    c = load_config(path);
+  }
   if (f.num_processes) c.num_processes = *f.num_processes;
   if (f.num_machines) c.num_machines = *f.num_machines;
   if (f.machine_rank) c.machine_rank = *f.machine_rank;
