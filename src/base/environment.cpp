@@ -33,7 +33,7 @@ const std::vector<EnvVariable> kTable = {
     {"TORCHELASTIC_RESTART_COUNT", "integer ≥ 0", "0",
      "How many times torchrun restarted the group.", kContract},
     {"TORCHELASTIC_ERROR_FILE", "path", "unset",
-     "torchrun's error file: a worker's fatal error is written there as JSON (torchrun's @record "
+     "torchrun's error file: a worker's fatal error is written there as JSON (torchrun's record() "
      "contract), so torchrun's failure summary quotes it.",
      kContract},
     // Slurm's srun.
