@@ -2,7 +2,7 @@
 // that dies of an exception would leave only "terminate called ..." in its stderr. This records
 // the exception's text in the files the launcher named, which its failure report quotes:
 // ACCELERANT_ERROR_FILE (plain text, for Accelerant's launchers) and TORCHELASTIC_ERROR_FILE (JSON,
-// torchrun's @record contract: {"message": text, "timestamp": seconds}). Installed when the
+// torchrun's record() contract: {"message": text, "timestamp": seconds}). Installed when the
 // process state is created, and by accelerant::launch when it runs in place under a launcher.
 #pragma once
 #include <exception>
