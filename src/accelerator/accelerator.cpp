@@ -19,6 +19,7 @@
 #include "base/step_recording.h"
 #include "base/text.h"
 #include "base/torch_compat.h"
+#include "checkpoint/durable_files.h"
 #include "checkpoint/training_checkpoint.h"
 #include "graph/metrics_recording.h"
 #include "train/data_loader_internal.h"
@@ -120,12 +121,6 @@ std::vector<ModelEntry> from_text(const std::string& text) {
   return entries;
 }
 
-uint64_t fnv1a(const std::string& text) {
-  uint64_t hash = 14695981039346656037ull;
-  for (unsigned char c : text) hash = (hash ^ c) * 1099511628211ull;
-  return hash;
-}
-
 // The first difference between rank 0's model and rank `other`'s, in words.
 std::string first_difference(const std::vector<ModelEntry>& main,
                              const std::vector<ModelEntry>& theirs, int other) {
@@ -157,7 +152,7 @@ void check_same_model_everywhere(Communicator& communicator, const torch::nn::Mo
                                  const std::string& rank_prefix) {
   const auto entries = model_entries(module);
   const std::string text = to_text(entries);
-  const uint64_t hash = fnv1a(text);
+  const uint32_t hash = detail::crc32_of(text);  // the checkpoint files' checksum
   const auto hashes =
       communicator.gather_bytes(std::string(reinterpret_cast<const char*>(&hash), sizeof hash));
   std::vector<int> differing;

@@ -33,11 +33,6 @@ Config resolve_launch_config(const LaunchFlags& f) {
   if (f.mixed_precision) c.mixed_precision = *f.mixed_precision;
   if (f.monitor_interval) c.monitor_interval = *f.monitor_interval;
   if (f.join_timeout) c.join_timeout = *f.join_timeout;
-  // The user's ACCELERANT_TIMEOUT_MS beats the config file's key (the launcher's default); the
-  // flag beats both.
-  if (const auto user_timeout = read_launch_contract().timeout) {
-    c.collective_timeout = static_cast<double>(user_timeout->count()) / 1000;
-  }
   if (f.collective_timeout) c.collective_timeout = *f.collective_timeout;
   if (f.gradient_accumulation_steps) c.gradient_accumulation_steps = *f.gradient_accumulation_steps;
   if (f.cpu) c.use_cpu = true;
@@ -59,8 +54,6 @@ int run_launch(const LaunchFlags& flags, const std::vector<std::string>& command
           .monitor_interval(
               std::chrono::milliseconds(static_cast<int64_t>(c.monitor_interval * 1000)))
           .join_timeout(std::chrono::milliseconds(static_cast<int64_t>(c.join_timeout * 1000)))
-          .timeout(std::chrono::milliseconds(
-              std::max<int64_t>(1, static_cast<int64_t>(c.collective_timeout * 1000))))
           .mixed_precision(c.mixed_precision)
           .downcast_bf16(c.downcast_bf16)
           .use_cpu(c.use_cpu)
@@ -70,6 +63,13 @@ int run_launch(const LaunchFlags& flags, const std::vector<std::string>& command
           .prefix_output(flags.prefix_output)
           .log_dir(flags.log_dir)
           .tee(flags.tee);
+  // The flag beats the user's ACCELERANT_TIMEOUT_MS, which beats the config file's key: with
+  // neither flag nor variable the key is passed; with the variable alone the option stays unset
+  // and the agent reads the variable (LaunchOptions::timeout), the one place that parses it.
+  if (flags.collective_timeout || !environment_value("ACCELERANT_TIMEOUT_MS")) {
+    options.timeout(std::chrono::milliseconds(
+        std::max<int64_t>(1, static_cast<int64_t>(c.collective_timeout * 1000))));
+  }
   launch_program(command, options);
   return 0;
 }
