@@ -241,8 +241,12 @@ TEST(CheckpointCommand, InspectAndVerifyWhatATrainingRunLeft) {
   std::ofstream(scratch.path + "/notes.txt") << "x";
   EXPECT_EQ(run_cli({"checkpoint", "inspect", scratch.path + "/notes.txt"}, out), 1) << out;
   EXPECT_TRUE(contains(out, "is a file, not a checkpoint directory")) << out;
-  EXPECT_EQ(run_cli({"checkpoint", "inspect", project + "/weights/.."}, out), 0)
-      << out;  // the project dir again
+  // The project dir again: inspect lists both and exits 1, since checkpoint_3 (corrupted above)
+  // does not verify.
+  EXPECT_EQ(run_cli({"checkpoint", "inspect", project + "/weights/.."}, out), 1) << out;
+  EXPECT_TRUE(contains(out, "2 checkpoint(s) in")) << out;
+  EXPECT_TRUE(contains(out, ", 1 verified")) << out;
+  EXPECT_TRUE(contains(out, "checkpoint_3  DAMAGED: ")) << out;
 
   ASSERT_EQ(run_cli({"checkpoint", "verify", "--help"}, out), 0) << out;
   EXPECT_TRUE(contains(out, "Examples:")) << out;

@@ -74,9 +74,17 @@ std::vector<std::string> role_problems(const CheckpointManifest& m) {
           " registered object(s), world size ", m.world_size, ") need it"));
     }
   }
+  // Optional: a rank's accumulated gradients, present only when saved mid-accumulation.
+  auto optional_file = [&](const std::string& path) {
+    for (int r = 0; r < m.world_size; ++r) {
+      if (path == detail::layout::gradients_file(r)) return true;
+    }
+    return false;
+  };
   for (const auto& f : m.files) {
-    const bool known = std::any_of(expected.begin(), expected.end(),
-                                   [&](const auto& e) { return e.first == f.path; });
+    const bool known =
+        optional_file(f.path) || std::any_of(expected.begin(), expected.end(),
+                                             [&](const auto& e) { return e.first == f.path; });
     if (!known) {
       problems.push_back(detail::str(f.path, " is in the manifest's file list but has no role in ",
                                      "a checkpoint of ", m.models, " model(s), ", m.optimizers,
