@@ -2,7 +2,10 @@
 // workers' real c10d clients use every query type on our server, several at once, with waits that
 // time out and waits that another client ends; Gloo rendezvouses through it; and our client also
 // talks to c10d's own server. If LibTorch's protocol changes, these fail first.
+#include "launch/job_store.h"
+
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <atomic>
 #include <chrono>
@@ -11,10 +14,8 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <torch/torch.h>
 
 #include "accelerant/error.h"
-#include "launch/job_store.h"
 
 using accelerant::detail::StoreClient;
 using accelerant::detail::StoreServer;
@@ -25,8 +26,7 @@ namespace {
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
-c10::intrusive_ptr<c10d::TCPStore> c10d_client(int port,
-                                               std::chrono::milliseconds timeout = 10s) {
+c10::intrusive_ptr<c10d::TCPStore> c10d_client(int port, std::chrono::milliseconds timeout = 10s) {
   c10d::TCPStoreOptions o;
   o.port = static_cast<std::uint16_t>(port);
   o.isServer = false;
@@ -42,9 +42,9 @@ TEST(JobStore, ServesEveryQueryTypeOfC10dClients) {
   ASSERT_GT(server.port(), 0);
   auto store = c10d_client(server.port());
 
-  store->set("a", bytes("one"));  // SET
+  store->set("a", bytes("one"));            // SET
   EXPECT_EQ(text(store->get("a")), "one");  // WAIT then GET
-  EXPECT_TRUE(store->check({"a"}));  // CHECK
+  EXPECT_TRUE(store->check({"a"}));         // CHECK
   EXPECT_FALSE(store->check({"a", "absent"}));
   store->wait({"a"});  // WAIT on a key that is there
 
@@ -60,17 +60,17 @@ TEST(JobStore, ServesEveryQueryTypeOfC10dClients) {
   EXPECT_EQ(text(store->compareSet("d", bytes("x"), bytes("y"))), "x");
   EXPECT_FALSE(store->check({"d"}));
 
-  EXPECT_EQ(store->getNumKeys(), 3);  // a, n, c
+  EXPECT_EQ(store->getNumKeys(), 3);   // a, n, c
   EXPECT_TRUE(store->deleteKey("c"));  // DELETE_KEY
   EXPECT_FALSE(store->deleteKey("c"));
   EXPECT_EQ(store->getNumKeys(), 2);
 
   // WATCH_KEY: the callback hears the change (on c10d's second connection).
   std::promise<std::string> heard;
-  store->watchKey("w", [&heard](c10::optional<std::string> old_value,
-                                c10::optional<std::string> new_value) {
-    heard.set_value(old_value.value_or("<none>") + "->" + new_value.value_or("<none>"));
-  });
+  store->watchKey(
+      "w", [&heard](c10::optional<std::string> old_value, c10::optional<std::string> new_value) {
+        heard.set_value(old_value.value_or("<none>") + "->" + new_value.value_or("<none>"));
+      });
   auto other = c10d_client(server.port());
   other->set("w", bytes("v1"));
   auto future = heard.get_future();

@@ -17,20 +17,20 @@
 // A getter and a chainable setter, exactly as LibTorch's TORCH_ARG makes them (torch/arg.h), so
 // that LaunchOptions reads like every other options struct without this header needing LibTorch's.
 // Undefined again at the end of the header.
-#define ACCELERANT_LAUNCH_OPTION(T, name)                             \
- public:                                                              \
-  inline auto name(const T& new_##name)->decltype(*this) {            \
-    this->name##_ = new_##name;                                       \
-    return *this;                                                     \
-  }                                                                   \
-  inline auto name(T&& new_##name)->decltype(*this) {                 \
-    this->name##_ = std::move(new_##name);                            \
-    return *this;                                                     \
-  }                                                                   \
-  inline const T& name() const noexcept { return this->name##_; }     \
-  inline T& name() noexcept { return this->name##_; }                 \
-                                                                      \
- private:                                                             \
+#define ACCELERANT_LAUNCH_OPTION(T, name)                         \
+ public:                                                          \
+  inline auto name(const T& new_##name)->decltype(*this) {        \
+    this->name##_ = new_##name;                                   \
+    return *this;                                                 \
+  }                                                               \
+  inline auto name(T&& new_##name)->decltype(*this) {             \
+    this->name##_ = std::move(new_##name);                        \
+    return *this;                                                 \
+  }                                                               \
+  inline const T& name() const noexcept { return this->name##_; } \
+  inline T& name() noexcept { return this->name##_; }             \
+                                                                  \
+ private:                                                         \
   T name##_
 
 namespace accelerant {
@@ -55,7 +55,8 @@ struct LaunchOptions {
   /// How often the whole group is restarted after a worker fails. Default: 0.
   ACCELERANT_LAUNCH_OPTION(int, max_restarts) = 0;
   /// How often the agent checks its workers. Default: 100 ms.
-  ACCELERANT_LAUNCH_OPTION(std::chrono::milliseconds, monitor_interval) = std::chrono::milliseconds(100);
+  ACCELERANT_LAUNCH_OPTION(std::chrono::milliseconds,
+                           monitor_interval) = std::chrono::milliseconds(100);
   /// Passed to workers as ACCELERANT_MIXED_PRECISION: no, fp16 or bf16 (parse_mixed_precision).
   /// Default: "no".
   ACCELERANT_LAUNCH_OPTION(std::string, mixed_precision) = "no";

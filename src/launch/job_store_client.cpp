@@ -26,8 +26,8 @@ const char* const kKeyPrefix = "/";
 void append_u64(std::string& out, uint64_t v) { out.append(reinterpret_cast<const char*>(&v), 8); }
 
 int remaining_ms(StoreClient::Clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-      deadline - StoreClient::Clock::now());
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - StoreClient::Clock::now());
   return static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30));
 }
 
@@ -82,8 +82,8 @@ void StoreClient::send_all(const std::string& bytes) {
     const ssize_t n = ::send(fd_, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      throw Error(str("the job's store at ", host_, ":", port_,
-                      " went away: ", std::strerror(errno)));
+      throw Error(
+          str("the job's store at ", host_, ":", port_, " went away: ", std::strerror(errno)));
     }
     done += static_cast<size_t>(n);
   }
@@ -179,8 +179,8 @@ void StoreClient::wait(const std::vector<std::string>& keys, std::chrono::millis
   ::close(fd_);
   fd_ = -1;
   connect(Clock::now() + timeout_);
-  throw Error(str("timed out after ", timeout.count(), " ms waiting for the job's store at ",
-                  host_, ":", port_, " to hold ", join(keys, ", ")));
+  throw Error(str("timed out after ", timeout.count(), " ms waiting for the job's store at ", host_,
+                  ":", port_, " to hold ", join(keys, ", ")));
 }
 
 }  // namespace accelerant::detail

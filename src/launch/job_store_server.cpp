@@ -145,7 +145,7 @@ int bound_port(int fd) {
 struct StoreServer::Impl {
   struct Connection {
     int fd = -1;
-    std::string in;   // bytes received, not yet a whole query
+    std::string in;  // bytes received, not yet a whole query
     bool dead = false;
   };
 
@@ -158,7 +158,7 @@ struct StoreServer::Impl {
   uint64_t next_id = 0;
   std::map<uint64_t, Connection> connections;
   std::map<std::string, std::string> values;
-  std::map<std::string, std::vector<uint64_t>> waiters;  // key -> connections waiting for it
+  std::map<std::string, std::vector<uint64_t>> waiters;   // key -> connections waiting for it
   std::map<uint64_t, size_t> keys_awaited;                // connection -> keys still missing
   std::map<std::string, std::vector<uint64_t>> watchers;  // key -> connections watching it
 
