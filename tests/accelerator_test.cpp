@@ -364,3 +364,20 @@ TEST(Accelerator, CpuDefaultsGiveOneProcessEveryUsableCore) {
   EXPECT_EQ(acc.threads(), CPU_COUNT(&set));
   EXPECT_EQ(torch::get_num_threads(), CPU_COUNT(&set));
 }
+
+// A task that srun started with -c 1 runs one thread, not every usable CPU: SLURM_CPUS_PER_TASK
+// reaches the CPU defaults through the launch contract.
+TEST(Accelerator, CpuDefaultsUnderSrunUseCpusPerTask) {
+  if (std::getenv("OMP_NUM_THREADS") != nullptr) GTEST_SKIP() << "OMP_NUM_THREADS is set";
+  cpu_set_t set;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  if (CPU_COUNT(&set) < 2) GTEST_SKIP() << "one usable CPU: -c 1 would change nothing";
+  // A fresh process (CTest runs each test alone): the variables are read at the first
+  // ProcessState, which this Accelerator creates.
+  ::setenv("SLURM_PROCID", "0", 1);
+  ::setenv("SLURM_NTASKS", "1", 1);
+  ::setenv("SLURM_CPUS_PER_TASK", "1", 1);
+  Accelerator acc;
+  EXPECT_EQ(acc.threads(), 1);
+  EXPECT_EQ(torch::get_num_threads(), 1);
+}

@@ -284,3 +284,58 @@ TEST(Launch, LogDirKeepsEachRanksOutputPerAttemptAndTeeAlsoShowsIt) {
             0);
   EXPECT_NE(out.find("tee 1"), std::string::npos) << out;
 }
+
+// The collective timeout reaches the workers: the user's ACCELERANT_TIMEOUT_MS (it used to be
+// overwritten by the launcher's 30-minute default), --collective_timeout over it, and the config
+// file's collective_timeout under both.
+TEST(Launch, TheUsersTimeoutReachesTheWorkersAndTheFlagWinsOverIt) {
+  ScratchDir dir;
+  const std::string config = dir.path + "/config.yaml";
+  std::ofstream(config) << "collective_timeout: 42\n";
+  const std::vector<std::string> echo = {"/bin/sh", "-c", "echo timeout=$ACCELERANT_TIMEOUT_MS"};
+  auto with = [&](std::vector<std::string> flags) {
+    flags.insert(flags.end(), echo.begin(), echo.end());
+    std::string out;
+    EXPECT_EQ(run(flags, out), 0) << out;
+    return out;
+  };
+  EXPECT_EQ(count(with({"-n", "2"}), "timeout=1800000"), 2);
+  EXPECT_EQ(count(with({"-n", "2", "--config_file", config}), "timeout=42000"), 2);
+  ::setenv("ACCELERANT_TIMEOUT_MS", "5000", 1);
+  EXPECT_EQ(count(with({"-n", "2", "--config_file", config}), "timeout=5000"), 2);
+  EXPECT_EQ(count(with({"-n", "2", "--collective_timeout", "7"}), "timeout=7000"), 2);
+  ::unsetenv("ACCELERANT_TIMEOUT_MS");
+}
+
+// A stopped rank (SIGSTOP) cannot say anything: the other rank's collective times out after the
+// user's 3 s, the launcher ends the group (SIGCONT with its SIGTERM, so the stopped one goes too)
+// and names the failure, well within 10 s instead of the default 30 minutes.
+TEST(Launch, AStoppedRankFailsTheJobWithinTheUsersTimeout) {
+  ::setenv("ACCELERANT_TIMEOUT_MS", "3000", 1);
+  const auto start = std::chrono::steady_clock::now();
+  std::string out;
+  const int code = run({"-n", "2", launch_helper_path(), "stop"}, out);
+  const auto took = std::chrono::steady_clock::now() - start;
+  ::unsetenv("ACCELERANT_TIMEOUT_MS");
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_LT(took, std::chrono::seconds(10)) << out;
+  EXPECT_TRUE(contains(out, "worker rank 0")) << out;
+  EXPECT_TRUE(contains(out, "rank 1")) << out;  // the rank it waited for
+}
+
+// torchrun's @record contract: the C++ exception's text reaches torchrun's failure summary through
+// TORCHELASTIC_ERROR_FILE (instead of "To enable traceback see: ...").
+TEST(Launch, TorchrunsFailureSummaryQuotesTheWorkersException) {
+  std::string probe;
+  auto check = start_program({"/usr/bin/python3", "-c", "import torch.distributed.run"});
+  if (finish_program(check, probe, std::chrono::seconds(60)) != 0) {
+    GTEST_SKIP() << "Debian's python3-torch is not importable by /usr/bin/python3: " << probe;
+  }
+  auto torchrun = start_program({"/usr/bin/python3", "-m", "torch.distributed.run", "--standalone",
+                                 "--nproc_per_node", "2", "--redirects", "1", "--tee", "1",
+                                 "--no_python", launch_helper_path(), "throw"});
+  std::string out;
+  EXPECT_NE(finish_program(torchrun, out, std::chrono::seconds(120)), 0) << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex("traceback *: the data file shard-7 is corrupt")))
+      << out;
+}

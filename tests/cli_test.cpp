@@ -76,6 +76,9 @@ TEST(CliConfig, DefaultWritesEveryKeyWithTheChosenPrecision) {
   EXPECT_NE(text.find("mixed_precision: \"bf16\""), std::string::npos) << text;
   EXPECT_NE(text.find("num_processes: 1"), std::string::npos) << text;
   EXPECT_NE(text.find("config_version: 1"), std::string::npos) << text;
+  // A free port by default: a fixed one collided with other jobs on a shared machine.
+  EXPECT_NE(text.find("main_process_port: 0"), std::string::npos) << text;
+  EXPECT_NE(text.find("collective_timeout: 1800"), std::string::npos) << text;
   auto loaded = accelerant::load_config(file);
   EXPECT_EQ(loaded.mixed_precision, "bf16");
 }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <set>
 
 using namespace accelerant;
 
@@ -256,6 +257,18 @@ TEST(LaunchContract, RejectsBadValuesNamingVariableValueAndFix) {
        "fp8",
        "use no, fp16 or bf16"},
       {{{"ACCELERANT_TIMEOUT_MS", "-5"}}, "ACCELERANT_TIMEOUT_MS", "-5", "out of range"},
+      {{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_NODELIST", "n[2-1]"}},
+       "SLURM_STEP_NODELIST",
+       "n[2-1]",
+       "start is above its end"},
+      {{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_NODELIST", "n[1-"}},
+       "SLURM_JOB_NODELIST",
+       "n[1-",
+       "never closed"},
+      {with({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_ID", "12x"}}),
+       "SLURM_JOB_ID", "12x", "not an integer"},
+      {with({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_CPUS_PER_TASK", "0"}}),
+       "SLURM_CPUS_PER_TASK", "0", "out of range"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.variable + "=" + c.value);
@@ -272,4 +285,96 @@ TEST(LaunchContract, RejectsBadValuesNamingVariableValueAndFix) {
       if (!c.value.empty()) EXPECT_NE(message.find("=" + c.value), std::string::npos) << message;
     }
   }
+}
+
+// srun sets neither MASTER_ADDR nor MASTER_PORT: `srun -n 2 ./train` must still meet, on the first
+// machine of the step, at a port derived from the job and step ids (docs/launching.md "Slurm").
+namespace {
+
+std::map<std::string, std::string> srun_task(std::map<std::string, std::string> extra) {
+  extra.insert({{"SLURM_PROCID", "1"},
+                {"SLURM_NTASKS", "4"},
+                {"SLURM_LOCALID", "1"},
+                {"SLURM_NODEID", "0"},
+                {"SLURM_NNODES", "2"}});
+  return extra;
+}
+
+}  // namespace
+
+TEST(LaunchContract, SrunWithoutMasterAddrMeetsOnTheFirstMachineOfTheStep) {
+  struct Case {
+    std::string name;
+    std::map<std::string, std::string> vars;
+    std::string master_addr;
+  };
+  const std::vector<Case> cases = {
+      {"step list first",
+       srun_task({{"SLURM_STEP_NODELIST", "gpu[07-08]"},
+                  {"SLURM_JOB_NODELIST", "gpu[01-08]"},
+                  {"SLURM_NODELIST", "gpu[01-08]"}}),
+       "gpu07"},
+      {"job list without a step list (a program in the batch script itself)",
+       srun_task({{"SLURM_JOB_NODELIST", "rack[2-3]n[01-04]"}, {"SLURM_NODELIST", "x1"}}),
+       "rack2n01"},
+      {"older name last", srun_task({{"SLURM_NODELIST", "n[008-010],m1"}}), "n008"},
+      {"an empty variable counts as unset",
+       srun_task({{"SLURM_STEP_NODELIST", ""}, {"SLURM_JOB_NODELIST", "a,b"}}), "a"},
+      {"MASTER_ADDR wins",
+       srun_task({{"MASTER_ADDR", "10.1.2.3"}, {"SLURM_STEP_NODELIST", "gpu[07-08]"}}), "10.1.2.3"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto env = parse(c.vars);
+    EXPECT_EQ(env.source, EnvSource::kSlurm);
+    EXPECT_EQ(env.master_addr, c.master_addr);
+  }
+}
+
+TEST(LaunchContract, OnlySrunTasksReadTheNodeList) {
+  // torchrun's variables win over Slurm's; torchrun sets MASTER_ADDR itself, so a missing one is
+  // an error there even inside a Slurm allocation.
+  try {
+    parse({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"SLURM_STEP_NODELIST", "gpu[07-08]"}});
+    FAIL() << "torchrun's contract took MASTER_ADDR from Slurm's node list";
+  } catch (const EnvironmentError& e) {
+    EXPECT_EQ(e.variable(), "MASTER_ADDR");
+  }
+  // One task needs no meeting place: a broken node list is not even read.
+  auto one =
+      parse({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_STEP_NODELIST", "n[2-1"}});
+  EXPECT_FALSE(one.distributed());
+}
+
+TEST(LaunchContract, SrunWithoutMasterPortDerivesItFromTheJobAndStep) {
+  auto port = [](std::map<std::string, std::string> vars) {
+    vars["SLURM_STEP_NODELIST"] = "n[1-2]";
+    return parse(srun_task(vars)).master_port;
+  };
+  // 15000 + (SLURM_JOB_ID mod 1000) * 10 + (SLURM_STEP_ID mod 10)
+  EXPECT_EQ(port({{"SLURM_JOB_ID", "123456"}, {"SLURM_STEP_ID", "3"}}), 19563);
+  EXPECT_EQ(port({{"SLURM_JOB_ID", "7"}}), 15070);  // no step id: step 0
+  EXPECT_EQ(port({{"SLURM_JOB_ID", "999"}, {"SLURM_STEP_ID", "9"}}), 24999);
+  EXPECT_EQ(port({{"SLURM_JOB_ID", "1000"}, {"SLURM_STEP_ID", "0"}}), 15000);
+  // Slurm's batch step has the id 4294967294.
+  EXPECT_EQ(port({{"SLURM_JOB_ID", "42"}, {"SLURM_STEP_ID", "4294967294"}}), 15424);
+  EXPECT_EQ(port({{"SLURM_JOB_ID", "42"}, {"MASTER_PORT", "29600"}}), 29600);  // MASTER_PORT wins
+  EXPECT_EQ(port({}), 29500);  // nothing to derive it from: torchrun's default
+  // Two steps of one job running at once, and jobs whose ids are less than 1000 apart, never
+  // share a port; every port lies in 15000..24999, below the ephemeral range and away from 29500.
+  std::set<int> seen;
+  for (int job = 5000; job < 6000; ++job) {
+    for (int step = 0; step < 10; ++step) {
+      const int p =
+          port({{"SLURM_JOB_ID", std::to_string(job)}, {"SLURM_STEP_ID", std::to_string(step)}});
+      EXPECT_TRUE(p >= 15000 && p <= 24999) << p;
+      EXPECT_TRUE(seen.insert(p).second) << "job " << job << " step " << step << " repeats " << p;
+    }
+  }
+}
+
+TEST(LaunchContract, SrunCpusPerTask) {
+  EXPECT_EQ(parse(srun_task({{"MASTER_ADDR", "h"}})).cpus_per_process, 0);
+  EXPECT_EQ(parse(srun_task({{"MASTER_ADDR", "h"}, {"SLURM_CPUS_PER_TASK", "6"}})).cpus_per_process,
+            6);
 }

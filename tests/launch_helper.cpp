@@ -6,9 +6,11 @@
 //   launch_helper worker                 joins the group, all-reduces rank + 1, prints the sum
 //   launch_helper park DIR               the same, then writes DIR/pid.<rank> and sleeps
 //   launch_helper throw                  rank 1 dies of an uncaught exception
+//   launch_helper stop                   rank 1 stops itself (SIGSTOP) after the first all-reduce
 #include <accelerant/accelerant.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <fstream>
 #include <iostream>
 #include <thread>
@@ -75,6 +77,14 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::minutes(10));
     return 0;
   }
+  if (mode == "stop") {  // started by `accelerant launch`: rank 1 stops itself (SIGSTOP) mid-job
+    auto& state = ProcessState::get();
+    state.communicator().all_reduce(torch::tensor({1}), ReduceOp::kSum);
+    std::cout << "joined rank=" << state.process_index() << std::endl;
+    if (state.process_index() == 1) ::raise(SIGSTOP);
+    state.communicator().all_reduce(torch::tensor({1}), ReduceOp::kSum);  // rank 0 waits here
+    return 0;
+  }
   if (mode == "throw") {  // started by `accelerant launch`: dies of an uncaught exception
     ProcessState::get();
     if (ProcessState::get().process_index() == 1)
@@ -82,6 +92,6 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::cerr << "usage: launch_helper node NODE_RANK PORT | sleepy DIR | worker | settings | park "
-               "DIR | throw\n";
+               "DIR | throw | stop\n";
   return 2;
 }

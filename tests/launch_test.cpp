@@ -204,3 +204,48 @@ TEST(Launch, TwoLaunchesAsTwoNodesFormOneWorldOfFour) {
   EXPECT_TRUE(contains(out1, "rank=2 world=4 node=1 sum=6")) << out1;
   EXPECT_TRUE(contains(out1, "rank=3 world=4 node=1 sum=6")) << out1;
 }
+
+namespace {
+
+// Sets launcher variables for one test and restores the environment afterwards.
+class OuterLauncher {
+ public:
+  explicit OuterLauncher(std::vector<std::pair<std::string, std::string>> vars)
+      : vars_(std::move(vars)) {
+    for (const auto& [name, value] : vars_) ::setenv(name.c_str(), value.c_str(), 1);
+  }
+  ~OuterLauncher() {
+    for (const auto& [name, value] : vars_) ::unsetenv(name.c_str());
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::string>> vars_;
+};
+
+}  // namespace
+
+// Under srun, torchrun, mpirun or `accelerant launch`, launch is one rank of the outer job: it
+// forks nothing, runs fn here with this process's rank and returns that one result.
+TEST(LaunchInPlace, UnderAnOuterLauncherFnRunsInThisProcessAsItsRank) {
+  OuterLauncher srun({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}});
+  const pid_t here = ::getpid();
+  auto results =
+      launch([](int index) { return static_cast<int64_t>(::getpid()) * 10 + index; }, quiet(3));
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0], static_cast<int64_t>(here) * 10);
+}
+
+TEST(LaunchInPlace, AThrowingFnPropagatesAndIsWrittenToTorchrunsErrorFile) {
+  ScratchDir dir;
+  const std::string error_file = dir.path + "/error.json";
+  OuterLauncher torchrun(
+      {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"TORCHELASTIC_ERROR_FILE", error_file}});
+  EXPECT_THROW(
+      launch([](int) -> int { throw std::runtime_error("shard 7 is \"corrupt\""); }, quiet(2)),
+      std::runtime_error);
+  std::ifstream in(error_file);
+  const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // torchrun's summary shows "message" as the traceback when it is a string (error_handler.py).
+  EXPECT_TRUE(contains(json, R"("message":"shard 7 is \"corrupt\"")")) << json;
+  EXPECT_TRUE(contains(json, R"("timestamp":")")) << json;
+}

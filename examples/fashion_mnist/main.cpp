@@ -137,13 +137,6 @@ double train(const fashion_mnist::Split& train_split, const fashion_mnist::Split
   return accuracy;
 }
 
-bool started_by_a_launcher() {
-  for (const char* name : {"WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"}) {
-    if (std::getenv(name) != nullptr) return true;
-  }
-  return false;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -199,25 +192,20 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    const bool fork_here = !started_by_a_launcher() && s.num_processes > 1;
+    // Under a launcher (accelerant launch, torchrun, srun, mpirun) launch runs `train` here as
+    // this process's rank; otherwise it forks the workers.
+    const auto outer = accelerant::read_launch_contract();
     // Forked workers must not inherit a started thread pool (docs/launching.md): read the data
     // single-threaded; each worker then sizes its own threads (the Accelerator's CPU defaults).
-    if (fork_here) torch::set_num_threads(1);
+    if (!outer.launched()) torch::set_num_threads(1);
     const auto train_split = fashion_mnist::load_split(s.data_dir, "train");
     const auto test_split = fashion_mnist::load_split(s.data_dir, "t10k");
-    double accuracy = 0;
-    int processes = s.num_processes;
-    if (fork_here) {
-      accuracy =
-          accelerant::launch(train, std::cref(train_split), std::cref(test_split), std::cref(s),
-                             accelerant::LaunchOptions().processes_per_node(s.num_processes))
-              .front();
-    } else {
-      accuracy = train(train_split, test_split, s);
-      const auto env = accelerant::read_launch_contract();
-      if (env.rank != 0) return 0;  // the summary line comes from rank 0 only
-      processes = env.world_size;
-    }
+    const double accuracy =
+        accelerant::launch(train, std::cref(train_split), std::cref(test_split), std::cref(s),
+                           accelerant::LaunchOptions().processes_per_node(s.num_processes))
+            .front();
+    if (outer.rank != 0) return 0;  // the summary line comes from rank 0 only
+    const int processes = outer.launched() ? outer.world_size : s.num_processes;
     std::printf("Fashion-MNIST test accuracy: %.2f%% after %d epoch%s on %d process%s\n", accuracy,
                 s.epochs, s.epochs == 1 ? "" : "s", processes, processes == 1 ? "" : "es");
     return 0;

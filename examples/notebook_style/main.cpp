@@ -56,7 +56,8 @@ int main(int argc, char** argv) {
       "The notebook pattern: the model is built once in main, then accelerant::launch(fn, model, "
       "...).\n\n"
       "Examples:\n  notebook_style\n  notebook_style -n 4 --steps 300"};
-  app.add_option("-n,--num_processes", processes, "Worker processes")
+  app.add_option("-n,--num_processes", processes,
+                 "Worker processes to fork (ignored under a launcher)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--steps", steps, "Optimizer steps")
@@ -65,7 +66,11 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    torch::set_num_threads(1);  // keep the parent's thread pool unstarted before fork
+    // Under a launcher (accelerant launch, torchrun, srun, mpirun) launch runs training_loop here
+    // as this process's rank; otherwise it forks the workers, so keep this process's thread pool
+    // unstarted before the fork.
+    const auto outer = accelerant::read_launch_contract();
+    if (!outer.launched()) torch::set_num_threads(1);
     torch::manual_seed(0);
     auto [points, labels] = two_spirals(2048);
     torch::nn::Sequential model(torch::nn::Linear(2, 64), torch::nn::Tanh(),
@@ -73,8 +78,9 @@ int main(int argc, char** argv) {
                                 torch::nn::Linear(64, 2));
     auto losses = accelerant::launch(training_loop, model, points, labels, steps,
                                      accelerant::LaunchOptions().processes_per_node(processes));
-    std::printf("final mean loss %.4f on %d workers (chance: %.4f)\n", losses.front(), processes,
-                std::log(2.0));
+    if (outer.rank != 0) return 0;  // one summary line for the whole job
+    std::printf("final mean loss %.4f on %d workers (chance: %.4f)\n", losses.front(),
+                outer.launched() ? outer.world_size : processes, std::log(2.0));
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "notebook_style: %s\n", e.what());

@@ -5,7 +5,7 @@
 //   num_machines: 1
 //   machine_rank: 0
 //   main_process_ip: 127.0.0.1
-//   main_process_port: 29500
+//   main_process_port: 0
 //   num_processes: 2
 //   mixed_precision: "no"
 //   ...
@@ -38,8 +38,10 @@ struct Config {
   int machine_rank = 0;  ///< this machine's index, 0 (the main machine) to num_machines - 1
   /// Address of the main machine (machine_rank 0), where the job's store listens (MASTER_ADDR).
   std::string main_process_ip = "127.0.0.1";
-  int main_process_port = 29500;  ///< 0 = a free port, chosen at launch (single machine only)
-  int num_processes = 1;          ///< total across machines
+  /// The main machine's port: 0 = a free port chosen at launch, on one machine only (a fixed
+  /// default would collide with another job's); several machines need an explicit one.
+  int main_process_port = 0;
+  int num_processes = 1;  ///< total across machines
   /// no, fp16 (CUDA only) or bf16 (parse_mixed_precision); "fp32" and "none" are refused.
   std::string mixed_precision = "no";
   /// Keep the model's weights in bf16 (AcceleratorOptions::downcast_bf16); needs mixed_precision
@@ -50,8 +52,12 @@ struct Config {
   /// collective in the workers.
   bool debug = false;
   int max_restarts = 0;  ///< how often the whole group is restarted after a worker fails, ≥ 0
-  double monitor_interval = 0.1;        ///< seconds between checks of the workers
-  double join_timeout = 600;            ///< seconds the machines' launchers wait for each other
+  double monitor_interval = 0.1;  ///< seconds between checks of the workers
+  double join_timeout = 600;      ///< seconds the machines' launchers wait for each other
+  /// Seconds a collective (or the workers' rendezvous) may wait before it fails naming the ranks it
+  /// waited for (ACCELERANT_TIMEOUT_MS in the workers). `accelerant launch`: --collective_timeout,
+  /// else the user's ACCELERANT_TIMEOUT_MS, else this key.
+  double collective_timeout = 1800;
   int threads_per_process = 0;          ///< 0 = cores / local processes
   int gradient_accumulation_steps = 1;  ///< micro-batches per optimizer step, ≥ 1
 };
@@ -73,7 +79,7 @@ std::string to_yaml(const Config& config);
 /// Writes `config` to `path` (creating its directory), through a temporary file and a rename.
 void save_config(const Config& config, const std::string& path);
 
-/// Writes a basic config (Config's defaults: one machine, one process, port 29500) with
+/// Writes a basic config (Config's defaults: one machine, one process, a free port) with
 /// `mixed_precision` to `path`, or to the default location when `path` is empty; returns the path
 /// written. Accelerate's write_basic_config.
 std::string write_basic_config(const std::string& mixed_precision = "no",

@@ -12,6 +12,10 @@
 // group. launch returns fn's results in local rank order once every worker has returned, and
 // restarts the whole local group when a worker fails, up to max_restarts; after that it throws
 // LaunchError naming the first failed rank, its exit code or signal and the tail of its stderr.
+//
+// One binary under every launcher: when `accelerant launch`, torchrun, srun or mpirun started
+// this process, launch forks nothing and runs `fn` here as this process's rank, so
+// `srun -n 2 ./train` is one 2-rank job, never two nested ones.
 #pragma once
 
 #include <torch/serialize.h>
@@ -37,6 +41,12 @@ namespace accelerant {
 /// local worker's bytes in local rank order. Throws LaunchError when the group fails after
 /// max_restarts restarts. launch() is this with the result serialised for you; call this one to
 /// move your own bytes.
+///
+/// When a launcher already started this process (read_launch_contract().launched(): `accelerant
+/// launch`, torchrun, srun, mpirun), nothing is forked: `body` runs here, once, as this process's
+/// rank, and the result holds its bytes alone. Every process of the outer job does the same, so
+/// the job is one group whichever launcher started it; the outer launcher owns restarts, and the
+/// options that shape a group (processes_per_node, num_nodes, ports) do not apply.
 std::vector<std::vector<char>> launch_serialized(const LaunchOptions& options,
                                                  const WorkerBody& body);
 
@@ -105,7 +115,9 @@ auto launch_with(const LaunchOptions& options, Fn& fn, Tuple& args) {
 }  // namespace detail
 
 /// Forks options.processes_per_node workers that each run fn(index, args...) (or fn(args...)), and
-/// returns their results in local rank order (nothing when fn returns void). LaunchOptions, when
+/// returns their results in local rank order (nothing when fn returns void). Under an outer
+/// launcher (launch_serialized) fn runs in this process as its rank and the vector holds that one
+/// result: test read_launch_contract().rank == 0 to report once. LaunchOptions, when
 /// given, is the last argument. Results travel through torch::pickle_save, so fn may return
 /// numbers, strings, tensors and lists of them. Arguments are the parent's own objects, shared
 /// copy-on-write: pass large ones by reference (std::ref) to avoid a copy before the fork.

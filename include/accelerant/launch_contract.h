@@ -7,7 +7,10 @@
 // Recognised, in this order of precedence:
 //   1. torchrun's contract, which Accelerant's launchers also set (RANK, WORLD_SIZE, LOCAL_RANK,
 //      LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT), plus ACCELERANT_* extras;
-//   2. Slurm's srun (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_NNODES);
+//   2. Slurm's srun (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_NNODES,
+//      SLURM_CPUS_PER_TASK); without MASTER_ADDR and MASTER_PORT, the tasks meet on the first
+//      machine of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST, SLURM_NODELIST) at a port derived
+//      from SLURM_JOB_ID and SLURM_STEP_ID (docs/launching.md "Slurm");
 //   3. Open MPI's mpirun (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE).
 // None of them: one process, no rendezvous.
 #pragma once
@@ -37,9 +40,13 @@ struct LaunchContract {
   int local_rank = 0;                   ///< index on this machine
   int local_world_size = 1;             ///< processes on this machine
   int node_rank = 0;                    ///< GROUP_RANK / SLURM_NODEID / rank / local_world_size
-  int num_nodes = 1;        ///< machines: SLURM_NNODES, else ⌈world_size / local_world_size⌉
-  std::string master_addr;  ///< MASTER_ADDR; required when world_size > 1
-  int master_port = 29500;  ///< MASTER_PORT. Default: 29500 (torchrun's)
+  int num_nodes = 1;  ///< machines: SLURM_NNODES, else ⌈world_size / local_world_size⌉
+  /// MASTER_ADDR; required when world_size > 1, except under srun (the first machine of the
+  /// step's node list) and under mpirun on one machine (127.0.0.1).
+  std::string master_addr;
+  /// MASTER_PORT. Default: 29500 (torchrun's); under srun 15000 + (SLURM_JOB_ID mod 1000) * 10 +
+  /// (SLURM_STEP_ID mod 10).
+  int master_port = 29500;
   /// The launcher's agent hosts the TCPStore (TORCHELASTIC_USE_AGENT_STORE or
   /// ACCELERANT_AGENT_STORE); otherwise rank 0 hosts it.
   bool agent_hosts_store = false;
@@ -49,7 +56,13 @@ struct LaunchContract {
   std::optional<std::chrono::milliseconds> timeout;
   std::string mixed_precision = "no";  ///< ACCELERANT_MIXED_PRECISION: no | fp16 | bf16
   int threads_per_process = 0;         ///< ACCELERANT_THREADS_PER_PROCESS; 0 = not set
-  std::string error_file;              ///< ACCELERANT_ERROR_FILE: where to record a fatal error
+  /// CPUs the launcher allotted to each process: SLURM_CPUS_PER_TASK (srun -c N); 0 = not set.
+  /// The Accelerator's CPU defaults size the thread pools from it (cpu_settings.h).
+  int cpus_per_process = 0;
+  std::string error_file;  ///< ACCELERANT_ERROR_FILE: where to record a fatal error
+  /// TORCHELASTIC_ERROR_FILE: torchrun's error file, where a fatal error is recorded as the JSON
+  /// its failure summary reads.
+  std::string torchelastic_error_file;
   // Accelerator settings the launcher chose for its workers; unset = the launcher left them to the
   // worker's own resolution (accelerator_options.h), which reads them from here.
   std::optional<bool> downcast_bf16;  ///< ACCELERANT_DOWNCAST_BF16
@@ -59,6 +72,9 @@ struct LaunchContract {
 
   /// True when the job has more than one process, which then meet at master_addr:master_port.
   bool distributed() const { return world_size > 1; }
+  /// True when a launcher started this process (source is not kNone), even as a group of one:
+  /// accelerant::launch then runs its function here as this rank instead of forking a group.
+  bool launched() const { return source != EnvSource::kNone; }
 };
 
 /// Looks one variable up; std::nullopt when it is unset.

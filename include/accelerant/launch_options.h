@@ -81,8 +81,10 @@ struct LaunchOptions {
   /// restart, to be ready again) before giving up, naming the machines that did not come.
   /// Default: 10 minutes (torchrun's join_timeout).
   ACCELERANT_LAUNCH_OPTION(std::chrono::milliseconds, join_timeout) = std::chrono::minutes(10);
-  /// Rendezvous and collective timeout inside the workers. Default: 30 minutes.
-  ACCELERANT_LAUNCH_OPTION(std::chrono::milliseconds, timeout) = std::chrono::minutes(30);
+  /// Rendezvous and collective timeout inside the workers (passed as ACCELERANT_TIMEOUT_MS): a
+  /// collective that does not complete within it fails, naming the ranks it waited for.
+  /// Default: unset = this process's ACCELERANT_TIMEOUT_MS when the user set it, else 30 minutes.
+  ACCELERANT_LAUNCH_OPTION(std::optional<std::chrono::milliseconds>, timeout) = std::nullopt;
   /// Time between SIGTERM and SIGKILL when the group is stopped. Default: 5 s.
   ACCELERANT_LAUNCH_OPTION(std::chrono::milliseconds, stop_grace_period) = std::chrono::seconds(5);
   /// Prefix every line a worker prints with "[rank r/N] " (rank_prefix). Default: false.

@@ -117,6 +117,7 @@ Accelerator::Accelerator(AcceleratorOptions options)
     detail::CpuDefaultsInput cpu;
     cpu.local_processes = process.env().local_world_size;
     cpu.launcher_threads = process.env().threads_per_process;
+    cpu.cpus_per_process = process.env().cpus_per_process;
     cpu.omp_num_threads_set = lookup("OMP_NUM_THREADS").value_or("") != "";
     threads_ = detail::apply_cpu_defaults(cpu);
   }

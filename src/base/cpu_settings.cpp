@@ -29,6 +29,11 @@ void set_compute_threads(int threads) {
 
 namespace detail {
 
+int default_thread_count(int usable_cpus, int local_processes, int cpus_per_process) {
+  if (cpus_per_process > 0) return std::max(1, std::min(cpus_per_process, usable_cpus));
+  return std::max(1, usable_cpus / std::max(1, local_processes));
+}
+
 int apply_cpu_defaults(const CpuDefaultsInput& input) {
   int threads = 0;
   if (input.launcher_threads > 0) {
@@ -38,7 +43,7 @@ int apply_cpu_defaults(const CpuDefaultsInput& input) {
     // torch::set_num_threads before creating the Accelerator): keep that count.
     threads = at::get_num_threads();
   } else {
-    threads = std::max(1, usable_cpus() / std::max(1, input.local_processes));
+    threads = default_thread_count(usable_cpus(), input.local_processes, input.cpus_per_process);
   }
   // Also when the count is unchanged: OpenBLAS's pool is separate and still at its own default.
   set_compute_threads(threads);

@@ -7,6 +7,10 @@
 //   before the Accelerator, to a count other than LibTorch's start-up value) already chose a
 //   count; then both pools get that count. LibTorch's default is all cores per process, and the
 //   two pools are separate: 2 + 2 threads on 2 cores ran an MLP at 0.41x of 1 + 1.
+//   Under srun -c N (SLURM_CPUS_PER_TASK) each process gets N instead, at most its usable CPUs:
+//   with Slurm's task/affinity plugin the mask already is the task's own N CPUs (dividing it
+//   again would starve the task); with task/none it is the whole machine's, and N is the task's
+//   share of the allocation.
 // - malloc: glibc returns large freed blocks to the OS (munmap, heap trimming), so a training step
 //   that frees and reallocates the same step-sized buffers page-faults them in again every step
 //   (~4,000 faults per step, 3-5x slower on a small CNN). Raising the mmap and trim thresholds
@@ -25,8 +29,13 @@ namespace accelerant::detail {
 struct CpuDefaultsInput {
   int local_processes = 1;   ///< processes sharing this machine (the launcher's local world)
   int launcher_threads = 0;  ///< threads per process a launcher chose; 0 = none
+  int cpus_per_process = 0;  ///< CPUs a launcher allotted each process (srun -c); 0 = none
   bool omp_num_threads_set = false;
 };
+
+/// The thread count of a process that nobody chose one for: `cpus_per_process` (0 = not
+/// allotted) at most `usable_cpus`, else `usable_cpus` shared among `local_processes`; at least 1.
+int default_thread_count(int usable_cpus, int local_processes, int cpus_per_process);
 
 /// Applies the thread and malloc defaults; returns the intra-op threads now in force.
 int apply_cpu_defaults(const CpuDefaultsInput& input);

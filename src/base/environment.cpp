@@ -32,6 +32,10 @@ const std::vector<EnvVariable> kTable = {
      "torchrun's agent hosts the TCPStore (not rank 0).", kContract},
     {"TORCHELASTIC_RESTART_COUNT", "integer ≥ 0", "0",
      "How many times torchrun restarted the group.", kContract},
+    {"TORCHELASTIC_ERROR_FILE", "path", "unset",
+     "torchrun's error file: a worker's fatal error is written there as JSON (torchrun's @record "
+     "contract), so torchrun's failure summary quotes it.",
+     kContract},
     // Slurm's srun.
     {"SLURM_PROCID", "integer ≥ 0", "unset", "srun's rank of this task.", kContract},
     {"SLURM_NTASKS", "integer ≥ 1", "unset", "srun's number of tasks.", kContract},
@@ -40,6 +44,24 @@ const std::vector<EnvVariable> kTable = {
     {"SLURM_NNODES", "integer ≥ 1", "1", "srun's number of machines.", kContract},
     {"SLURM_NTASKS_PER_NODE", "integer ≥ 1", "SLURM_NTASKS / SLURM_NNODES, rounded up",
      "srun's tasks per machine.", kContract},
+    {"SLURM_STEP_NODELIST", "Slurm hostlist, e.g. node[01-04,07]", "unset",
+     "srun's machines of this step: the first is MASTER_ADDR when that is unset.", kContract},
+    {"SLURM_JOB_NODELIST", "Slurm hostlist", "unset",
+     "The job's machines: the first is MASTER_ADDR when that and SLURM_STEP_NODELIST are unset.",
+     kContract},
+    {"SLURM_NODELIST", "Slurm hostlist", "unset",
+     "Older name of SLURM_JOB_NODELIST, read when neither node list above is set.", kContract},
+    {"SLURM_JOB_ID", "integer ≥ 0", "unset",
+     "Slurm's job id: MASTER_PORT is 15000 + (SLURM_JOB_ID mod 1000) × 10 + (SLURM_STEP_ID mod "
+     "10) when unset.",
+     kContract},
+    {"SLURM_STEP_ID", "integer ≥ 0", "0",
+     "Slurm's step id within the job, so that two steps running at once meet at different ports.",
+     kContract},
+    {"SLURM_CPUS_PER_TASK", "integer ≥ 1", "unset (usable CPUs / processes on the machine)",
+     "srun -c: CPUs per task, the worker's intra-op and OpenBLAS threads (at most its usable "
+     "CPUs).",
+     kContract},
     // Open MPI's mpirun.
     {"OMPI_COMM_WORLD_RANK", "integer ≥ 0", "unset", "mpirun's rank of this process.", kContract},
     {"OMPI_COMM_WORLD_SIZE", "integer ≥ 1", "unset", "mpirun's number of processes.", kContract},

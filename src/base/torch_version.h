@@ -1,5 +1,5 @@
-// What this build knows of the LibTorch it was compiled against, without linking it (torch/version.h
-// is macros only): the LibTorch-free core (version.cpp) answers for the launcher.
+// What this build knows of the LibTorch it was compiled against, without linking it
+// (torch/version.h is macros only): the LibTorch-free core (version.cpp) answers for the launcher.
 #pragma once
 
 namespace accelerant::detail {

@@ -32,6 +32,7 @@ uint64_t safetensors_element_size(const std::string& dtype);
 /// the tensor names the file holds) is checked against the index both ways; else the single file.
 /// Throws CheckpointError.
 void for_each_model_safetensors_file(
-    const std::string& dir, const std::function<std::vector<std::string>(const std::string&)>& read);
+    const std::string& dir,
+    const std::function<std::vector<std::string>(const std::string&)>& read);
 
 }  // namespace accelerant::detail

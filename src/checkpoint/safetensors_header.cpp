@@ -1,6 +1,8 @@
 // The safetensors header parser: treats the file as hostile (it may come from anywhere), so every
 // length, offset and shape is checked before anyone trusts it. No LibTorch here: the tensor codec
 // (safetensors.cpp) builds tensors from what this returns, and `accelerant checkpoint` prints it.
+#include "accelerant/safetensors_header.h"
+
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -11,7 +13,6 @@
 #include <set>
 
 #include "accelerant/error.h"
-#include "accelerant/safetensors_header.h"
 #include "base/file_io.h"
 #include "base/text.h"
 #include "checkpoint/durable_files.h"
@@ -28,8 +29,8 @@ struct Dtype {
 
 // The names the safetensors specification gives to the dtypes LibTorch 1.13 has.
 constexpr Dtype kDtypes[] = {
-    {"BOOL", 1}, {"U8", 1},   {"I8", 1},  {"I16", 2}, {"I32", 4},
-    {"I64", 8},  {"F16", 2},  {"BF16", 2}, {"F32", 4}, {"F64", 8},
+    {"BOOL", 1}, {"U8", 1},  {"I8", 1},   {"I16", 2}, {"I32", 4},
+    {"I64", 8},  {"F16", 2}, {"BF16", 2}, {"F32", 4}, {"F64", 8},
 };
 
 std::string supported_dtype_names() {
@@ -63,9 +64,9 @@ SafetensorsTensorInfo parse_entry(const std::string& where, const std::string& n
   e.dtype = dtype->get<std::string>();
   const uint64_t element_size = safetensors_element_size(e.dtype);
   if (element_size == 0) {
-    throw CheckpointError(str(where, ": ", what, " has dtype ", e.dtype, ", which this build cannot ",
-                              "hold. Supported: ", supported_dtype_names(),
-                              ". Fix: convert the tensor before saving."),
+    throw CheckpointError(str(where, ": ", what, " has dtype ", e.dtype,
+                              ", which this build cannot ", "hold. Supported: ",
+                              supported_dtype_names(), ". Fix: convert the tensor before saving."),
                           where);
   }
   auto shape = info.find("shape");
@@ -182,8 +183,8 @@ void check_safetensors_data(const SafetensorsHeader& header, const char* data,
     for (uint64_t i = e.data_begin; i < e.data_end; ++i) {
       const auto byte = static_cast<unsigned char>(data[i]);
       if (byte > 1)
-        bad_file(where, str("bool tensor \"", e.name, "\" holds the byte ", int(byte),
-                            " (only 0 and 1)"));
+        bad_file(where,
+                 str("bool tensor \"", e.name, "\" holds the byte ", int(byte), " (only 0 and 1)"));
     }
   }
 }
@@ -195,10 +196,10 @@ void for_each_model_safetensors_file(
   if (!path_exists(index_path)) {
     const std::string single = dir + "/" + kSafetensorsSingleFile;
     if (!path_exists(single)) {
-      throw CheckpointError(str("no model weights in ", dir, ": neither ", kSafetensorsSingleFile,
-                                " nor ", kSafetensorsIndexFile,
-                                ". Fix: pass the directory given to save_model."),
-                            dir);
+      throw CheckpointError(
+          str("no model weights in ", dir, ": neither ", kSafetensorsSingleFile, " nor ",
+              kSafetensorsIndexFile, ". Fix: pass the directory given to save_model."),
+          dir);
     }
     read(single);
     return;

@@ -99,7 +99,8 @@ ProcessState::ProcessState(LaunchContract env, const ProcessStateOptions& option
       timeout_(options.timeout().value_or(env_.timeout.value_or(kDefaultTimeout))),
       debug_mode_(options.debug_mode().value_or(env_.debug_mode)),
       device_(torch::kCPU) {
-  detail::record_uncaught_exceptions_to(env_.error_file);  // for the launcher's failure report
+  // For the launcher's failure report (ours, or torchrun's summary).
+  detail::record_uncaught_exceptions_to(env_.error_file, env_.torchelastic_error_file);
   if (!options.cpu() && detail::cuda_available()) {
     device_ = torch::Device(
         torch::kCUDA, static_cast<c10::DeviceIndex>(

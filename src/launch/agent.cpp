@@ -2,6 +2,8 @@
 // the job's store, forks the local group, watches it, restarts it on failure up to max_restarts,
 // and reports. What the machines of a multi-node job tell each other is in node_group.h; what
 // only a LibTorch process adds around a fork comes in as AgentHooks (agent.h).
+#include "launch/agent.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,7 +19,6 @@
 #include "accelerant/environment.h"
 #include "accelerant/launch_contract.h"
 #include "base/text.h"
-#include "launch/agent.h"
 #include "launch/failure_report.h"
 #include "launch/node_group.h"
 #include "launch/output_relay.h"
@@ -63,7 +64,7 @@ void validate(const LaunchOptions& o) {
     bad_option(str("gradient_accumulation_steps is ", *o.gradient_accumulation_steps()),
                "use 1 or more micro-batches per optimizer step");
   }
-  if (o.monitor_interval().count() <= 0 || o.timeout().count() <= 0 ||
+  if (o.monitor_interval().count() <= 0 || (o.timeout() && o.timeout()->count() <= 0) ||
       o.join_timeout().count() <= 0) {
     bad_option("monitor_interval, timeout and join_timeout must be positive",
                "give durations above zero");
@@ -120,8 +121,9 @@ class Agent {
     if (hooks_.check_before_fork) hooks_.check_before_fork();
     const bool debug = o_.debug().value_or(read_launch_contract().debug_mode);
     threads_ = choose_threads(o_, hooks_, o_.verbose());
+    timeout_ = resolved_timeout(o_);
     if (debug && hooks_.dry_fork) {
-      hooks_.dry_fork(threads_, std::min(o_.timeout(), std::chrono::milliseconds(60000)));
+      hooks_.dry_fork(threads_, std::min(timeout_, std::chrono::milliseconds(60000)));
     }
     workdir_ = make_workdir();
     nodes_ = std::make_unique<NodeGroup>(o_);  // on several machines: waits for all of them
@@ -248,7 +250,7 @@ class Agent {
       env.agent_hosts_store = nodes_->hosts_workers_store();
       env.restart_count = attempt;
       env.debug_mode = debug;
-      env.timeout = o_.timeout();
+      env.timeout = timeout_;
       env.mixed_precision = o_.mixed_precision();
       env.threads_per_process = threads_;
       env.downcast_bf16 = o_.downcast_bf16();
@@ -313,12 +315,15 @@ class Agent {
     }
   }
 
-  // SIGTERM, a grace period, then SIGKILL; every worker reaped before returning.
+  // SIGTERM, a grace period, then SIGKILL; every worker reaped before returning. SIGCONT after
+  // SIGTERM: a stopped worker (SIGSTOP, a debugger's ^Z) would otherwise hold its SIGTERM until
+  // the SIGKILL, and its clean-up would never run.
   void stop_group() {
     bool any = false;
     for (auto& w : workers_) {
       if (w.running) {
         ::kill(w.pid, SIGTERM);
+        ::kill(w.pid, SIGCONT);
         any = true;
       }
     }
@@ -355,6 +360,7 @@ class Agent {
   const AgentHooks& hooks_;
   OutputRelay relay_;
   int threads_ = 1;
+  std::chrono::milliseconds timeout_{0};
   std::string workdir_;
   std::unique_ptr<NodeGroup> nodes_;
   int port_ = 0;
@@ -364,6 +370,11 @@ class Agent {
 };
 
 }  // namespace
+
+std::chrono::milliseconds resolved_timeout(const LaunchOptions& options) {
+  if (options.timeout()) return *options.timeout();
+  return read_launch_contract().timeout.value_or(std::chrono::minutes(30));
+}
 
 std::vector<std::vector<char>> run_agent(const LaunchOptions& options, const WorkerBody& body,
                                          const AgentHooks& hooks) {

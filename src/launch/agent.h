@@ -1,5 +1,7 @@
 // The launcher's agent (validate the options, host or join the job's store, fork the local group,
-// watch it, restart it, report), shared by accelerant::launch and `accelerant launch`. It needs no
+// watch it, restart it, report), for the two public entry points built on it: launch_serialized
+// (which first checks for an outer launcher) and launch_program (`accelerant launch`, which always
+// starts its own group). It needs no
 // LibTorch: what only a LibTorch process must do around a fork comes in as AgentHooks, which
 // launch_serialized fills (fork_launcher.cpp) and launch_program leaves empty, because its workers
 // exec a fresh program.
@@ -37,9 +39,14 @@ struct AgentHooks {
   std::function<bool()> gpu_available;
 };
 
-/// Runs the agent: forks options.processes_per_node workers running `body`; returns each local
-/// worker's bytes in local rank order; throws LaunchError (see launch_serialized).
+/// Forks, watches and restarts the local group (launch_serialized without the in-place rule):
+/// options.processes_per_node workers running `body`; returns each local worker's bytes in local
+/// rank order; throws LaunchError (see launch_serialized).
 std::vector<std::vector<char>> run_agent(const LaunchOptions& options, const WorkerBody& body,
                                          const AgentHooks& hooks);
+
+/// The workers' collective timeout: options.timeout(), else this process's ACCELERANT_TIMEOUT_MS
+/// (the user's choice), else 30 minutes.
+std::chrono::milliseconds resolved_timeout(const LaunchOptions& options);
 
 }  // namespace accelerant::detail

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "accelerant/launch.h"
+#include "accelerant/launch_contract.h"
 #include "accelerant/process_state.h"
 #include "base/cpu_settings.h"
 #include "base/text.h"
@@ -95,7 +96,27 @@ namespace accelerant {
 
 std::vector<std::vector<char>> launch_serialized(const LaunchOptions& options,
                                                  const WorkerBody& body) {
-  return detail::run_agent(options, body, detail::libtorch_hooks());
+  const LaunchContract outer = read_launch_contract();
+  if (!outer.launched()) return detail::run_agent(options, body, detail::libtorch_hooks());
+  // Started by a launcher: this process is one rank of the outer job. Forking a group here would
+  // make a second, independent job per rank (both writing the same checkpoints), so fn runs here.
+  if (options.verbose() && outer.rank == 0 &&
+      options.processes_per_node() != outer.local_world_size) {
+    std::fprintf(stderr,
+                 "accelerant::launch: this process was started by %s as rank 0 of %d, so the "
+                 "function runs in each of the job's processes (processes_per_node(%d) does not "
+                 "apply: the outer launcher chose %d per machine).\n",
+                 to_string(outer.source), outer.world_size, options.processes_per_node(),
+                 outer.local_world_size);
+  }
+  // The outer launcher's failure report (ours, or torchrun's summary) quotes what fn threw.
+  detail::record_uncaught_exceptions_to(outer.error_file, outer.torchelastic_error_file);
+  try {
+    return {body(outer.rank)};
+  } catch (...) {
+    detail::record_exception(std::current_exception());
+    throw;
+  }
 }
 
 }  // namespace accelerant

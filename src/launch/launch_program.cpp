@@ -50,6 +50,7 @@ void launch_program(const std::vector<std::string>& command, const LaunchOptions
                                            : "no such executable"));
   }
   std::vector<std::string> args = command;
+  // Never in place: `accelerant launch` under another launcher is its own (per-machine) group.
   detail::run_agent(
       options,
       [&args](int) -> std::vector<char> {

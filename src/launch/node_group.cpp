@@ -11,6 +11,7 @@
 #include "accelerant/version.h"
 #include "base/text.h"
 #include "base/torch_version.h"
+#include "launch/agent.h"
 
 namespace accelerant::detail {
 namespace {
@@ -77,7 +78,7 @@ void NodeGroup::join_as_main() {
   try {
     server_ = std::make_unique<StoreServer>(options_.master_port());
     store_ = std::make_unique<StoreClient>(options_.master_addr(), server_->port(),
-                                           options_.timeout(), options_.timeout());
+                                           resolved_timeout(options_), resolved_timeout(options_));
   } catch (const std::exception& e) {
     throw LaunchError(str("accelerant::launch: machine 0 could not host the job's store on port ",
                           options_.master_port(), ": ", e.what(),
@@ -130,7 +131,7 @@ void NodeGroup::join_as_other() {
   } catch (const std::exception& e) {
     throw not_there(e.what());
   }
-  store_->set_timeout(options_.timeout());
+  store_->set_timeout(resolved_timeout(options_));
   const int port = std::stoi(store_->get(key("links_port")));
   links_ = NodeLinks::connect(
       options_.master_addr(), port,

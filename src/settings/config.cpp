@@ -68,6 +68,7 @@ const std::vector<Field>& fields() {
       field("max_restarts", "a whole number", &Config::max_restarts),
       field("monitor_interval", "a number of seconds", &Config::monitor_interval),
       field("join_timeout", "a number of seconds", &Config::join_timeout),
+      field("collective_timeout", "a number of seconds", &Config::collective_timeout),
       field("threads_per_process", "a whole number", &Config::threads_per_process),
       field("gradient_accumulation_steps", "a whole number", &Config::gradient_accumulation_steps),
   };
@@ -231,6 +232,10 @@ void validate_config(const Config& c, const std::string& where) {
   if (!(c.join_timeout > 0)) {
     problems.push_back(
         detail::str("join_timeout is ", c.join_timeout, "; it must be more than 0 seconds"));
+  }
+  if (!(c.collective_timeout >= 0.001)) {
+    problems.push_back(detail::str("collective_timeout is ", c.collective_timeout,
+                                   "; it must be at least 0.001 seconds (default 1800)"));
   }
   if (c.threads_per_process < 0) {
     problems.push_back(detail::str("threads_per_process is ", c.threads_per_process,

@@ -6,6 +6,7 @@
 #include "accelerant/environment.h"
 #include "accelerant/error.h"
 #include "base/text.h"
+#include "settings/slurm_hostlist.h"
 
 namespace accelerant {
 namespace {
@@ -94,6 +95,7 @@ void read_torchrun(const Reader& r, LaunchContract& env) {
           .value_or(env.rank / env.local_world_size));
   env.agent_hosts_store =
       r.flag("ACCELERANT_AGENT_STORE") || r.flag("TORCHELASTIC_USE_AGENT_STORE");
+  env.torchelastic_error_file = r.text("TORCHELASTIC_ERROR_FILE").value_or("");
   env.restart_count = static_cast<int>(
       r.integer("ACCELERANT_RESTART_COUNT", 0, kIntMax, "leave it to the launcher")
           .value_or(r.integer("TORCHELASTIC_RESTART_COUNT", 0, kIntMax, "leave it to the launcher")
@@ -111,6 +113,35 @@ void read_slurm(const Reader& r, LaunchContract& env) {
   env.local_world_size =
       static_cast<int>(r.integer("SLURM_NTASKS_PER_NODE", 1, kIntMax, fix)
                            .value_or((env.world_size + env.num_nodes - 1) / env.num_nodes));
+  env.cpus_per_process = static_cast<int>(
+      r.integer("SLURM_CPUS_PER_TASK", 1, kIntMax, "request CPUs with srun -c N (N ≥ 1)")
+          .value_or(0));
+}
+
+// Where srun's tasks meet when the job script exported no MASTER_ADDR (docs/launching.md
+// "Slurm"): the first machine of the step, where srun's block and cyclic distributions both put
+// task 0 (which hosts the TCPStore). The step's list first: a step may use only part of the job.
+std::optional<std::string> slurm_master_addr(const Reader& r) {
+  for (const char* var : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
+    if (auto list = r.text(var)) return detail::expand_slurm_hostlist(*list, var).front();
+  }
+  return std::nullopt;
+}
+
+// The rendezvous port of a Slurm step when MASTER_PORT is unset (docs/launching.md "Slurm"):
+//   15000 + (SLURM_JOB_ID mod 1000) * 10 + (SLURM_STEP_ID mod 10), in 15000..24999.
+// Jobs whose ids differ by less than 1000 never share a port, nor do steps 0-9 of one job that run
+// at once. The block lies below Linux's ephemeral ports (32768-60999 by default), so no outgoing
+// connection holds it, and away from 29500, which torchrun jobs sharing the machine default to.
+constexpr int kSlurmPortBase = 15000;
+
+std::optional<int> slurm_master_port(const Reader& r) {
+  const std::string fix = "leave SLURM_JOB_ID and SLURM_STEP_ID to srun, or export MASTER_PORT";
+  auto job = r.integer("SLURM_JOB_ID", 0, std::numeric_limits<long long>::max(), fix);
+  if (!job) return std::nullopt;
+  // Slurm's special steps (batch, interactive, extern) have ids near 2^32.
+  const long long step = r.integer("SLURM_STEP_ID", 0, 4294967295LL, fix).value_or(0);
+  return kSlurmPortBase + static_cast<int>(*job % 1000) * 10 + static_cast<int>(step % 10);
 }
 
 void read_openmpi(const Reader& r, LaunchContract& env) {
@@ -178,25 +209,28 @@ void validate(const Reader& r, LaunchContract& env) {
   auto addr = r.text("MASTER_ADDR");
   // mpirun tells each rank how many ranks share its machine: when that is all of them, the job is
   // on this machine and loopback is the right meeting place, so `mpirun -np 4 ./train` just runs.
-  // torchrun and srun jobs always set MASTER_ADDR themselves (or the batch script must).
+  // torchrun sets MASTER_ADDR itself; srun names the step's machines, and rank 0 runs on the first.
   if (!addr && env.source == EnvSource::kOpenMpi && env.local_world_size == env.world_size) {
     addr = "127.0.0.1";
   }
+  if (!addr && env.source == EnvSource::kSlurm && env.world_size > 1) addr = slurm_master_addr(r);
   if (env.world_size > 1 && !addr) {
     fail("MASTER_ADDR", "",
          detail::str("is missing but the world has ", env.world_size,
                      " processes, which must meet at the main machine's address"),
          env.source == EnvSource::kSlurm
-             ? "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1) "
-               "in the batch script before srun"
+             ? "run the program through srun, which sets SLURM_STEP_NODELIST, or export "
+               "MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1) in the "
+               "batch script before srun"
              : "export MASTER_ADDR to the address of the machine that runs rank 0 (127.0.0.1 on "
                "one machine)");
   }
   env.master_addr = addr.value_or("127.0.0.1");
-  env.master_port = static_cast<int>(r.integer("MASTER_PORT", 1, 65535,
-                                               "set MASTER_PORT to a free TCP port between 1 and "
-                                               "65535 on the main machine (e.g. 29500)")
-                                         .value_or(29500));
+  auto port = r.integer("MASTER_PORT", 1, 65535,
+                        "set MASTER_PORT to a free TCP port between 1 and 65535 on the main "
+                        "machine (e.g. 29500)");
+  if (!port && env.source == EnvSource::kSlurm) port = slurm_master_port(r);
+  env.master_port = static_cast<int>(port.value_or(29500));
 }
 
 }  // namespace

@@ -30,7 +30,7 @@ struct LaunchFlags {
   std::optional<int> num_processes, num_machines, machine_rank, main_process_port, max_restarts,
       threads_per_process, gradient_accumulation_steps;
   std::optional<std::string> main_process_ip, mixed_precision;
-  std::optional<double> monitor_interval, join_timeout;
+  std::optional<double> monitor_interval, join_timeout, collective_timeout;
   std::string log_dir;
   bool cpu = false, debug = false, prefix_output = false, tee = false;
 };

@@ -59,9 +59,10 @@ Config ask_questions() {
     c.main_process_ip = ask("What is the main machine's address?", c.main_process_ip,
                             [](const std::string& t) { return t; });
   }
-  c.main_process_port =
-      ask("Which port does the main machine listen on (0 = any free port, one machine only)?",
-          c.main_process_port, [](const std::string& t) { return parse_int(t, 0, 65535); });
+  // One machine: a free port (a fixed one collides with other jobs). Several: they must agree.
+  c.main_process_port = ask(
+      "Which port does the main machine listen on (0 = any free port, one machine only)?",
+      c.num_machines > 1 ? 29500 : 0, [](const std::string& t) { return parse_int(t, 0, 65535); });
   c.num_processes = ask("How many processes in total, across all machines?", c.num_machines,
                         [](const std::string& t) { return parse_int(t, 1, 1000000); });
   c.mixed_precision = ask(std::string("Mixed precision (no, fp16 on CUDA, bf16)?"),

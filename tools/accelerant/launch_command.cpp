@@ -28,6 +28,12 @@ Config resolve_launch_config(const LaunchFlags& f) {
   if (f.mixed_precision) c.mixed_precision = *f.mixed_precision;
   if (f.monitor_interval) c.monitor_interval = *f.monitor_interval;
   if (f.join_timeout) c.join_timeout = *f.join_timeout;
+  // The user's ACCELERANT_TIMEOUT_MS beats the config file's key (the launcher's default); the
+  // flag beats both.
+  if (const auto user_timeout = read_launch_contract().timeout) {
+    c.collective_timeout = static_cast<double>(user_timeout->count()) / 1000;
+  }
+  if (f.collective_timeout) c.collective_timeout = *f.collective_timeout;
   if (f.gradient_accumulation_steps) c.gradient_accumulation_steps = *f.gradient_accumulation_steps;
   if (f.cpu) c.use_cpu = true;
   if (f.debug) c.debug = true;
@@ -48,6 +54,8 @@ int run_launch(const LaunchFlags& flags, const std::vector<std::string>& command
           .monitor_interval(
               std::chrono::milliseconds(static_cast<int64_t>(c.monitor_interval * 1000)))
           .join_timeout(std::chrono::milliseconds(static_cast<int64_t>(c.join_timeout * 1000)))
+          .timeout(std::chrono::milliseconds(
+              std::max<int64_t>(1, static_cast<int64_t>(c.collective_timeout * 1000))))
           .mixed_precision(c.mixed_precision)
           .downcast_bf16(c.downcast_bf16)
           .use_cpu(c.use_cpu)
@@ -82,12 +90,15 @@ void add_launch_command(CLI::App& app, Action& action) {
   launch->add_option("--machine_rank", flags->machine_rank, "This machine's rank (0 = main)");
   launch->add_option("--main_process_ip", flags->main_process_ip, "The main machine's address");
   launch->add_option("--main_process_port", flags->main_process_port,
-                     "Its port (0 = free port, one machine)");
+                     "Its port (default 0 = a free port, one machine only)");
   launch->add_option("--max_restarts", flags->max_restarts, "Restarts of a failed group");
   launch->add_option("--monitor_interval", flags->monitor_interval,
                      "Seconds between checks of the workers");
   launch->add_option("--join_timeout", flags->join_timeout,
                      "Seconds the machines' launchers wait for each other (default 600)");
+  launch->add_option("--collective_timeout", flags->collective_timeout,
+                     "Seconds a collective may wait in the workers before failing (default: "
+                     "$ACCELERANT_TIMEOUT_MS / 1000, else the config's, else 1800)");
   launch->add_option("--mixed_precision", flags->mixed_precision, "no, fp16 or bf16")
       ->transform(mixed_precision_flag());
   launch->add_option("--threads_per_process", flags->threads_per_process,

@@ -52,9 +52,8 @@ void add_forwarded(CLI::App& app, Action& action, const std::string& name,
   sub->set_help_flag();  // the helper prints the sub-command's real help
   sub->prefix_command();
   sub->allow_extras();
-  sub->callback([&action, argc, argv] {
-    action = [argc, argv]() -> int { exec_helper(argc, argv); };
-  });
+  sub->callback(
+      [&action, argc, argv] { action = [argc, argv]() -> int { exec_helper(argc, argv); }; });
 }
 
 }  // namespace
@@ -70,10 +69,13 @@ void add_libtorch_commands(CLI::App& app, Action& action, int argc, char** argv)
       app, action, "test",
       "Self-test: launch workers with the current config and check the collectives (and say which\n"
       "all-reduce path they take), the fused AdamW, and a few training steps against one process.\n"
-      "Exit status 0 when every check passes. Runs in the LibTorch helper.\n\n"
+      "Under a launcher each process is one worker of a single group. Exit status 0 when every\n"
+      "check passes. Runs in the LibTorch helper.\n\n"
       "Examples:\n"
       "  accelerant test                 with the config file's settings\n"
-      "  accelerant test -n 4            4 processes",
+      "  accelerant test -n 4            4 processes\n"
+      "  srun -n 2 accelerant test       the 2 tasks of a Slurm job as one group (also torchrun,\n"
+      "                                  mpirun, accelerant launch)",
       argc, argv);
 }
 

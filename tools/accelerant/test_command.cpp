@@ -1,6 +1,7 @@
-// accelerant test: a self-test of this installation with the current config. It launches itself
-// as workers (the same launcher as `accelerant launch`) which check the collectives and a few
-// data-parallel training steps against the same steps computed in one process.
+// accelerant test: a self-test of this installation with the current config. Started by hand, it
+// launches itself as workers (the same launcher as `accelerant launch`); started by a launcher
+// (`accelerant launch`, torchrun, srun, mpirun) it is one of the workers. The workers check the
+// collectives and a few data-parallel training steps against the same steps in one process.
 #include <accelerant/accelerant.h>
 #include <limits.h>
 #include <unistd.h>
@@ -138,7 +139,7 @@ std::string own_executable() {
         "accelerant test: cannot find its own executable: /proc/self/exe is unreadable. Likely "
         "cause: "
         "/proc is not mounted (a minimal container). Fix: mount /proc, or run the checks under a "
-        "launcher yourself: `accelerant launch -n 2 accelerant test --worker`.");
+        "launcher yourself: `accelerant launch -n 2 accelerant test`.");
   }
   return std::string(path, static_cast<size_t>(n));
 }
@@ -150,21 +151,21 @@ void add_test_command(CLI::App& app, Action& action) {
       "test",
       "Self-test: launch workers with the current config and check the collectives (and say which\n"
       "all-reduce path they take), the fused AdamW, and a few training steps against one process.\n"
-      "Exit status 0 when every check passes.\n\n"
+      "Under a launcher each process is one worker of a single group. Exit status 0 when every\n"
+      "check passes.\n\n"
       "Examples:\n"
       "  accelerant test                 with the config file's settings\n"
-      "  accelerant test -n 4            4 processes");
+      "  accelerant test -n 4            4 processes\n"
+      "  srun -n 2 accelerant test       the 2 tasks of a Slurm job as one group (also torchrun,\n"
+      "                                  mpirun, accelerant launch)");
   auto file = std::make_shared<std::string>();
   auto processes = std::make_shared<std::optional<int>>();
-  auto worker = std::make_shared<bool>(false);
   test->add_option("--config_file", *file, "The config file to test with");
   test->add_option("-n,--num_processes", *processes,
                    "Processes (default: the config's, at least 2)");
-  test->add_flag("--worker", *worker, "Internal: run the checks (started by accelerant test)")
-      ->group("");
-  test->callback([&action, file, processes, worker] {
-    action = [file, processes, worker] {
-      if (*worker) return run_checks();
+  test->callback([&action, file, processes] {
+    action = [file, processes] {
+      if (read_launch_contract().launched()) return run_checks();  // a worker of the outer job
       LaunchFlags flags;
       flags.config_file = *file;
       flags.num_machines = 1;  // a self-test of this machine
@@ -172,7 +173,7 @@ void add_test_command(CLI::App& app, Action& action) {
       flags.main_process_port = 0;
       flags.num_processes =
           processes->value_or(std::max(2, resolve_launch_config(flags).num_processes));
-      return run_launch(flags, {own_executable(), "test", "--worker"});
+      return run_launch(flags, {own_executable(), "test"});
     };
   });
 }
