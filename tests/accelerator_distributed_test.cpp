@@ -1,11 +1,16 @@
 // The Accelerator on real forked processes over loopback: data-parallel training equals
 // single-process training on the combined batch, accumulation equals a bigger batch, the
-// all-reduce overlaps backward, gather_for_metrics returns exactly the dataset, and a parameter
-// without a gradient is named instead of hanging.
+// all-reduce overlaps backward, gather_for_metrics returns exactly the dataset, a parameter
+// without a gradient is named instead of hanging, a rank that built another model is named
+// instead of aborting, and training without a prepared loader is said once.
 #include <accelerant/accelerant.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
+#include <iterator>
+
+#include "test_support.h"
 
 using namespace accelerant;
 
@@ -270,4 +275,79 @@ TEST(AcceleratorDistributed, GradientsLiveInTheBucketsAndAReplacedGradientIsBoun
     EXPECT_EQ(r[3].item<float>(), 4) << "four replaced gradients";
     EXPECT_EQ(r[4].item<float>(), 0) << "not bound again after being replaced";
   }
+}
+
+TEST(AcceleratorDistributed, ARankThatBuiltAnotherModelIsNamedOnEveryRank) {
+  // Before prepare checked, the broadcast of rank 0's weights aborted inside Gloo (SIGABRT).
+  auto messages = launch(
+      [](int rank) -> std::string {
+        Accelerator acc;
+        auto model = torch::nn::Sequential(torch::nn::Linear(16, rank == 1 ? 64 : 32),
+                                           torch::nn::Tanh(), torch::nn::Linear(32, 4));
+        try {
+          acc.prepare(model);
+          return "prepared";
+        } catch (const Error& e) {
+          return e.what();
+        }
+      },
+      ranks(2));
+  ASSERT_EQ(messages.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    const std::string& m = messages[r];
+    EXPECT_TRUE(accelerant::testing::contains(m, "[rank " + std::to_string(r) + "/2]")) << m;
+    EXPECT_TRUE(
+        accelerant::testing::contains(m, "the ranks built different models (rank 1 differs"))
+        << m;
+    EXPECT_TRUE(accelerant::testing::contains(
+        m,
+        "First difference: parameter 0.weight is [32, 16] Float on rank 0 but [64, 16] Float on "
+        "rank 1"))
+        << m;
+    EXPECT_TRUE(accelerant::testing::contains(m, "Fix: build the same model on every rank")) << m;
+  }
+}
+
+namespace {
+
+// How often the unprepared-loader warning appears in the workers' stderr, all ranks together,
+// after three steps of a prepared model whose loader is (or is not) prepared.
+int unsharded_warnings(bool prepare_loader) {
+  accelerant::testing::ScratchDir logs;
+  launch(
+      [prepare_loader](int) {
+        Accelerator acc;
+        auto model = torch::nn::Linear(4, 2);
+        torch::optim::SGD sgd(model->parameters(), 0.1);
+        auto loader = make_data_loader(torch::randn({24, 4}), torch::randn({24, 2}),
+                                       DataLoaderOptions().batch_size(4));
+        auto [m, o] = acc.prepare(model, sgd);
+        if (prepare_loader) loader = acc.prepare(loader);
+        int steps = 0;
+        for (auto& b : loader) {
+          acc.backward(torch::mse_loss(m->forward(b.data), b.target));
+          o.step();
+          o.zero_grad();
+          if (++steps == 3) break;
+        }
+      },
+      ranks(2).log_dir(logs.path));
+  int count = 0;
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream in(logs.path + "/attempt_0/rank_" + std::to_string(r) + ".stderr");
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (size_t at = text.find("every rank sees the whole data set"); at != std::string::npos;
+         at = text.find("every rank sees the whole data set", at + 1)) {
+      EXPECT_TRUE(accelerant::testing::contains(text, "Fix: pass the loader to prepare")) << text;
+      ++count;
+    }
+  }
+  return count;
+}
+
+}  // namespace
+
+TEST(AcceleratorDistributed, TrainingWithoutAPreparedLoaderWarnsOnce) {
+  EXPECT_EQ(unsharded_warnings(/*prepare_loader=*/false), 1);
+  EXPECT_EQ(unsharded_warnings(/*prepare_loader=*/true), 0);
 }

@@ -337,6 +337,78 @@ TEST(Checkpoint, ResumingOnOneProcessContinuesAtTheSampleTwoProcessesStoppedAt) 
   EXPECT_EQ(all, expected) << "a sample was skipped or repeated across the resume";
 }
 
+namespace {
+
+constexpr int64_t kAccumulation = 4, kLastMicroStep = 16;
+
+// A run of kLastMicroStep micro-steps with gradient accumulation 4 over several epochs (SGD with
+// momentum, dropout, a shuffled loader). With `save_at` >= 0 it saves into `dir` after that
+// micro-step, inside the accumulation guard as a loop that saves "every n steps" would, and
+// stops; with `resume` it first loads `dir`. Returns the final parameters.
+torch::Tensor train_accumulating(const std::string& dir, int64_t save_at, bool resume) {
+  Accelerator acc(AcceleratorOptions().seed(11).gradient_accumulation_steps(kAccumulation));
+  auto net = make_net();
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  torch::manual_seed(5);
+  auto x = torch::randn({kSamples, 8});
+  auto y = torch::randint(0, 3, {kSamples}, torch::kLong);
+  torch::manual_seed(11 + acc.process_index());
+  auto [model, opt, loader] = acc.prepare(
+      net, sgd, make_data_loader(x, y, DataLoaderOptions().batch_size(8).shuffle(true)));
+  if (resume) acc.load_state(dir);
+  while (loader.epoch() < 10) {
+    for (auto& batch : loader) {
+      auto guard = acc.accumulate(model);
+      acc.backward(torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target));
+      opt.step();
+      opt.zero_grad();
+      const int64_t micro = acc.state()->micro_steps;
+      if (micro == save_at) acc.save_state(dir);
+      if (micro == save_at || micro == kLastMicroStep) return flat_parameters(*model);
+    }
+  }
+  return flat_parameters(*model);
+}
+
+}  // namespace
+
+TEST(Checkpoint, SavedInTheMiddleOfGradientAccumulationItResumesBitIdentical) {
+  // Micro-step 7 is the third of the second accumulation (7 % 4 = 3) and no epoch's last (96
+  // samples make 12 micro-steps of 8 on one process, 6 on each of two), so the gradients of
+  // micro-steps 5 to 7 are pending, different on each rank, and only the checkpoint has them.
+  for (int n : {1, 2}) {
+    ScratchDir scratch;
+    const std::string dir = scratch.path + "/mid_accumulation";
+    auto uninterrupted = launch([](int) { return train_accumulating("", -1, false); }, ranks(n));
+    launch([dir](int) { return train_accumulating(dir, 7, false); }, ranks(n));
+    for (int r = 0; r < n; ++r) {
+      EXPECT_TRUE(std::ifstream(dir + "/rank_" + std::to_string(r) + "/gradients.pt").good())
+          << "rank " << r << " saved no gradients, " << n << " process(es)";
+    }
+    auto resumed = launch([dir](int) { return train_accumulating(dir, -1, true); }, ranks(n));
+    for (int r = 0; r < n; ++r) {
+      EXPECT_TRUE(torch::equal(resumed[r], uninterrupted[r]))
+          << "rank " << r << " of " << n << ", max difference "
+          << (resumed[r] - uninterrupted[r]).abs().max().item<double>();
+    }
+  }
+}
+
+TEST(Checkpoint, MidAccumulationGradientsAreNotLoadedOnAnotherNumberOfProcesses) {
+  ScratchDir scratch;
+  const std::string dir = scratch.path + "/mid_accumulation";
+  launch([dir](int) { return train_accumulating(dir, 7, false); }, ranks(2));
+  try {
+    launch([dir](int) { return train_accumulating(dir, -1, true); }, ranks(1));
+    FAIL() << "partial gradients of 2 processes were loaded on 1";
+  } catch (const std::exception& e) {
+    EXPECT_TRUE(contains(e.what(), "(in the middle of gradient accumulation) by 2 process(es)"))
+        << e.what();
+    EXPECT_TRUE(contains(e.what(), "this run has 1")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "sync_gradients() is true")) << e.what();
+  }
+}
+
 // ---- refusals ----------------------------------------------------------------------------------
 
 namespace {

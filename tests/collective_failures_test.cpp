@@ -1,9 +1,16 @@
 // Collectives that go wrong must fail fast and say why: mismatched shapes in debug mode, a rank
-// that never arrives (named, within twice the timeout), a rank missing at the rendezvous.
+// that never arrives (named, within twice the timeout), a rank that died (said to have died, not
+// to have skipped the call), a rank missing at the rendezvous.
 #include <accelerant/accelerant.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <csignal>
+#include <fstream>
+#include <iterator>
 #include <thread>
+
+#include "test_support.h"
 
 using namespace accelerant;
 using Clock = std::chrono::steady_clock;
@@ -143,4 +150,43 @@ TEST(CollectiveFailures, RendezvousNamesTheRanksThatNeverJoined) {
       },
       LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(1)).verbose(false));
   EXPECT_TRUE(contains(results[0], "rank(s) 1 of 2 never arrived")) << results[0];
+}
+
+TEST(CollectiveFailures, ARankThatDiedIsSaidToHaveDiedNotToHaveSkippedTheCall) {
+  accelerant::testing::ScratchDir scratch;
+  const std::string report = scratch.path + "/rank_0.txt";
+  try {
+    launch(
+        [report](int index) {
+          // Rank 0 keeps going when the launcher stops the group for rank 1's exit, long enough
+          // (the stop grace period) to write down what its failed collective said.
+          std::signal(SIGTERM, SIG_IGN);
+          auto& comm = ProcessState::get().communicator();
+          comm.barrier();
+          if (index == 1) ::_exit(3);
+          std::string message = "no error";
+          try {
+            comm.all_reduce(torch::ones({8}));
+          } catch (const CollectiveError& e) {
+            message = e.what();
+          }
+          std::ofstream(report) << message;
+          ::_exit(0);  // said; not waiting at the end for the dead rank (the stop grace period)
+        },
+        LaunchOptions()
+            .processes_per_node(2)
+            .timeout(std::chrono::milliseconds(1500))
+            .stop_grace_period(std::chrono::seconds(10))
+            .verbose(false));
+    FAIL() << "rank 1 exited with 3, yet the launch succeeded";
+  } catch (const LaunchError&) {
+  }
+  std::ifstream in(report);
+  const std::string m((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(contains(m, "[rank 0/2] all_reduce")) << m;
+  EXPECT_TRUE(contains(m, "Rank 1 died: its process ")) << m;
+  EXPECT_TRUE(contains(m, "not a mismatch of collectives")) << m;
+  EXPECT_TRUE(contains(m, "rank_1.stderr")) << m;
+  EXPECT_TRUE(contains(m, "--max_restarts")) << m;
+  EXPECT_FALSE(contains(m, "make every rank call the same collectives")) << m;
 }

@@ -123,7 +123,8 @@ double train(const fashion_mnist::Split& train_split, const fashion_mnist::Split
       opt.zero_grad();
       progress.update(++step, loss.item<double>());
       const int64_t steps_done = acc.state()->optimizer_steps;
-      if (!s.project_dir.empty() && s.checkpoint_every > 0 &&
+      // sync_gradients(): once per optimizer step, also under gradient accumulation.
+      if (!s.project_dir.empty() && s.checkpoint_every > 0 && acc.sync_gradients() &&
           steps_done % s.checkpoint_every == 0) {
         acc.save_state();
       }

@@ -123,7 +123,9 @@ class Accelerator {
 
   // ---- the training step ---------------------------------------------------------------------
   /// loss.backward(), divided by the accumulation steps and scaled under fp16. Gradients of
-  /// prepared models come back averaged across processes (unless accumulating).
+  /// prepared models come back averaged across processes (unless accumulating). On more than one
+  /// process with no prepared data loader it warns once on stderr (every rank would see the
+  /// whole data set).
   void backward(const torch::Tensor& loss);
 
   /// RAII scope of one micro-step of gradient accumulation: decides whether this micro-step
@@ -235,9 +237,11 @@ class Accelerator {
   /// Saves the whole training state into `dir` (a directory; see accelerant/checkpoint.h): every
   /// prepared model, optimizer and scheduler, the fp16 scaler, each loader's data position and
   /// seed, the step counters, each rank's random generators and the objects registered with
-  /// register_for_checkpointing. Call it on every process, between steps. Crash-safe: written into
-  /// a hidden temporary directory beside `dir`, fsynced, then renamed into place, so a crash or a
-  /// full disk at any moment leaves the previous checkpoint as it was. `dir` empty = automatic
+  /// register_for_checkpointing. Call it on every process, between steps; in the middle of
+  /// gradient accumulation each rank also saves the gradients it accumulated so far, so that the
+  /// resumed run is exact (such a checkpoint loads only on as many processes). Crash-safe: written
+  /// into a hidden temporary directory beside `dir`, fsynced, then renamed into place, so a crash
+  /// or a full disk at any moment leaves the previous checkpoint as it was. `dir` empty = automatic
   /// naming under AcceleratorOptions::project_dir. Returns the directory written. Throws
   /// CheckpointError (on every process) when any process could not write its part.
   std::string save_state(const std::string& dir = "");
@@ -331,6 +335,9 @@ class Accelerator {
   GradientReducer& reducer_for(const torch::nn::Module& module) const;
   AccumulationGuard accumulate_modules(std::vector<std::shared_ptr<torch::nn::Module>> modules);
   Communicator& communicator() const;
+  /// Warns once, on the main process, when a prepared model trains on several processes and no
+  /// loader was prepared (every rank then likely iterates the whole data set).
+  void warn_if_data_unsharded();
 
   struct PreparedModel {
     std::shared_ptr<torch::nn::Module> module;
@@ -356,6 +363,7 @@ class Accelerator {
   /// begin() (train/resume_hook.h). Shared with the loaders, which may outlive the Accelerator.
   std::shared_ptr<detail::ResumeHook> resume_hook_;
   bool resume_armed_ = false;
+  bool warned_unsharded_data_ = false;
   void resume_from_latest();
 };
 

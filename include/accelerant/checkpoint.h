@@ -8,6 +8,7 @@
 //     scaler.pt            the fp16 loss scaler, when there is one
 //     custom_0.pt …        objects registered with register_for_checkpointing (main process)
 //     rank_0/rng.pt …      each rank's random generators (written by that rank)
+//     rank_0/gradients.pt  a rank's accumulated gradients, only when saved mid-accumulation
 //
 // A directory with a manifest.json is complete: the manifest is written last, inside a temporary
 // directory that is then renamed into place. These functions read and check one without an

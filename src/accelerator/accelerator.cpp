@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
 #include <map>
 #include <sstream>
 
@@ -82,6 +83,103 @@ void broadcast_from_main(Communicator& communicator, torch::nn::Module& module) 
   }
 }
 
+// One entry per parameter and buffer in registration order: what must be the same on every rank
+// for rank 0's weights to be broadcast and the gradient buckets to line up.
+struct ModelEntry {
+  std::string name;  // "parameter fc1.weight"
+  std::string form;  // "[32, 16] Float"
+};
+
+std::vector<ModelEntry> model_entries(const torch::nn::Module& module) {
+  std::vector<ModelEntry> entries;
+  for (const auto& p : module.named_parameters()) {
+    entries.push_back(
+        {"parameter " + p.key(), detail::str(p.value().sizes(), " ", p.value().scalar_type())});
+  }
+  for (const auto& b : module.named_buffers()) {
+    entries.push_back(
+        {"buffer " + b.key(), detail::str(b.value().sizes(), " ", b.value().scalar_type())});
+  }
+  return entries;
+}
+
+std::string to_text(const std::vector<ModelEntry>& entries) {
+  std::string text;
+  for (const auto& e : entries) text += e.name + '\t' + e.form + '\n';
+  return text;
+}
+
+std::vector<ModelEntry> from_text(const std::string& text) {
+  std::vector<ModelEntry> entries;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    const auto tab = line.find('\t');
+    entries.push_back({line.substr(0, tab), line.substr(tab + 1)});
+  }
+  return entries;
+}
+
+uint64_t fnv1a(const std::string& text) {
+  uint64_t hash = 14695981039346656037ull;
+  for (unsigned char c : text) hash = (hash ^ c) * 1099511628211ull;
+  return hash;
+}
+
+// The first difference between rank 0's model and rank `other`'s, in words.
+std::string first_difference(const std::vector<ModelEntry>& main,
+                             const std::vector<ModelEntry>& theirs, int other) {
+  for (size_t i = 0; i < std::max(main.size(), theirs.size()); ++i) {
+    if (i >= main.size()) {
+      return detail::str(theirs[i].name, " (", theirs[i].form, ") exists on rank ", other,
+                         " but not on rank 0");
+    }
+    if (i >= theirs.size()) {
+      return detail::str(main[i].name, " (", main[i].form, ") exists on rank 0 but not on rank ",
+                         other);
+    }
+    if (main[i].name != theirs[i].name) {
+      return detail::str("entry ", i, " is ", main[i].name, " (", main[i].form, ") on rank 0 but ",
+                         theirs[i].name, " (", theirs[i].form, ") on rank ", other);
+    }
+    if (main[i].form != theirs[i].form) {
+      return detail::str(main[i].name, " is ", main[i].form, " on rank 0 but ", theirs[i].form,
+                         " on rank ", other);
+    }
+  }
+  return "none found";
+}
+
+// Throws Error on every rank when the ranks' models differ in a parameter or buffer name, shape
+// or dtype; otherwise the broadcast of rank 0's weights would fail deep in the transport (Gloo
+// aborts the process on mismatched sizes). One small collective when they agree.
+void check_same_model_everywhere(Communicator& communicator, const torch::nn::Module& module,
+                                 const std::string& rank_prefix) {
+  const auto entries = model_entries(module);
+  const std::string text = to_text(entries);
+  const uint64_t hash = fnv1a(text);
+  const auto hashes =
+      communicator.gather_bytes(std::string(reinterpret_cast<const char*>(&hash), sizeof hash));
+  std::vector<int> differing;
+  for (size_t r = 1; r < hashes.size(); ++r) {
+    if (hashes[r] != hashes[0]) differing.push_back(static_cast<int>(r));
+  }
+  if (differing.empty()) return;
+  const auto texts = communicator.gather_bytes(text);  // every rank takes this branch
+  const int other = differing.front();
+  const auto main = from_text(texts[0]), theirs = from_text(texts[other]);
+  throw Error(detail::str(
+      rank_prefix, "prepare(model): the ranks built different models (",
+      differing.size() == 1 ? "rank " : "ranks ", detail::join(differing, ", "),
+      differing.size() == 1 ? " differs" : " differ",
+      " from rank 0), so rank 0's weights cannot be broadcast to them. First difference: ",
+      first_difference(main, theirs, other), " (rank 0 has ", main.size(),
+      " parameters and buffers, rank ", other, " has ", theirs.size(),
+      "). Likely cause: the model's layers depend on something that differs between ranks (the "
+      "rank, a command-line argument, a file or setting read on each rank). Fix: build the same "
+      "model on every rank, and let only the data differ between ranks."));
+}
+
 }  // namespace
 
 Accelerator::Accelerator(AcceleratorOptions options)
@@ -155,7 +253,10 @@ void Accelerator::prepare_model(const std::shared_ptr<torch::nn::Module>& model)
   model->to(device_);
   if (settings_.downcast_bf16) model->to(torch::kBFloat16);
   Communicator& comm = communicator();
-  if (comm.size() > 1) broadcast_from_main(comm, *model);
+  if (comm.size() > 1) {
+    check_same_model_everywhere(comm, *model, rank_prefix_);
+    broadcast_from_main(comm, *model);
+  }
   const int64_t cap = options_.bucket_cap_mb() * 1024 * 1024;
   auto reducer = std::make_unique<GradientReducer>(
       model->named_parameters(), comm,
@@ -256,11 +357,35 @@ void Accelerator::backward(const torch::Tensor& loss) {
         loss.defined() ? c10::str("a tensor of shape ", loss.sizes()) : "an undefined tensor",
         ". Fix: reduce it first, e.g. loss.mean()."));
   }
+  warn_if_data_unsharded();
   torch::Tensor scaled = loss;
   if (settings_.gradient_accumulation_steps > 1)
     scaled = scaled / settings_.gradient_accumulation_steps;
   if (state_->scaler) scaled = state_->scaler->scale(scaled);
   scaled.backward();
+}
+
+void Accelerator::warn_if_data_unsharded() {
+  // Training of a prepared model on several processes without a prepared loader: the data most
+  // likely comes from a loader every rank iterates whole, which is not an error anyone would see.
+  if (warned_unsharded_data_ || num_processes_ == 1 || models_.empty() ||
+      !checkpointed_->loaders.empty()) {
+    return;
+  }
+  warned_unsharded_data_ = true;
+  if (!is_main_process()) return;  // the same on every rank: said once
+  std::cerr << detail::str(
+                   rank_prefix_, "warning: backward() on ", num_processes_,
+                   " processes, but this Accelerator prepared no data loader. Unless each rank "
+                   "reads its own part of the data, every rank sees the whole data set: each "
+                   "optimizer step averages ",
+                   num_processes_, " copies of the same batches and an epoch takes ",
+                   num_processes_,
+                   " times the work it should. Fix: pass the loader to prepare, e.g. auto [model, "
+                   "opt, loader] = acc.prepare(model, opt, make_data_loader(...)) (wrap a "
+                   "torch::data dataset with make_data_loader); it gives each rank its share. "
+                   "Said once.")
+            << std::endl;
 }
 
 Accelerator::AccumulationGuard Accelerator::accumulate_modules(

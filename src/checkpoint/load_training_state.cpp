@@ -21,7 +21,38 @@ struct LoadedCheckpoint {
   std::vector<std::string> models, optimizers, custom_objects;  // archives, as bytes
   std::string scaler;
   std::string rng;  // empty: this rank did not exist when it was saved
+  // This rank's gradients; empty: none pending at the save (they are left as they are).
+  std::string gradients;
 };
+
+bool lists_file(const CheckpointManifest& m, const std::string& path) {
+  for (const auto& f : m.files) {
+    if (f.path == path) return true;
+  }
+  return false;
+}
+
+// Accumulated gradients belong to the rank that computed them over its own share of the data;
+// on another number of processes neither the shares nor the average over ranks carry over.
+void check_gradients_fit_world(const CheckpointManifest& m, const CheckpointRanks& ranks,
+                               const std::string& dir) {
+  if (m.world_size == ranks.world_size) return;
+  for (int r = 0; r < m.world_size; ++r) {
+    if (!lists_file(m, layout::gradients_file(r))) continue;
+    throw CheckpointError(
+        str(dir,
+            " was saved with gradients not yet applied (in the middle of gradient "
+            "accumulation) by ",
+            m.world_size, " process(es) (", layout::gradients_file(r),
+            " holds that rank's accumulated gradients), and this run has ", ranks.world_size,
+            ". Partial gradients cannot be re-sharded over another number of processes. Fix: "
+            "load it on ",
+            m.world_size,
+            " process(es), or resume from a checkpoint saved at an accumulation boundary (save "
+            "only when accelerator.sync_gradients() is true, after the optimizer step)."),
+        dir);
+  }
+}
 
 std::string source_dir(const std::string& requested_dir, const std::string& checkpoints_dir,
                        const CheckpointRanks& ranks) {
@@ -119,6 +150,18 @@ LoadedCheckpoint read_and_check(const std::string& dir, const CheckpointedState&
     loaded.custom_objects.push_back(read(layout::custom_file(i)));
   if (loaded.manifest.scaler) loaded.scaler = read(layout::kScalerFile);
   if (ranks.rank < loaded.manifest.world_size) loaded.rng = read(layout::rng_file(ranks.rank));
+  check_gradients_fit_world(loaded.manifest, ranks, dir);
+  if (lists_file(loaded.manifest, layout::gradients_file(ranks.rank))) {
+    const std::string file = layout::gradients_file(ranks.rank);
+    loaded.gradients = read(file);
+    auto mismatches = gradient_mismatches(s.models, loaded.gradients, dir + "/" + file);
+    if (!mismatches.empty()) {
+      throw CheckpointError(
+          str(dir, "/", file, " does not fit this run's models: ", join(mismatches, "; "),
+              ". Fix: build the models as the run that saved it did (same layers and sizes)."),
+          dir + "/" + file);
+    }
+  }
   loaded.state = read_checkpoint_state(dir);
   check_positions(loaded, s);
   return loaded;
@@ -138,6 +181,7 @@ LoadedCheckpoint snapshot_for_rollback(const CheckpointedState& s) {
         archive_to_bytes([&](torch::serialize::OutputArchive& a) { s.state->scaler->save(a); });
   }
   now.rng = rng_state_bytes();
+  now.gradients = gradient_bytes(s.models);
   return now;
 }
 
@@ -153,6 +197,9 @@ void apply(const LoadedCheckpoint& loaded, CheckpointedState& s, int rank) {
     auto archive =
         archive_from_bytes(loaded.custom_objects[i], loaded.dir + "/" + layout::custom_file(i));
     s.objects[i].load(archive);
+  }
+  if (!loaded.gradients.empty()) {
+    load_gradients(s.models, loaded.gradients, loaded.dir + "/" + layout::gradients_file(rank));
   }
   if (s.state->scaler && !loaded.scaler.empty()) {
     auto archive =

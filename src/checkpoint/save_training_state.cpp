@@ -75,6 +75,12 @@ std::vector<CheckpointFileEntry> write_own_part(const CheckpointedState& s,
   const std::string rank_dir = str(partial, "/rank_", ranks.rank);
   make_directories(rank_dir);
   write(layout::rng_file(ranks.rank), rng_state_bytes(), "the random generator state");
+  // Saved in the middle of gradient accumulation, the gradients hold micro-steps that the next
+  // optimizer step still needs; without them a resumed run would end with other weights.
+  const std::string gradients = pending_gradient_bytes(s.models);
+  if (!gradients.empty()) {
+    write(layout::gradients_file(ranks.rank), gradients, "the accumulated gradients");
+  }
   sync_directory(rank_dir);
   if (!ranks.is_main()) return written;
   for (size_t i = 0; i < s.models.size(); ++i) {

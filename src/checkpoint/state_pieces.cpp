@@ -98,6 +98,77 @@ void load_module_state(torch::nn::Module& module, const std::string& bytes,
   }
 }
 
+namespace {
+std::string gradients_of(const std::vector<std::shared_ptr<torch::nn::Module>>& models,
+                         bool only_when_nonzero) {
+  bool any_nonzero = false;
+  std::string bytes = archive_to_bytes([&](torch::serialize::OutputArchive& archive) {
+    for (size_t i = 0; i < models.size(); ++i) {
+      torch::serialize::OutputArchive model_archive;
+      for (const auto& p : models[i]->named_parameters(/*recurse=*/true)) {
+        const torch::Tensor& grad = p.value().grad();
+        if (!grad.defined()) continue;
+        any_nonzero = any_nonzero || (grad != 0).any().item<bool>();
+        model_archive.write(p.key(), grad.detach().cpu());
+      }
+      archive.write(std::to_string(i), model_archive);
+    }
+  });
+  return only_when_nonzero && !any_nonzero ? std::string() : bytes;
+}
+}  // namespace
+
+std::string pending_gradient_bytes(const std::vector<std::shared_ptr<torch::nn::Module>>& models) {
+  return gradients_of(models, /*only_when_nonzero=*/true);
+}
+
+std::string gradient_bytes(const std::vector<std::shared_ptr<torch::nn::Module>>& models) {
+  return gradients_of(models, /*only_when_nonzero=*/false);
+}
+
+std::vector<std::string> gradient_mismatches(
+    const std::vector<std::shared_ptr<torch::nn::Module>>& models, const std::string& bytes,
+    const std::string& what) {
+  auto archive = archive_from_bytes(bytes, what);
+  std::vector<std::string> problems;
+  for (size_t i = 0; i < models.size(); ++i) {
+    torch::serialize::InputArchive model_archive;
+    if (!archive.try_read(std::to_string(i), model_archive)) {
+      problems.push_back(str("no gradients of model ", i));
+      continue;
+    }
+    for (const auto& p : models[i]->named_parameters(/*recurse=*/true)) {
+      torch::Tensor saved;
+      if (model_archive.try_read(p.key(), saved) && saved.sizes() != p.value().sizes()) {
+        problems.push_back(detail::str("model ", i, " gradient of ", p.key(), " saved ",
+                                       saved.sizes(), ", parameter ", p.value().sizes()));
+      }
+    }
+  }
+  return problems;
+}
+
+void load_gradients(const std::vector<std::shared_ptr<torch::nn::Module>>& models,
+                    const std::string& bytes, const std::string& what) {
+  auto archive = archive_from_bytes(bytes, what);
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < models.size(); ++i) {
+    torch::serialize::InputArchive model_archive;
+    archive.read(std::to_string(i), model_archive);
+    for (auto& p : models[i]->named_parameters(/*recurse=*/true)) {
+      torch::Tensor& param = p.value();
+      torch::Tensor saved;
+      if (!model_archive.try_read(p.key(), saved)) {
+        param.mutable_grad() = torch::Tensor();  // none at the save: the next backward starts it
+      } else if (param.grad().defined() && param.grad().sizes() == saved.sizes()) {
+        param.mutable_grad().copy_(saved);  // in place: a gradient bound to a bucket stays bound
+      } else {
+        param.mutable_grad() = saved.detach().to(param.device(), param.scalar_type());
+      }
+    }
+  }
+}
+
 // LibTorch 1.13's Optimizer::load restores the per-parameter state but not the parameter groups'
 // options (learning rate, momentum, ...), which schedulers change: they are kept beside it.
 const char* kGroupOptions = "accelerant_param_group_options";

@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,24 @@ std::vector<std::string> module_state_mismatches(const torch::nn::Module& module
 /// module_state_mismatches found none.
 void load_module_state(torch::nn::Module& module, const std::string& bytes,
                        const std::string& what);
+
+/// The gradients of `models`' parameters that hold some (accumulated but not yet applied: a save
+/// in the middle of gradient accumulation), one nested archive per model by index, on the CPU;
+/// "" when every gradient is undefined or zero (nothing to resume).
+std::string pending_gradient_bytes(const std::vector<std::shared_ptr<torch::nn::Module>>& models);
+/// Every defined gradient of `models`, zero or not, as pending_gradient_bytes lays them out: what
+/// a failed load puts back.
+std::string gradient_bytes(const std::vector<std::shared_ptr<torch::nn::Module>>& models);
+/// Why saved gradients do not fit `models`: a model or parameter they do not have, a shape that
+/// differs. Empty when they fit.
+std::vector<std::string> gradient_mismatches(
+    const std::vector<std::shared_ptr<torch::nn::Module>>& models, const std::string& bytes,
+    const std::string& what);
+/// Makes each parameter's gradient the saved one (device and dtype of the parameter), and
+/// undefined where none was saved, exactly as it was at the save. Call after gradient_mismatches
+/// found none.
+void load_gradients(const std::vector<std::shared_ptr<torch::nn::Module>>& models,
+                    const std::string& bytes, const std::string& what);
 
 /// `fused`: the FusedUpdater prepare bound to `optimizer` (its state travels in the same file).
 std::string optimizer_state_bytes(const torch::optim::Optimizer& optimizer,

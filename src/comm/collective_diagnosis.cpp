@@ -1,10 +1,15 @@
 #include "comm/collective_diagnosis.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "accelerant/error.h"
 #include "base/text.h"
+#include "comm/machine_identity.h"
 
 namespace accelerant::detail {
 namespace {
@@ -34,7 +39,96 @@ constexpr const char* kSameCallsFix =
     "make every rank call the same collectives in the same order with the same shapes and dtypes "
     "(use gather or pad_across_processes for per-rank lengths)";
 
+// A process's state letter and start time (clock ticks after boot) from /proc/<pid>/stat, or
+// false when there is no such process.
+bool read_process_stat(long pid, char& state, std::string& start_time) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string content((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const auto paren = content.rfind(')');
+  if (!stat || paren == std::string::npos) return false;
+  std::istringstream fields(content.substr(paren + 2));
+  fields >> state;
+  std::string field;
+  for (int i = 4; i <= 22 && fields >> field; ++i) {  // field 22 is the start time
+    if (i == 22) start_time = field;
+  }
+  return true;
+}
+
+// A missing rank whose process is known to have exited: it published itself on this machine and
+// its pid is gone, a zombie, or another process's (started at another time).
+// This machine and pid namespace: pids are comparable only between processes that share both.
+std::string pid_space() {
+  char ns[128] = {0};
+  const ssize_t length = ::readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
+  return str(machine_identity(), "|",
+             length > 0 ? std::string(ns, static_cast<size_t>(length)) : "");
+}
+
+struct DeadRank {
+  int rank;
+  long pid;
+  std::string error_file;
+};
+
+std::vector<DeadRank> dead_among(c10d::Store& store, const std::vector<int>& ranks) {
+  std::vector<DeadRank> dead;
+  const std::string here = pid_space();
+  for (int r : ranks) {
+    const std::string key = str("process/", r);
+    if (!store.check({key})) continue;
+    std::istringstream record(bytes_to_string(store.get(key)));
+    long pid = 0;
+    std::string start_time, machine_line, error_file;
+    record >> pid >> start_time;
+    record.ignore(1);
+    std::getline(record, machine_line);
+    std::getline(record, error_file);
+    if (machine_line != here) continue;  // another machine: nothing to look at from here
+    char state = '?';
+    std::string now_started;
+    const bool exists = read_process_stat(pid, state, now_started);
+    if (!exists || state == 'Z' || state == 'X' || now_started != start_time) {
+      dead.push_back({r, pid, error_file});
+    }
+  }
+  return dead;
+}
+
+std::string dead_ranks_text(const std::vector<DeadRank>& dead, int size) {
+  std::vector<int> ranks;
+  std::vector<std::string> pids, where;
+  for (const auto& d : dead) {
+    ranks.push_back(d.rank);
+    pids.push_back(std::to_string(d.pid));
+    where.push_back(str("rank ", d.rank, "'s output (lines prefixed [rank ", d.rank, "/", size,
+                        "] on the launcher's console, or attempt_<n>/rank_", d.rank,
+                        ".stderr under the launcher's --log_dir, and the launcher's report of the "
+                        "failure)",
+                        d.error_file.empty() ? "" : " and its error file " + d.error_file));
+  }
+  return str(
+      rank_list(ranks), " died: ", dead.size() == 1 ? "its process " : "their processes ",
+      join(pids, ", "), " on this machine exited before reaching this collective, so ",
+      "this is not a mismatch of collectives. Likely cause: ", dead.size() == 1 ? "it" : "they",
+      " crashed or were killed (an uncaught exception, a signal, the out-of-memory "
+      "killer). Fix: look at ",
+      join(where, "; "),
+      " for the first error; to have the group restarted from its newest checkpoint "
+      "after such a failure, launch with --max_restarts N (LaunchOptions::max_restarts) "
+      "and save checkpoints (AcceleratorOptions::auto_resume).");
+}
+
 }  // namespace
+
+void publish_process(c10d::Store& store, int rank, const std::string& error_file) {
+  const long pid = static_cast<long>(::getpid());
+  char state = '?';
+  std::string start_time;
+  if (!read_process_stat(pid, state, start_time)) return;  // no /proc: nothing to compare later
+  const std::string record = str(pid, " ", start_time, "\n", pid_space(), "\n", error_file);
+  store.set(str("process/", rank), std::vector<uint8_t>(record.begin(), record.end()));
+}
 
 void check_signatures(c10d::Store& store, const CollectiveCall& call, int rank, int size,
                       std::chrono::milliseconds timeout, const std::string& rank_prefix) {
@@ -99,6 +193,20 @@ std::string diagnose_failure(c10d::Store& store, const CollectiveCall& call, int
         "between ranks dropped, or the backend does not support this dtype. Fix: look for "
         "an earlier error from another rank; set GLOO_SOCKET_IFNAME to the interface the "
         "machines share if they have several.");
+  }
+  const auto dead = dead_among(store, missing);
+  if (!dead.empty()) {
+    std::vector<int> alive;
+    for (int r : missing) {
+      if (std::none_of(dead.begin(), dead.end(), [r](const DeadRank& d) { return d.rank == r; }))
+        alive.push_back(r);
+    }
+    std::string text = str(head, "\n", dead_ranks_text(dead, size));
+    if (!alive.empty()) {
+      text += str("\n", rank_list(alive), " did not report either; check ",
+                  alive.size() == 1 ? "its" : "their", " output too.");
+    }
+    return text;
   }
   return str(
       head, "\n", rank_list(missing), " did not reach this collective (no report within ",

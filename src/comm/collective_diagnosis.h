@@ -21,9 +21,16 @@ struct CollectiveCall {
 void check_signatures(c10d::Store& store, const CollectiveCall& call, int rank, int size,
                       std::chrono::milliseconds timeout, const std::string& rank_prefix);
 
+/// Publishes this process in the store under "process/<rank>" (its pid and start time, its
+/// machine, `error_file` where its fatal error is recorded, "" for none), so that a peer's
+/// diagnose_failure can tell a rank that died from one that is stuck or skipped a collective.
+void publish_process(c10d::Store& store, int rank, const std::string& error_file);
+
 /// After `call` failed on this rank with `cause`: records the failure in the store, waits a short
 /// grace period for the other ranks to record theirs, and returns the message of a CollectiveError
-/// that names the ranks that never reported (they never reached the call, or died).
+/// that names the ranks that never reported (they never reached the call, or died: a rank
+/// published on this machine whose process has exited is said to have died, with where its error
+/// is and the fix of restarting, instead of advice about mismatched collectives).
 /// `missing` receives those ranks.
 std::string diagnose_failure(c10d::Store& store, const CollectiveCall& call, int rank, int size,
                              std::chrono::milliseconds timeout, const std::string& rank_prefix,

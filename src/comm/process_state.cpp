@@ -14,6 +14,7 @@
 #include "base/text.h"
 #include "base/torch_compat.h"
 #include "base/uncaught_exception_recorder.h"
+#include "comm/collective_diagnosis.h"
 #include "comm/communicator_impl.h"
 #include "comm/process_state_fork.h"
 #include "comm/shared_memory_connect.h"
@@ -140,6 +141,8 @@ void ProcessState::rendezvous() {
       detail::str("accelerant/attempt_", env_.restart_count), rendezvous_->tcp_store);
   auto& store = *rendezvous_->attempt_store;
 
+  // Who we are, so that a peer whose collective fails can tell that this process died.
+  detail::publish_process(store, env_.rank, env_.torchelastic_error_file);
   // Our own arrival step before Gloo's, so that a rank that never comes is named.
   store.set(detail::str("arrived/", env_.rank), std::vector<uint8_t>{1});
   std::vector<std::string> keys;
