@@ -9,6 +9,9 @@ install(TARGETS accelerant EXPORT AccelerantTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(TARGETS accelerant_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+# The helper that runs `accelerant env` and `test` (they need LibTorch; the front end does not load
+# it). The front end finds it at the same path relative to itself as in the build tree.
+install(TARGETS accelerant_libtorch RUNTIME DESTINATION ${CMAKE_INSTALL_LIBEXECDIR}/accelerant)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/accelerant ${PROJECT_BINARY_DIR}/include/accelerant
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.h")
 install(EXPORT AccelerantTargets NAMESPACE Accelerant:: DESTINATION ${ACCELERANT_CMAKE_DIR})

@@ -4,6 +4,7 @@
 #include <accelerant/accelerant.h>
 #include <accelerant/checkpoint.h>
 #include <accelerant/safetensors.h>
+#include <accelerant/safetensors_header.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
@@ -420,6 +421,54 @@ TEST(SafetensorsModel, ShardsWithAnIndexAndLoadsBack) {
   EXPECT_FALSE(std::ifstream(dir + "/model.safetensors.index.json").good());
   EXPECT_TRUE(std::ifstream(dir + "/config.json").good());
   EXPECT_EQ(read_model_safetensors(dir).size(), state_of(*model).size());
+  t::remove_tree(dir);
+}
+
+// The LibTorch-free header reader (what `accelerant checkpoint` uses) sees what the tensor reader
+// sees, refuses what it refuses, and verify_safetensors also checks the data as decoding does.
+TEST(SafetensorsHeader, AgreesWithTheTensorReaderOnSingleFilesAndShards) {
+  const std::string dir = t::make_temp_dir();
+  AllDtypes model;
+  save_model_safetensors(*model, dir, 64);  // shards and an index
+  const auto headers = read_model_safetensors_header(dir);
+  const auto tensors = read_model_safetensors(dir);
+  ASSERT_EQ(headers.size(), tensors.size());
+  for (const auto& [name, tensor] : tensors) {
+    const auto& info = headers.at(name);
+    EXPECT_EQ(info.shape, tensor.sizes().vec()) << name;
+    EXPECT_EQ(info.data_end - info.data_begin,
+              static_cast<uint64_t>(tensor.numel() * tensor.element_size()))
+        << name;
+  }
+  EXPECT_EQ(headers.at("b_bf16").dtype, "BF16");
+  EXPECT_EQ(headers.at("b_bool").dtype, "BOOL");
+  EXPECT_EQ(verify_model_safetensors(dir).size(), tensors.size());
+
+  const std::string file = dir + "/one.safetensors";
+  spit(file,
+       raw_file(R"({"__metadata__":{"format":"pt"},"b":{"dtype":"BOOL","shape":[2],)"
+                R"("data_offsets":[0,2]},"a":{"dtype":"F32","shape":[1],"data_offsets":[2,6]}})",
+                std::string("\x01\x00", 2) + std::string(4, '\0')));
+  const auto header = read_safetensors_header(file);
+  ASSERT_EQ(header.tensors.size(), 2u);
+  EXPECT_EQ(header.tensors[0].name, "b");  // in data order, as decoding lists them
+  EXPECT_EQ(header.metadata.at("format"), "pt");
+  EXPECT_EQ(verify_safetensors(file).tensors.size(), 2u);
+
+  // A bool byte of 2: the header is fine, the data is not.
+  spit(file, raw_file(R"({"b":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})", "\x01\x02"));
+  EXPECT_EQ(read_safetensors_header(file).tensors.size(), 1u);
+  EXPECT_THROW(verify_safetensors(file), CheckpointError);
+  // A truncated file: both refuse it with the decoder's words, reading only the header.
+  const std::string ok = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  spit(file, raw_file(ok, std::string(4, '\0')));
+  try {
+    read_safetensors_header(file);
+    ADD_FAILURE() << "a truncated file was accepted";
+  } catch (const CheckpointError& e) {
+    EXPECT_EQ(std::string(e.what()), decode_error(slurp(file)).replace(0, 16, file));
+  }
+  EXPECT_THROW(read_safetensors_header(dir + "/absent.safetensors"), CheckpointError);
   t::remove_tree(dir);
 }
 

@@ -18,7 +18,6 @@
 // `srun -n 2 ./train` is one 2-rank job, never two nested ones.
 #pragma once
 
-#include <torch/arg.h>
 #include <torch/serialize.h>
 
 #include <chrono>
@@ -32,83 +31,16 @@
 #include <vector>
 
 #include "accelerant/error.h"
+#include "accelerant/launch_options.h"
 
 namespace accelerant {
 
-/// Options of launch() and launch_program(), set with chained setters
-/// (`LaunchOptions().processes_per_node(4)`): the size and shape of the group, its rendezvous,
-/// restarts, the settings passed to the workers, and what becomes of their output. Invalid values
-/// make launch throw LaunchError before anything is forked.
-struct LaunchOptions {
-  /// Worker processes on this machine (torchrun: nproc_per_node; each worker sees it as
-  /// LOCAL_WORLD_SIZE). Not Config::num_processes, which counts across machines. Default: 1.
-  TORCH_ARG(int, processes_per_node) = 1;
-  /// Address of the machine with node_rank 0, where the job's store listens. Default: 127.0.0.1.
-  TORCH_ARG(std::string, master_addr) = "127.0.0.1";
-  /// Port of the job's store. 0 = a free port chosen by the operating system (one machine only;
-  /// with num_nodes > 1 every node must be told the same port). Default: 0.
-  TORCH_ARG(int, master_port) = 0;
-  /// This machine's index among num_nodes. Default: 0.
-  TORCH_ARG(int, node_rank) = 0;
-  /// Machines in the job, each running its own launch with the same processes_per_node. Default: 1.
-  TORCH_ARG(int, num_nodes) = 1;
-  /// How often the whole group is restarted after a worker fails. Default: 0.
-  TORCH_ARG(int, max_restarts) = 0;
-  /// How often the agent checks its workers. Default: 100 ms.
-  TORCH_ARG(std::chrono::milliseconds, monitor_interval) = std::chrono::milliseconds(100);
-  /// Passed to workers as ACCELERANT_MIXED_PRECISION: no, fp16 or bf16 (parse_mixed_precision).
-  /// Default: "no".
-  TORCH_ARG(std::string, mixed_precision) = "no";
-  /// Passed to workers as ACCELERANT_DOWNCAST_BF16: the Accelerator keeps bf16 weights.
-  /// Default: unset (each worker resolves it: its environment, its config file, false).
-  TORCH_ARG(std::optional<bool>, downcast_bf16) = std::nullopt;
-  /// Passed to workers as ACCELERANT_USE_CPU: the Accelerator trains on the CPU even when CUDA is
-  /// available. Default: unset (each worker resolves it: its environment, its config file, false).
-  TORCH_ARG(std::optional<bool>, use_cpu) = std::nullopt;
-  /// Passed to workers as ACCELERANT_GRADIENT_ACCUMULATION_STEPS: micro-batches per optimizer
-  /// step, 1 or more. Default: unset (each worker resolves it: its environment, its config file,
-  /// 1).
-  TORCH_ARG(std::optional<int64_t>, gradient_accumulation_steps) = std::nullopt;
-  /// Intra-op threads per worker. 0 = cores / processes_per_node (at least 1). When this process
-  /// has already started threads (LibTorch's OpenMP pool, OpenBLAS), forked workers cannot use
-  /// thread pools safely, so they run single-threaded and launch says so. Default: 0.
-  TORCH_ARG(int, threads_per_process) = 0;
-  /// Debug mode: a dry fork first, then cross-rank shape checks before every collective.
-  /// Default: ACCELERANT_DEBUG_MODE, else off.
-  TORCH_ARG(std::optional<bool>, debug) = std::nullopt;
-  /// With num_nodes > 1: how long the launchers wait for every machine to arrive (and, after a
-  /// restart, to be ready again) before giving up, naming the machines that did not come.
-  /// Default: 10 minutes (torchrun's join_timeout).
-  TORCH_ARG(std::chrono::milliseconds, join_timeout) = std::chrono::minutes(10);
-  /// Rendezvous and collective timeout inside the workers (passed as ACCELERANT_TIMEOUT_MS): a
-  /// collective that does not complete within it fails, naming the ranks it waited for.
-  /// Default: unset = this process's ACCELERANT_TIMEOUT_MS when the user set it, else 30 minutes.
-  TORCH_ARG(std::optional<std::chrono::milliseconds>, timeout) = std::nullopt;
-  /// Time between SIGTERM and SIGKILL when the group is stopped. Default: 5 s.
-  TORCH_ARG(std::chrono::milliseconds, stop_grace_period) = std::chrono::seconds(5);
-  /// Prefix every line a worker prints with "[rank r/N] " (rank_prefix). Default: false.
-  TORCH_ARG(bool, prefix_output) = false;
-  /// Directory for per-rank logs: `attempt_<n>/rank_<r>.stdout` and `.stderr` (one directory per
-  /// restart attempt). Empty = no log files. Default: empty.
-  TORCH_ARG(std::string, log_dir) = "";
-  /// With log_dir: also show the workers' output on the console (without log_dir it always is).
-  /// Default: false.
-  TORCH_ARG(bool, tee) = false;
-  /// Lines of a failed worker's stderr kept for the error report. Default: 20.
-  TORCH_ARG(int, stderr_tail_lines) = 20;
-  /// Print the "Launching training on N CPUs." banner and restart notices. Default: true.
-  TORCH_ARG(bool, verbose) = true;
-};
-
-/// What a forked worker runs: the job's function for the worker with global rank `index`, its
-/// result serialised (empty for none).
-using WorkerBody = std::function<std::vector<char>(int index)>;
-
-/// The agent behind launch() and launch_program(): forks options.processes_per_node workers that
-/// each run `body`, watches them, restarts the group after a failure up to max_restarts, relays
-/// their output and reports the first failure. Returns each local worker's bytes in local rank
-/// order. Throws LaunchError when the group fails after max_restarts restarts. launch() is this
-/// with the result serialised for you; call this one to move your own bytes.
+/// The agent behind launch(): forks options.processes_per_node workers that each run `body`,
+/// watches them, restarts the group after a failure up to max_restarts, relays their output and
+/// reports the first failure (launch_program runs the same agent without LibTorch). Returns each
+/// local worker's bytes in local rank order. Throws LaunchError when the group fails after
+/// max_restarts restarts. launch() is this with the result serialised for you; call this one to
+/// move your own bytes.
 ///
 /// When a launcher already started this process (read_launch_contract().launched(): `accelerant
 /// launch`, torchrun, srun, mpirun), nothing is forked: `body` runs here, once, as this process's
@@ -205,12 +137,5 @@ auto launch(Fn&& fn, Rest&&... rest) {
     return detail::launch_with<Fn, decltype(all), n>(LaunchOptions(), fn, all);
   }
 }
-
-/// Runs `command` (a program and its arguments; no shell) as options.processes_per_node workers on
-/// this machine: the agent of launch() (rendezvous variables, watching, restarts, output relay,
-/// failure report) with each worker exec'ing the program. Returns once every worker exited 0.
-/// Throws Error when the program cannot be run, and LaunchError when the group fails after
-/// max_restarts restarts. This is `accelerant launch`.
-void launch_program(const std::vector<std::string>& command, const LaunchOptions& options);
 
 }  // namespace accelerant

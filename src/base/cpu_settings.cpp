@@ -1,10 +1,7 @@
 #include "base/cpu_settings.h"
 
 #include <ATen/Parallel.h>
-#include <dirent.h>
 #include <dlfcn.h>
-#include <malloc.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <thread>
@@ -19,12 +16,6 @@ const int kLibTorchDefaultThreads = at::get_num_threads();
 
 }  // namespace
 
-int usable_cpus() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
-
 void set_compute_threads(int threads) {
   if (threads < 1) return;
   at::set_num_threads(threads);
@@ -34,20 +25,6 @@ void set_compute_threads(int threads) {
   if (auto set = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
     set(threads);
   }
-}
-
-bool keep_freed_memory_in_heap() {
-  constexpr int kMmapThresholdBytes = 32 * 1024 * 1024;  // glibc refuses more (HEAP_MAX_SIZE / 2)
-  constexpr int kTrimThresholdBytes = 1024 * 1024 * 1024;
-  // Both together: raising only the trim threshold was measured to make the faults far worse.
-  return mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes) == 1 &&
-         mallopt(M_TRIM_THRESHOLD, kTrimThresholdBytes) == 1;
-}
-
-int openblas_threads() {
-  using GetThreads = int (*)();
-  auto get = reinterpret_cast<GetThreads>(::dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-  return get ? get() : -1;
 }
 
 namespace detail {
@@ -72,21 +49,6 @@ int apply_cpu_defaults(const CpuDefaultsInput& input) {
   set_compute_threads(threads);
   keep_freed_memory_in_heap();
   return threads;
-}
-
-int other_thread_count() {
-  DIR* dir = ::opendir("/proc/self/task");
-  if (dir == nullptr) return 0;
-  int count = 0;
-  while (dirent* entry = ::readdir(dir)) {
-    if (entry->d_name[0] != '.') ++count;
-  }
-  ::closedir(dir);
-  return count > 0 ? count - 1 : 0;
-}
-
-int fork_unsafe_thread_count() {
-  return std::max(0, other_thread_count() - std::max(0, openblas_threads() - 1));
 }
 
 }  // namespace detail

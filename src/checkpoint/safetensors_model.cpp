@@ -7,11 +7,10 @@
 
 #include "accelerant/error.h"
 #include "accelerant/safetensors.h"
-#include "base/bounded_input.h"
 #include "base/file_io.h"
 #include "base/text.h"
-#include "checkpoint/checkpoint_layout.h"
 #include "checkpoint/durable_files.h"
+#include "checkpoint/safetensors_format.h"
 #include "checkpoint/state_pieces.h"
 
 namespace accelerant {
@@ -19,8 +18,8 @@ namespace {
 
 using detail::str;
 
-const char* kSingleFile = "model.safetensors";
-const char* kIndexFile = "model.safetensors.index.json";
+const char* const kSingleFile = detail::kSafetensorsSingleFile;
+const char* const kIndexFile = detail::kSafetensorsIndexFile;
 
 std::string shard_name(size_t k, size_t n) {
   char name[64];
@@ -95,67 +94,14 @@ SavedModelFiles save_model_safetensors(const torch::nn::Module& model, const std
 
 std::map<std::string, torch::Tensor> read_model_safetensors(const std::string& dir) {
   std::map<std::string, torch::Tensor> tensors;
-  const std::string index_path = dir + "/" + kIndexFile;
-  std::vector<std::string> files;
-  if (detail::path_exists(index_path)) {
-    // Bounded (note "Bounded input"): a nesting bomb or a huge file is refused, not parsed.
-    const auto file = detail::read_bounded_file(index_path, detail::layout::kMaxJsonBytes);
-    std::string problem = file.problem;
-    std::optional<nlohmann::json> parsed;
-    if (problem.empty()) parsed = detail::parse_bounded_json(file.bytes, &problem);
-    if (!parsed) {
-      throw CheckpointError(str(detail::said_of(index_path, problem),
-                                ". Likely cause: it was damaged or is not an index save_model "
-                                "wrote. Fix: save the model again."),
-                            index_path);
+  detail::for_each_model_safetensors_file(dir, [&tensors](const std::string& path) {
+    std::vector<std::string> names;
+    for (auto& [name, tensor] : read_safetensors(path).tensors) {
+      names.push_back(name);
+      tensors[name] = tensor;
     }
-    nlohmann::json index = std::move(*parsed);
-    if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
-      throw CheckpointError(
-          str(index_path, " has no \"weight_map\" object. Fix: save the model again."), index_path);
-    }
-    std::set<std::string> unique;
-    for (const auto& item : index["weight_map"].items()) {
-      if (!item.value().is_string() ||
-          item.value().get<std::string>().find('/') != std::string::npos) {
-        throw CheckpointError(str(index_path, " maps \"", item.key(), "\" to ", item.value().dump(),
-                                  ", not a file name in ", dir, ". Fix: save the model again."),
-                              index_path);
-      }
-      if (unique.insert(item.value().get<std::string>()).second)
-        files.push_back(item.value().get<std::string>());
-    }
-    for (const auto& file : files) {
-      for (auto& [name, tensor] : read_safetensors(dir + "/" + file).tensors) {
-        auto listed = index["weight_map"].find(name);
-        if (listed == index["weight_map"].end() || *listed != file) {
-          throw CheckpointError(
-              str(dir, "/", file, " holds \"", name, "\", which ", index_path,
-                  listed == index["weight_map"].end() ? " does not list"
-                                                      : " places in another file",
-                  ". Likely cause: shards of two saves mixed. Fix: save the model again."),
-              dir + "/" + file);
-        }
-        tensors[name] = tensor;
-      }
-    }
-    for (const auto& item : index["weight_map"].items()) {
-      if (!tensors.count(item.key())) {
-        throw CheckpointError(
-            str(index_path, " lists \"", item.key(), "\" in ", item.value().get<std::string>(),
-                ", which does not hold it. Fix: save the model again."),
-            index_path);
-      }
-    }
-    return tensors;
-  }
-  const std::string single = dir + "/" + kSingleFile;
-  if (!detail::path_exists(single)) {
-    throw CheckpointError(str("no model weights in ", dir, ": neither ", kSingleFile, " nor ",
-                              kIndexFile, ". Fix: pass the directory given to save_model."),
-                          dir);
-  }
-  for (auto& [name, tensor] : read_safetensors(single).tensors) tensors[name] = tensor;
+    return names;
+  });
   return tensors;
 }
 

@@ -1,6 +1,8 @@
 // accelerant::launch_program: the launcher's agent with a program as each worker's body. Each
 // forked worker replaces itself with the program (execvp, no shell), keeping the environment the
-// agent set for it (the torchrun variables and ACCELERANT_*).
+// agent set for it (the torchrun variables and ACCELERANT_*). No LibTorch here, so no AgentHooks:
+// an exec'd worker starts with fresh thread pools and no CUDA state of ours, sizes its pools from
+// ACCELERANT_THREADS_PER_PROCESS, and `accelerant launch` (which does not load LibTorch) runs this.
 #include <unistd.h>
 
 #include <cerrno>
@@ -8,7 +10,7 @@
 #include <cstring>
 
 #include "accelerant/environment.h"
-#include "accelerant/launch.h"
+#include "accelerant/launch_options.h"
 #include "base/text.h"
 #include "launch/agent.h"
 
@@ -49,13 +51,16 @@ void launch_program(const std::vector<std::string>& command, const LaunchOptions
   }
   std::vector<std::string> args = command;
   // Never in place: `accelerant launch` under another launcher is its own (per-machine) group.
-  detail::run_agent(options, [&args](int) -> std::vector<char> {
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execvp(argv[0], argv.data());
-    throw Error(cannot_run(args[0], std::strerror(errno)));
-  });
+  detail::run_agent(
+      options,
+      [&args](int) -> std::vector<char> {
+        std::vector<char*> argv;
+        for (auto& a : args) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        ::execvp(argv[0], argv.data());
+        throw Error(cannot_run(args[0], std::strerror(errno)));
+      },
+      detail::AgentHooks{});
 }
 
 }  // namespace accelerant

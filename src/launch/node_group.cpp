@@ -1,10 +1,16 @@
 #include "launch/node_group.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <thread>
 
 #include "accelerant/error.h"
+#include "accelerant/version.h"
 #include "base/text.h"
+#include "base/torch_version.h"
 #include "launch/agent.h"
 
 namespace accelerant::detail {
@@ -12,10 +18,25 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::vector<uint8_t> bytes(const std::string& text) { return {text.begin(), text.end()}; }
-std::string text(const std::vector<uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
-
 std::string seconds(std::chrono::milliseconds d) { return str(d.count() / 1000.0, " s"); }
+
+// A port free now, for rank 0's store (it binds it a moment later; c10d sets SO_REUSEADDR).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t size = sizeof a;
+  int port = 0;
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &size) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  if (fd >= 0) ::close(fd);
+  if (port == 0)
+    throw LaunchError("accelerant::launch: found no free TCP port for the job's store");
+  return port;
+}
 
 }  // namespace
 
@@ -36,18 +57,28 @@ NodeGroup::~NodeGroup() {
   }
 }
 
-int NodeGroup::store_port() const { return store_->getPort(); }
+int NodeGroup::store_port() const { return server_ ? server_->port() : port_; }
 
 std::string NodeGroup::key(const std::string& name) const { return "accelerant/launch/" + name; }
 
 void NodeGroup::join_as_main() {
-  c10d::TCPStoreOptions so;
-  so.port = static_cast<std::uint16_t>(options_.master_port());
-  so.isServer = true;
-  so.waitWorkers = false;
-  so.timeout = resolved_timeout(options_);
+  if (!workers_speak_agent_store_protocol()) {
+    // Our server speaks LibTorch 1.x's TCPStore protocol (job_store.h); the workers' does not.
+    // On one machine rank 0 hosts c10d's store, as under torchrun without its agent store.
+    if (multi_node()) {
+      throw LaunchError(str(
+          "accelerant::launch: a job on several machines needs the launchers' store, which speaks "
+          "the c10d TCPStore protocol of LibTorch 1.x, and this build's LibTorch is ",
+          torch_version(),
+          ". Fix: run one machine per launch, or start the workers with torchrun or srun."));
+    }
+    port_ = options_.master_port() != 0 ? options_.master_port() : free_port();
+    return;
+  }
   try {
-    store_ = c10::make_intrusive<c10d::TCPStore>(options_.master_addr(), so);
+    server_ = std::make_unique<StoreServer>(options_.master_port());
+    store_ = std::make_unique<StoreClient>(options_.master_addr(), server_->port(),
+                                           resolved_timeout(options_), resolved_timeout(options_));
   } catch (const std::exception& e) {
     throw LaunchError(str("accelerant::launch: machine 0 could not host the job's store on port ",
                           options_.master_port(), ": ", e.what(),
@@ -56,7 +87,7 @@ void NodeGroup::join_as_main() {
   }
   if (!multi_node()) return;
   links_ = NodeLinks::listen({0, options_.num_nodes(), options_.processes_per_node()});
-  store_->set(key("links_port"), bytes(std::to_string(links_.port())));
+  store_->set(key("links_port"), std::to_string(links_.port()));
   const auto missing = links_.accept_nodes(Clock::now() + options_.join_timeout());
   if (missing.empty()) return;
   const std::string why = str(
@@ -75,6 +106,7 @@ void NodeGroup::join_as_main() {
 }
 
 void NodeGroup::join_as_other() {
+  port_ = options_.master_port();
   const auto deadline = Clock::now() + options_.join_timeout();
   const std::string where = str(options_.master_addr(), ":", options_.master_port());
   auto not_there = [&](const std::string& detail) {
@@ -89,13 +121,9 @@ void NodeGroup::join_as_other() {
                            "the same --main_process_ip "
                            "and --main_process_port, or raise --join_timeout."));
   };
-  c10d::TCPStoreOptions so;
-  so.port = static_cast<std::uint16_t>(options_.master_port());
-  so.isServer = false;
-  so.waitWorkers = false;
-  so.timeout = options_.join_timeout();
   try {
-    store_ = c10::make_intrusive<c10d::TCPStore>(options_.master_addr(), so);
+    store_ = std::make_unique<StoreClient>(options_.master_addr(), options_.master_port(),
+                                           options_.join_timeout(), options_.join_timeout());
     store_->wait(
         {key("links_port")},
         std::max(std::chrono::milliseconds(1),
@@ -103,8 +131,8 @@ void NodeGroup::join_as_other() {
   } catch (const std::exception& e) {
     throw not_there(e.what());
   }
-  store_->setTimeout(resolved_timeout(options_));
-  const int port = std::stoi(text(store_->get(key("links_port"))));
+  store_->set_timeout(resolved_timeout(options_));
+  const int port = std::stoi(store_->get(key("links_port")));
   links_ = NodeLinks::connect(
       options_.master_addr(), port,
       {options_.node_rank(), options_.num_nodes(), options_.processes_per_node()}, deadline);
@@ -126,7 +154,7 @@ NodeEvent NodeGroup::check_links() {
   for (int node : lost) {
     const std::string said = key(str("left/node_", node));
     if (store_->check({said})) {
-      const std::string why = text(store_->get(said));
+      const std::string why = store_->get(said);
       if (why.empty()) continue;  // it left after the job was done
       reasons.push_back(str("machine ", node, " stopped: ", why));
     } else {
@@ -148,7 +176,7 @@ NodeEvent NodeGroup::check_links() {
 NodeEvent NodeGroup::check_store(int attempt) {
   try {
     if (store_->check({key("abort")})) {
-      return {NodeEvent::kAbort, "machine 0 ended the job: " + text(store_->get(key("abort")))};
+      return {NodeEvent::kAbort, "machine 0 ended the job: " + store_->get(key("abort"))};
     }
     const std::string failures = key(str("attempt_", attempt, "/failures"));
     if (store_->add(failures, 0) == 0) return {};
@@ -156,7 +184,7 @@ NodeEvent NodeGroup::check_store(int attempt) {
     for (int node = 0; node < options_.num_nodes(); ++node) {
       const std::string report = key(str("attempt_", attempt, "/failure/node_", node));
       if (node != options_.node_rank() && store_->check({report})) {
-        reports.push_back(str("machine ", node, " reported: ", text(store_->get(report))));
+        reports.push_back(str("machine ", node, " reported: ", store_->get(report)));
       }
     }
     if (reports.empty()) return {};  // only our own failure
@@ -186,8 +214,7 @@ void NodeGroup::report_failure(int attempt, const std::string& report) {
   if (!multi_node()) return;
   try {
     // The report before the count, so that whoever sees the count finds the report.
-    store_->set(key(str("attempt_", attempt, "/failure/node_", options_.node_rank())),
-                bytes(report));
+    store_->set(key(str("attempt_", attempt, "/failure/node_", options_.node_rank())), report);
     store_->add(key(str("attempt_", attempt, "/failures")), 1);
   } catch (const std::exception&) {
     // Machine 0 is gone; the others learn it from their own links.
@@ -206,7 +233,7 @@ NodeEvent NodeGroup::start_attempt(int attempt, const std::function<bool()>& int
       Clock::now() + options_.join_timeout() +
       (options_.node_rank() == 0 ? std::chrono::seconds(0) : std::chrono::seconds(10));
   try {
-    store_->set(joined[options_.node_rank()], bytes("1"));
+    store_->set(joined[options_.node_rank()], "1");
   } catch (const std::exception&) {
     return check_store(attempt);  // phrases the lost store
   }
@@ -216,7 +243,7 @@ NodeEvent NodeGroup::start_attempt(int attempt, const std::function<bool()>& int
     if (event.kind == NodeEvent::kAbort) return event;
     try {
       if (options_.node_rank() == 0 && store_->check(joined)) {
-        store_->set(go, bytes("1"));
+        store_->set(go, "1");
         return {NodeEvent::kGo, ""};
       }
       if (options_.node_rank() != 0 && store_->check({go})) return {NodeEvent::kGo, ""};
@@ -256,7 +283,7 @@ NodeEvent NodeGroup::finish(int attempt, const std::function<bool()>& interrupte
     if (event.kind != NodeEvent::kNone) return event;
     try {
       if (options_.node_rank() == 0 && store_->add(succeeded, 0) == options_.num_nodes()) {
-        store_->set(done, bytes("1"));
+        store_->set(done, "1");
         return {NodeEvent::kDone, ""};
       }
       if (options_.node_rank() != 0 && store_->check({done})) {
@@ -276,12 +303,12 @@ void NodeGroup::leave(const std::string& reason) {
   if (!multi_node()) return;
   try {
     if (options_.node_rank() == 0) {
-      if (!reason.empty()) store_->set(key("abort"), bytes(reason));
+      if (!reason.empty()) store_->set(key("abort"), reason);
       // Machine 0 hosts the store: the others must read the verdict before it goes away.
       wait_for_others_to_disconnect(options_.stop_grace_period() + std::chrono::seconds(10));
     } else if (!links_.connected().empty()) {
       // set, then a round trip: the reason is in the store before machine 0 sees the link close.
-      store_->set(key(str("left/node_", options_.node_rank())), bytes(reason));
+      store_->set(key(str("left/node_", options_.node_rank())), reason);
       store_->check({key(str("left/node_", options_.node_rank()))});
     }
   } catch (const std::exception&) {

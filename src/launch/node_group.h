@@ -13,10 +13,11 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "accelerant/launch.h"
+#include "accelerant/launch_options.h"
+#include "launch/job_store.h"
 #include "launch/node_links.h"
 
 namespace accelerant::detail {
@@ -47,6 +48,9 @@ class NodeGroup {
 
   /// The store's port (the one chosen when master_port is 0).
   int store_port() const;
+  /// Whether this launcher hosts the store the workers use (ACCELERANT_AGENT_STORE); else rank 0
+  /// hosts c10d's own (a LibTorch whose TCPStore protocol our server does not speak).
+  bool hosts_workers_store() const { return server_ != nullptr; }
 
   /// Waits until every machine is ready to start `attempt`: kGo, kAbort or kInterrupted.
   NodeEvent start_attempt(int attempt, const std::function<bool()>& interrupted);
@@ -71,8 +75,10 @@ class NodeGroup {
   void wait_for_others_to_disconnect(std::chrono::milliseconds limit);
 
   const LaunchOptions& options_;
-  c10::intrusive_ptr<c10d::TCPStore> store_;
+  std::unique_ptr<StoreServer> server_;  // on machine 0
+  std::unique_ptr<StoreClient> store_;
   NodeLinks links_;
+  int port_ = 0;  // without server_: the port rank 0's store will use
   bool left_ = false;
 };
 

@@ -14,12 +14,8 @@
 #include <sstream>
 
 #include "accelerant/error.h"
-#include "accelerant/process_state.h"
-#include "base/cpu_settings.h"
 #include "base/exit_hooks.h"
 #include "base/text.h"
-#include "base/uncaught_exception_recorder.h"
-#include "comm/process_state_fork.h"
 #include "launch/signal_guard.h"
 
 namespace accelerant::detail {
@@ -38,7 +34,19 @@ int report_uncaught(const WorkerSpec& spec, const std::string& text) {
   return 1;
 }
 
-[[noreturn]] void run_in_child(const WorkerSpec& spec, const WorkerBody& body) {
+std::string describe(const AgentHooks& hooks, std::exception_ptr exception) {
+  if (hooks.describe_exception) return hooks.describe_exception(exception);
+  try {
+    std::rethrow_exception(exception);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception of a type not derived from std::exception";
+  }
+}
+
+[[noreturn]] void run_in_child(const WorkerSpec& spec, const WorkerBody& body,
+                               const AgentHooks& hooks) {
   int code = 0;
   try {
     std::vector<char> result = body(spec.rank);
@@ -46,9 +54,9 @@ int report_uncaught(const WorkerSpec& spec, const std::string& text) {
       throw Error(str("could not write the worker's result to ", spec.result_path,
                       " (disk full or directory removed?)"));
     }
-    ProcessState::shutdown();
+    if (hooks.finish_worker) hooks.finish_worker();
   } catch (...) {
-    code = report_uncaught(spec, exception_text(std::current_exception()));
+    code = report_uncaught(spec, describe(hooks, std::current_exception()));
   }
   run_exit_hooks();  // _exit skips atexit, where they would run
   flush_all_output();
@@ -57,7 +65,8 @@ int report_uncaught(const WorkerSpec& spec, const std::string& text) {
 
 }  // namespace
 
-WorkerProcess start_worker(const WorkerSpec& spec, const WorkerBody& body, OutputRelay& relay) {
+WorkerProcess start_worker(const WorkerSpec& spec, const WorkerBody& body, const AgentHooks& hooks,
+                           OutputRelay& relay) {
   int out[2], err[2];
   if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
     throw LaunchError(str("accelerant::launch could not create pipes for rank ", spec.rank,
@@ -82,9 +91,8 @@ WorkerProcess start_worker(const WorkerSpec& spec, const WorkerBody& body, Outpu
     for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
     std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a pipe would otherwise be block-buffered
     for (const auto& [name, value] : spec.environment) ::setenv(name.c_str(), value.c_str(), 1);
-    set_compute_threads(spec.threads);
-    forget_process_state_after_fork();
-    run_in_child(spec, body);
+    if (hooks.prepare_worker) hooks.prepare_worker(spec.threads);
+    run_in_child(spec, body, hooks);
   }
   ::close(out[1]);
   ::close(err[1]);

@@ -8,8 +8,9 @@
 #include <map>
 #include <string>
 
-#include "accelerant/launch.h"
+#include "accelerant/launch_options.h"
 #include "base/file_io.h"
+#include "launch/agent.h"
 #include "launch/output_relay.h"
 
 namespace accelerant::detail {
@@ -34,7 +35,9 @@ struct WorkerProcess {
 /// Exit code of a worker that found its parent gone before it started.
 constexpr int kExitParentGone = 125;
 
-/// Forks a worker running `body`, relaying its stdout/stderr through `relay`.
-WorkerProcess start_worker(const WorkerSpec& spec, const WorkerBody& body, OutputRelay& relay);
+/// Forks a worker running `body`, relaying its stdout/stderr through `relay`; the worker calls
+/// hooks.prepare_worker before the body and hooks.finish_worker after it.
+WorkerProcess start_worker(const WorkerSpec& spec, const WorkerBody& body, const AgentHooks& hooks,
+                           OutputRelay& relay);
 
 }  // namespace accelerant::detail

@@ -1,13 +1,15 @@
-// accelerant checkpoint inspect|verify: look into checkpoints and saved weights without Python
-// and without starting a training program.
-#include <accelerant/accelerant.h>
+// accelerant checkpoint inspect|verify: look into checkpoints and saved weights without Python,
+// without starting a training program and without LibTorch (manifests, state.json and
+// safetensors headers are JSON).
 #include <accelerant/checkpoint.h>
-#include <accelerant/safetensors.h>
+#include <accelerant/error.h>
+#include <accelerant/safetensors_header.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <sstream>
 
 #include "commands.h"
@@ -108,14 +110,29 @@ void print_checkpoint(const std::string& dir, const CheckpointManifest& m) {
   std::fflush(stdout);
 }
 
-void print_tensors(const std::string& where,
-                   const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
+// A dtype as LibTorch prints it (what this command printed when it read tensors with LibTorch).
+std::string dtype_text(const std::string& name) {
+  static const std::map<std::string, std::string> kLibTorchNames = {
+      {"BOOL", "Bool"}, {"U8", "Byte"},  {"I8", "Char"},       {"I16", "Short"}, {"I32", "Int"},
+      {"I64", "Long"},  {"F16", "Half"}, {"BF16", "BFloat16"}, {"F32", "Float"}, {"F64", "Double"}};
+  auto it = kLibTorchNames.find(name);
+  return it != kLibTorchNames.end() ? it->second : name;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+void print_tensors(const std::string& where, const std::vector<SafetensorsTensorInfo>& tensors) {
   uint64_t total = 0;
-  for (const auto& [name, t] : tensors) total += t.numel() * t.element_size();
+  for (const auto& t : tensors) total += t.data_end - t.data_begin;
   std::cout << "safetensors    " << where << "\n"
             << "tensors        " << tensors.size() << ", " << human_bytes(total) << "\n";
-  for (const auto& [name, t] : tensors)
-    std::cout << "  " << name << "  " << t.scalar_type() << " " << t.sizes() << "\n";
+  for (const auto& t : tensors)
+    std::cout << "  " << t.name << "  " << dtype_text(t.dtype) << " " << shape_text(t.shape)
+              << "\n";
 }
 
 // "" when the checkpoint verifies, else verify_checkpoint's reason.
@@ -178,15 +195,16 @@ int inspect(const std::string& path, bool as_json) {
       return good == static_cast<int>(found.size()) ? 0 : 1;
     }
     case Kind::SafetensorsFile: {
-      const auto contents = read_safetensors(path);
+      const auto contents = read_safetensors_header(path);
       print_tensors(path, contents.tensors);
       for (const auto& [k, v] : contents.metadata)
         std::cout << "metadata       " << k << " = " << v << "\n";
       return 0;
     }
     case Kind::SafetensorsDir: {
-      const auto tensors = read_model_safetensors(path);
-      print_tensors(path, {tensors.begin(), tensors.end()});
+      std::vector<SafetensorsTensorInfo> tensors;
+      for (const auto& [name, info] : read_model_safetensors_header(path)) tensors.push_back(info);
+      print_tensors(path, tensors);
       return 0;
     }
   }
@@ -221,13 +239,13 @@ int verify(const std::string& path) {
       return bad ? 1 : 0;
     }
     case Kind::SafetensorsFile: {
-      const auto contents = read_safetensors(path);
+      const auto contents = verify_safetensors(path);
       std::cout << "OK " << path << ": " << contents.tensors.size()
                 << " tensors, every header entry consistent\n";
       return 0;
     }
     case Kind::SafetensorsDir: {
-      const auto tensors = read_model_safetensors(path);
+      const auto tensors = verify_model_safetensors(path);
       std::cout << "OK " << path << ": " << tensors.size()
                 << " tensors, the index and every shard consistent\n";
       return 0;

@@ -1,5 +1,6 @@
 // The sub-commands of the accelerant command line; each registers itself on the CLI11 app and
-// runs when chosen. main.cpp only dispatches.
+// runs when chosen. main.cpp (the front end, no LibTorch) and libtorch_main.cpp (the helper that
+// runs env and test) only dispatch.
 #pragma once
 #include <accelerant/config.h>
 
@@ -20,7 +21,7 @@ void add_config_command(CLI::App& app, Action& action);
 void add_launch_command(CLI::App& app, Action& action);
 /// `accelerant checkpoint inspect|verify DIR`.
 void add_checkpoint_command(CLI::App& app, Action& action);
-/// `accelerant test`.
+/// `accelerant test` (in the helper).
 void add_test_command(CLI::App& app, Action& action);
 
 /// accelerant launch's flags; unset ones leave the config file's value.
@@ -41,8 +42,11 @@ Config resolve_launch_config(const LaunchFlags& flags);
 /// Launches `command` as workers with the config file's settings under `flags`; returns the exit
 /// status, or throws accelerant::Error (LaunchError: the failure report).
 int run_launch(const LaunchFlags& flags, const std::vector<std::string>& command);
-/// `accelerant env`.
+/// `accelerant env` (in the helper).
 void add_env_command(CLI::App& app, Action& action);
+/// The front end's `env` and `test`: listed with the other sub-commands, run by exec'ing the
+/// helper with this command line (they need LibTorch, which the front end does not load).
+void add_libtorch_commands(CLI::App& app, Action& action, int argc, char** argv);
 
 /// --mixed_precision's check: the one parser (accelerant::parse_mixed_precision); the value is
 /// rewritten to its canonical spelling (no, fp16, bf16).

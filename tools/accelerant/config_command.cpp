@@ -89,6 +89,11 @@ Config ask_questions() {
 
 }  // namespace
 
+std::string config_path_or_default(const std::string& config_file) {
+  if (!config_file.empty()) return config_file;
+  return default_config_path(process_environment());
+}
+
 CLI::Validator mixed_precision_flag() {
   return CLI::Validator(
       [](std::string& text) -> std::string {

@@ -2,7 +2,8 @@
 // with the torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, ...) and
 // ACCELERANT_* set, watches them, restarts the group up to max_restarts and reports the first
 // failure. Settings come from the config file; flags override it.
-#include <accelerant/accelerant.h>
+#include <accelerant/config.h>
+#include <accelerant/launch_options.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -111,7 +112,7 @@ void add_launch_command(CLI::App& app, Action& action) {
   launch->add_option("--gradient_accumulation_steps", flags->gradient_accumulation_steps,
                      "Micro-batches per optimizer step in the workers' Accelerator");
   launch->add_flag("--cpu", flags->cpu, "Train on the CPU even when CUDA is available");
-  launch->add_flag("--debug", flags->debug, "Check collectives across ranks; dry fork first");
+  launch->add_flag("--debug", flags->debug, "Check collectives across ranks");
   launch->add_flag("--prefix_output", flags->prefix_output,
                    "Prefix every output line with its rank");
   launch->add_option(

@@ -1,20 +1,16 @@
-// The accelerant command line: a small dispatcher; each sub-command lives in its own file.
-#include <accelerant/accelerant.h>
+// The accelerant command line: a small dispatcher; each sub-command lives in its own file. This
+// front end does not link LibTorch (it starts in milliseconds): `env` and `test`, which need
+// LibTorch, run in the helper (libtorch_commands.cpp).
+#include <accelerant/config.h>
+#include <accelerant/error.h>
+#include <accelerant/launch_contract.h>
+#include <accelerant/version.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <iostream>
 
 #include "commands.h"
-
-namespace accelerant::cli {
-
-std::string config_path_or_default(const std::string& config_file) {
-  if (!config_file.empty()) return config_file;
-  return default_config_path(process_environment());
-}
-
-}  // namespace accelerant::cli
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -36,8 +32,7 @@ int main(int argc, char** argv) {
   accelerant::cli::Action action;
   accelerant::cli::add_config_command(app, action);
   accelerant::cli::add_launch_command(app, action);
-  accelerant::cli::add_env_command(app, action);
-  accelerant::cli::add_test_command(app, action);
+  accelerant::cli::add_libtorch_commands(app, action, argc, argv);
   accelerant::cli::add_checkpoint_command(app, action);
   try {
     app.parse(argc, argv);
@@ -58,8 +53,7 @@ int main(int argc, char** argv) {
   } catch (const accelerant::Error& e) {  // LaunchError included: the failure report
     std::cerr << "accelerant: " << e.what() << "\n";
     return 1;
-  } catch (const std::exception&
-               e) {  // LibTorch's c10::Error, std::bad_alloc, ...: said, not aborted on
+  } catch (const std::exception& e) {  // std::bad_alloc, ...: said, not aborted on
     std::cerr << "accelerant: " << e.what() << "\n";
     return 1;
   }

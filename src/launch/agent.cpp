@@ -1,0 +1,385 @@
+// The agent behind accelerant::launch and `accelerant launch`: validates options, hosts (or joins)
+// the job's store, forks the local group, watches it, restarts it on failure up to max_restarts,
+// and reports. What the machines of a multi-node job tell each other is in node_group.h; what
+// only a LibTorch process adds around a fork comes in as AgentHooks (agent.h).
+#include "launch/agent.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <thread>
+
+#include "accelerant/cpu_settings.h"
+#include "accelerant/environment.h"
+#include "accelerant/launch_contract.h"
+#include "base/text.h"
+#include "launch/failure_report.h"
+#include "launch/node_group.h"
+#include "launch/output_relay.h"
+#include "launch/signal_guard.h"
+#include "launch/worker_process.h"
+
+namespace accelerant::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+[[noreturn]] void bad_option(const std::string& what, const std::string& fix) {
+  throw LaunchError(str("accelerant::launch: ", what, ". Fix: ", fix, "."));
+}
+
+void validate(const LaunchOptions& o) {
+  if (o.processes_per_node() < 1) {
+    bad_option(str("processes_per_node is ", o.processes_per_node()), "ask for at least 1 process");
+  }
+  if (o.num_nodes() < 1) bad_option(str("num_nodes is ", o.num_nodes()), "use 1 or more");
+  if (o.node_rank() < 0 || o.node_rank() >= o.num_nodes()) {
+    bad_option(str("node_rank ", o.node_rank(), " is outside 0..", o.num_nodes() - 1),
+               "number the machines 0 to num_nodes - 1");
+  }
+  if (o.master_port() < 0 || o.master_port() > 65535) {
+    bad_option(str("master_port ", o.master_port(), " is not a TCP port"),
+               "use 1..65535, or 0 for a free port on one machine");
+  }
+  if (o.num_nodes() > 1 && o.master_port() == 0) {
+    bad_option(
+        "master_port 0 (a free port) cannot be used with several machines, which must all "
+        "be told the same port",
+        "pick a port, e.g. 29500, and pass it to every machine's launch");
+  }
+  if (o.max_restarts() < 0) bad_option(str("max_restarts is ", o.max_restarts()), "use 0 or more");
+  try {
+    parse_mixed_precision(o.mixed_precision(), "LaunchOptions::mixed_precision");
+  } catch (const Error&) {
+    bad_option(str("mixed_precision \"", o.mixed_precision(), "\" is unknown"),
+               "use no, fp16 or bf16 (any case)");
+  }
+  if (o.gradient_accumulation_steps() && *o.gradient_accumulation_steps() < 1) {
+    bad_option(str("gradient_accumulation_steps is ", *o.gradient_accumulation_steps()),
+               "use 1 or more micro-batches per optimizer step");
+  }
+  if (o.monitor_interval().count() <= 0 || (o.timeout() && o.timeout()->count() <= 0) ||
+      o.join_timeout().count() <= 0) {
+    bad_option("monitor_interval, timeout and join_timeout must be positive",
+               "give durations above zero");
+  }
+}
+
+// See docs/launching.md "Threads and fork".
+int choose_threads(const LaunchOptions& o, const AgentHooks& hooks, bool verbose) {
+  const int cores = usable_cpus();  // the affinity mask: a Slurm cpuset or taskset, not the machine
+  int wanted = o.threads_per_process() > 0 ? o.threads_per_process()
+                                           : std::max(1, cores / o.processes_per_node());
+  const int others = hooks.fork_unsafe_threads ? hooks.fork_unsafe_threads() : 0;
+  if (wanted > 1 && others > 0) {
+    if (verbose) {
+      std::fprintf(stderr,
+                   "accelerant::launch: this process already runs %d other thread(s) (LibTorch's "
+                   "or OpenBLAS's pools), which forked workers cannot use, so each worker runs "
+                   "single-threaded instead of with %d threads. To give workers more threads, "
+                   "call launch before any multi-threaded LibTorch op, or start the job with "
+                   "`accelerant launch`.\n",
+                   others, wanted);
+    }
+    wanted = 1;
+  }
+  return wanted;
+}
+
+// Without LibTorch: a CUDA build of it (the workers' LibTorch) and an NVIDIA device the driver
+// lists. What the workers' torch::cuda::is_available() will say in all but broken setups.
+bool gpu_present() {
+#ifdef ACCELERANT_CUDA_LIBTORCH
+  std::error_code ignored;
+  return std::filesystem::exists("/dev/nvidia0", ignored) ||
+         !std::filesystem::is_empty("/proc/driver/nvidia/gpus", ignored);
+#else
+  return false;
+#endif
+}
+
+// Why the local group stopped.
+enum class Outcome { kSucceeded, kFailedHere, kFailedElsewhere, kAborted, kInterrupted };
+
+class Agent {
+ public:
+  Agent(const LaunchOptions& o, const WorkerBody& body, const AgentHooks& hooks)
+      : o_(o),
+        body_(body),
+        hooks_(hooks),
+        relay_(o.prefix_output(), o.processes_per_node() * o.num_nodes(),
+               static_cast<size_t>(std::max(0, o.stderr_tail_lines())), o.log_dir(), o.tee()) {}
+
+  std::vector<std::vector<char>> run() {
+    validate(o_);
+    if (hooks_.check_before_fork) hooks_.check_before_fork();
+    const bool debug = o_.debug().value_or(read_launch_contract().debug_mode);
+    threads_ = choose_threads(o_, hooks_, o_.verbose());
+    timeout_ = resolved_timeout(o_);
+    if (debug && hooks_.dry_fork) {
+      hooks_.dry_fork(threads_, std::min(timeout_, std::chrono::milliseconds(60000)));
+    }
+    workdir_ = make_workdir();
+    nodes_ = std::make_unique<NodeGroup>(o_);  // on several machines: waits for all of them
+    port_ = nodes_->store_port();
+    if (o_.verbose()) print_banner();
+    SignalGuard signals;
+    auto interrupted = [&signals] { return signals.caught() != 0; };
+    for (int attempt = 0;; ++attempt) {
+      NodeEvent ready = nodes_->start_attempt(attempt, interrupted);
+      Outcome outcome = ready.kind == NodeEvent::kGo            ? Outcome::kSucceeded
+                        : ready.kind == NodeEvent::kInterrupted ? Outcome::kInterrupted
+                                                                : Outcome::kAborted;
+      if (outcome == Outcome::kAborted) node_news_ = ready.text;
+      if (outcome == Outcome::kSucceeded) {
+        start_group(attempt, debug);
+        outcome = monitor(attempt, signals);
+      }
+      if (outcome == Outcome::kSucceeded) {
+        relay_.drain(1000);
+        NodeEvent verdict = nodes_->finish(attempt, interrupted);  // every machine's group
+        if (verdict.kind == NodeEvent::kDone) {
+          nodes_->leave("");
+          auto results = collect_results();
+          cleanup();
+          return results;
+        }
+        outcome = outcome_of(verdict);
+      }
+      if (outcome == Outcome::kFailedHere) {
+        nodes_->report_failure(
+            attempt, failure_report(first_failure_, o_.node_rank(), attempt, o_.max_restarts()));
+      }
+      stop_group();
+      if (outcome == Outcome::kInterrupted) {
+        nodes_->leave(
+            str("its launcher was stopped by signal ", signals.caught(), " (",
+                strsignal(signals.caught()),
+                "), so the job cannot go on. Fix: restart the job on every machine (from the last "
+                "checkpoint)."));
+        cleanup();
+        signals.reraise();
+        throw LaunchError(str("accelerant::launch: stopped by signal ", signals.caught(),
+                              "; every worker was stopped."));
+      }
+      if (outcome == Outcome::kAborted) {
+        nodes_->leave(node_news_);
+        cleanup();
+        throw LaunchError("accelerant::launch: " + node_news_, first_failure_, attempt);
+      }
+      const std::string report =
+          outcome == Outcome::kFailedHere
+              ? failure_report(first_failure_, o_.node_rank(), attempt, o_.max_restarts())
+              : node_news_;
+      if (attempt < o_.max_restarts()) {
+        if (o_.verbose()) {
+          std::fprintf(stderr, "accelerant::launch: %s\nRestarting the group (restart %d of %d).\n",
+                       report.c_str(), attempt + 1, o_.max_restarts());
+        }
+        continue;
+      }
+      nodes_->leave(report);
+      cleanup();
+      throw LaunchError("accelerant::launch: " + report, first_failure_, attempt);
+    }
+  }
+
+  ~Agent() {
+    stop_group();
+    cleanup();
+  }
+
+ private:
+  Outcome outcome_of(const NodeEvent& event) {
+    node_news_ = event.text;
+    switch (event.kind) {
+      case NodeEvent::kRestart:
+        return Outcome::kFailedElsewhere;
+      case NodeEvent::kInterrupted:
+        return Outcome::kInterrupted;
+      default:
+        return Outcome::kAborted;
+    }
+  }
+
+  std::string make_workdir() {
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "accelerant-launch-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      throw LaunchError(str("accelerant::launch could not create a temporary directory from ",
+                            pattern, ": ", std::strerror(errno),
+                            ". Fix: set TMPDIR to a writable directory."));
+    }
+    return pattern;
+  }
+
+  void print_banner() {
+    const bool gpu = hooks_.gpu_available ? hooks_.gpu_available() : gpu_present();
+    const int world = o_.processes_per_node() * o_.num_nodes();
+    std::string line = str("Launching training on ", o_.processes_per_node(), gpu ? " GPU" : " CPU",
+                           o_.processes_per_node() == 1 ? "" : "s");
+    if (o_.num_nodes() > 1) {
+      line +=
+          str(" (node ", o_.node_rank(), " of ", o_.num_nodes(), ", ", world, " processes in all)");
+    }
+    std::printf("%s.\n", line.c_str());
+    std::fflush(stdout);
+  }
+
+  void start_group(int attempt, bool debug) {
+    relay_.reset(attempt);
+    workers_.clear();
+    first_failure_ = WorkerExit{};
+    for (int local = 0; local < o_.processes_per_node(); ++local) {
+      LaunchContract env;
+      env.source = EnvSource::kAccelerant;
+      env.rank = o_.node_rank() * o_.processes_per_node() + local;
+      env.world_size = o_.processes_per_node() * o_.num_nodes();
+      env.local_rank = local;
+      env.local_world_size = o_.processes_per_node();
+      env.node_rank = o_.node_rank();
+      env.num_nodes = o_.num_nodes();
+      env.master_addr = o_.master_addr();
+      env.master_port = port_;
+      env.agent_hosts_store = nodes_->hosts_workers_store();
+      env.restart_count = attempt;
+      env.debug_mode = debug;
+      env.timeout = timeout_;
+      env.mixed_precision = o_.mixed_precision();
+      env.threads_per_process = threads_;
+      env.downcast_bf16 = o_.downcast_bf16();
+      env.use_cpu = o_.use_cpu();
+      env.gradient_accumulation_steps = o_.gradient_accumulation_steps();
+      WorkerSpec spec;
+      spec.rank = env.rank;
+      spec.world_size = env.world_size;
+      spec.local_rank = local;
+      spec.threads = threads_;
+      spec.result_path = str(workdir_, "/result.", local);
+      spec.error_path = str(workdir_, "/error.", local);
+      env.error_file = spec.error_path;
+      spec.environment = to_environment(env);
+      std::remove(spec.result_path.c_str());
+      std::remove(spec.error_path.c_str());
+      workers_.push_back(start_worker(spec, body_, hooks_, relay_));
+    }
+  }
+
+  // Reaps exited workers; records the first failure. True when every worker has exited.
+  bool reap() {
+    bool all_done = true;
+    for (auto& w : workers_) {
+      if (!w.running) continue;
+      int status = 0;
+      if (::waitpid(w.pid, &status, WNOHANG) == w.pid) {
+        w.running = false;
+        w.wait_status = status;
+        auto exit = worker_exit_from_status(w.spec.rank, w.spec.local_rank, w.pid, status);
+        if (is_failure(exit) && first_failure_.rank < 0) first_failure_ = exit;
+      } else {
+        all_done = false;
+      }
+    }
+    return all_done;
+  }
+
+  Outcome monitor(int attempt, const SignalGuard& signals) {
+    const int interval = static_cast<int>(o_.monitor_interval().count());
+    while (true) {
+      if (relay_.pump(interval, signals.wake_fd()) || signals.caught() != 0)
+        return Outcome::kInterrupted;
+      const bool all_done = reap();
+      if (first_failure_.rank >= 0) {
+        relay_.drain(500);  // the failed worker's last words belong in the report
+        first_failure_.stderr_tail = relay_.stderr_tail(first_failure_.rank);
+        first_failure_.error_text = read_file(workers_[first_failure_.local_rank].spec.error_path);
+        // A lost machine also breaks our workers' connections; then the loss is the real cause.
+        NodeEvent news = nodes_->poll(attempt);
+        if (news.kind == NodeEvent::kAbort) {
+          node_news_ =
+              str(news.text, "\nOn this machine, as a consequence, worker rank ",
+                  first_failure_.rank, " failed with ", describe_exit(first_failure_), ".");
+          return Outcome::kAborted;
+        }
+        return Outcome::kFailedHere;
+      }
+      if (all_done) return Outcome::kSucceeded;
+      NodeEvent news = nodes_->poll(attempt);
+      if (news.kind != NodeEvent::kNone) return outcome_of(news);
+    }
+  }
+
+  // SIGTERM, a grace period, then SIGKILL; every worker reaped before returning. SIGCONT after
+  // SIGTERM: a stopped worker (SIGSTOP, a debugger's ^Z) would otherwise hold its SIGTERM until
+  // the SIGKILL, and its clean-up would never run.
+  void stop_group() {
+    bool any = false;
+    for (auto& w : workers_) {
+      if (w.running) {
+        ::kill(w.pid, SIGTERM);
+        ::kill(w.pid, SIGCONT);
+        any = true;
+      }
+    }
+    if (!any) return;
+    const auto deadline = Clock::now() + o_.stop_grace_period();
+    while (!reap() && Clock::now() < deadline) relay_.pump(20);
+    for (auto& w : workers_) {
+      if (!w.running) continue;
+      ::kill(w.pid, SIGKILL);
+      ::waitpid(w.pid, &w.wait_status, 0);
+      w.running = false;
+    }
+    relay_.drain(500);
+  }
+
+  std::vector<std::vector<char>> collect_results() {
+    std::vector<std::vector<char>> results;
+    for (auto& w : workers_) {
+      std::string bytes = read_file(w.spec.result_path);
+      results.emplace_back(bytes.begin(), bytes.end());
+    }
+    return results;
+  }
+
+  void cleanup() {
+    if (workdir_.empty()) return;
+    std::error_code ignored;
+    std::filesystem::remove_all(workdir_, ignored);
+    workdir_.clear();
+  }
+
+  const LaunchOptions& o_;
+  const WorkerBody& body_;
+  const AgentHooks& hooks_;
+  OutputRelay relay_;
+  int threads_ = 1;
+  std::chrono::milliseconds timeout_{0};
+  std::string workdir_;
+  std::unique_ptr<NodeGroup> nodes_;
+  int port_ = 0;
+  std::vector<WorkerProcess> workers_;
+  WorkerExit first_failure_;
+  std::string node_news_;  // what the other machines said, when that ended the attempt
+};
+
+}  // namespace
+
+std::chrono::milliseconds resolved_timeout(const LaunchOptions& options) {
+  if (options.timeout()) return *options.timeout();
+  return read_launch_contract().timeout.value_or(std::chrono::minutes(30));
+}
+
+std::vector<std::vector<char>> run_agent(const LaunchOptions& options, const WorkerBody& body,
+                                         const AgentHooks& hooks) {
+  Agent agent(options, body, hooks);
+  return agent.run();
+}
+
+}  // namespace accelerant::detail

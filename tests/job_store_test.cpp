@@ -1,0 +1,204 @@
+// The launcher's own job store (launch/job_store.h) against LibTorch's c10d::TCPStore: the
+// workers' real c10d clients use every query type on our server, several at once, with waits that
+// time out and waits that another client ends; Gloo rendezvouses through it; and our client also
+// talks to c10d's own server. If LibTorch's protocol changes, these fail first.
+#include "launch/job_store.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <thread>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "accelerant/error.h"
+
+using accelerant::detail::StoreClient;
+using accelerant::detail::StoreServer;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+
+c10::intrusive_ptr<c10d::TCPStore> c10d_client(int port, std::chrono::milliseconds timeout = 10s) {
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<std::uint16_t>(port);
+  o.isServer = false;
+  o.waitWorkers = false;
+  o.timeout = timeout;
+  return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
+}
+
+}  // namespace
+
+TEST(JobStore, ServesEveryQueryTypeOfC10dClients) {
+  StoreServer server(0);
+  ASSERT_GT(server.port(), 0);
+  auto store = c10d_client(server.port());
+
+  store->set("a", bytes("one"));            // SET
+  EXPECT_EQ(text(store->get("a")), "one");  // WAIT then GET
+  EXPECT_TRUE(store->check({"a"}));         // CHECK
+  EXPECT_FALSE(store->check({"a", "absent"}));
+  store->wait({"a"});  // WAIT on a key that is there
+
+  EXPECT_EQ(store->add("n", 5), 5);  // ADD creates
+  EXPECT_EQ(store->add("n", -2), 3);
+  EXPECT_EQ(text(store->get("n")), "3");  // kept as decimal text
+
+  // COMPARE_SET: replaced when expected matches, else the current value comes back; an absent key
+  // is created only with an empty expected value.
+  EXPECT_EQ(text(store->compareSet("a", bytes("one"), bytes("two"))), "two");
+  EXPECT_EQ(text(store->compareSet("a", bytes("one"), bytes("three"))), "two");
+  EXPECT_EQ(text(store->compareSet("c", {}, bytes("made"))), "made");
+  EXPECT_EQ(text(store->compareSet("d", bytes("x"), bytes("y"))), "x");
+  EXPECT_FALSE(store->check({"d"}));
+
+  EXPECT_EQ(store->getNumKeys(), 3);   // a, n, c
+  EXPECT_TRUE(store->deleteKey("c"));  // DELETE_KEY
+  EXPECT_FALSE(store->deleteKey("c"));
+  EXPECT_EQ(store->getNumKeys(), 2);
+
+  // WATCH_KEY: the callback hears the change (on c10d's second connection).
+  std::promise<std::string> heard;
+  store->watchKey(
+      "w", [&heard](c10::optional<std::string> old_value, c10::optional<std::string> new_value) {
+        heard.set_value(old_value.value_or("<none>") + "->" + new_value.value_or("<none>"));
+      });
+  auto other = c10d_client(server.port());
+  other->set("w", bytes("v1"));
+  auto future = heard.get_future();
+  ASSERT_EQ(future.wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(future.get(), "<none>->v1");
+}
+
+TEST(JobStore, CountsAddsFromSeveralClientsAtOnce) {
+  StoreServer server(0);
+  constexpr int kClients = 6, kAdds = 200;
+  std::vector<std::thread> threads;
+  std::atomic<int> max_seen{0};
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&] {
+      auto store = c10d_client(server.port());
+      for (int i = 0; i < kAdds; ++i) {
+        const int sum = static_cast<int>(store->add("counter", 1));
+        int seen = max_seen.load();
+        while (sum > seen && !max_seen.compare_exchange_weak(seen, sum)) {
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  auto store = c10d_client(server.port());
+  EXPECT_EQ(store->add("counter", 0), kClients * kAdds);
+  EXPECT_EQ(max_seen.load(), kClients * kAdds);
+}
+
+TEST(JobStore, WaitTimesOutWhenTheKeyNeverComes) {
+  StoreServer server(0);
+  auto store = c10d_client(server.port());
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_ANY_THROW(store->wait({"never"}, 300ms));
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(took, 290ms);
+  EXPECT_LT(took, 5s);
+}
+
+TEST(JobStore, WaitEndsWhenAnotherClientSetsTheKeysLater) {
+  StoreServer server(0);
+  auto waiter = c10d_client(server.port());
+  auto setter = c10d_client(server.port());
+  auto waited = std::async(std::launch::async, [&] {
+    waiter->wait({"k1", "k2"}, 20s);
+    return text(waiter->get("k2"));
+  });
+  std::this_thread::sleep_for(200ms);
+  setter->set("k1", bytes("first"));
+  EXPECT_EQ(waited.wait_for(300ms), std::future_status::timeout);  // k2 still missing
+  setter->add("k2", 7);
+  ASSERT_EQ(waited.wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(waited.get(), "7");
+}
+
+TEST(JobStore, GlooRendezvousesThroughIt) {
+  StoreServer server(0);
+  constexpr int kRanks = 3;
+  std::vector<std::future<float>> sums;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    sums.push_back(std::async(std::launch::async, [&server, rank] {
+      auto store = c10::make_intrusive<c10d::PrefixStore>("gloo", c10d_client(server.port()));
+      auto options = c10d::ProcessGroupGloo::Options::create(std::chrono::milliseconds(20000));
+      options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+      c10d::ProcessGroupGloo group(store, rank, kRanks, options);
+      std::vector<at::Tensor> tensors{torch::full({4}, static_cast<float>(rank + 1))};
+      group.allreduce(tensors)->wait();
+      return tensors[0][0].item<float>();
+    }));
+  }
+  for (auto& s : sums) EXPECT_EQ(s.get(), 6.0f);
+}
+
+TEST(JobStore, OurClientSharesKeysWithC10dClients) {
+  StoreServer server(0);
+  StoreClient ours("127.0.0.1", server.port(), 5s, 5s);
+  auto theirs = c10d_client(server.port());
+  ours.set("from/ours", "hello");
+  EXPECT_EQ(text(theirs->get("from/ours")), "hello");
+  theirs->set("from/theirs", bytes("world"));
+  EXPECT_EQ(ours.get("from/theirs"), "world");
+  EXPECT_EQ(ours.add("count", 2), 2);
+  EXPECT_EQ(theirs->add("count", 3), 5);
+  EXPECT_TRUE(ours.check({"from/ours", "from/theirs"}));
+  EXPECT_FALSE(ours.check({"nothing"}));
+  // A timed-out wait leaves the client usable (it reconnects; 1.13 cannot cancel a wait).
+  EXPECT_THROW(ours.wait({"nothing"}, 200ms), accelerant::Error);
+  theirs->set("nothing", bytes("now"));
+  EXPECT_EQ(ours.get("nothing"), "now");
+  EXPECT_EQ(ours.add("count", 0), 5);
+}
+
+TEST(JobStore, OurClientTalksToC10dsServer) {
+  c10d::TCPStoreOptions o;
+  o.port = 0;
+  o.isServer = true;
+  o.waitWorkers = false;
+  o.timeout = 10s;
+  auto c10d_server = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
+  StoreClient ours("127.0.0.1", c10d_server->getPort(), 5s, 5s);
+  ours.set("k", "v");
+  EXPECT_EQ(text(c10d_server->get("k")), "v");
+  EXPECT_EQ(ours.add("n", 4), 4);
+  EXPECT_TRUE(ours.check({"k", "n"}));
+  auto later = std::async(std::launch::async, [&] {
+    std::this_thread::sleep_for(200ms);
+    c10d_server->set("late", bytes("x"));
+  });
+  ours.wait({"late"}, 10s);
+  EXPECT_EQ(ours.get("late"), "x");
+}
+
+TEST(JobStore, ClientSaysWhenNoStoreAnswers) {
+  int port = 0;
+  {
+    StoreServer server(0);
+    port = server.port();
+  }
+  try {
+    StoreClient ours("127.0.0.1", port, 300ms, 1s);
+    FAIL() << "connected to a closed port";
+  } catch (const accelerant::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot connect to the job's store"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(JobStore, ServerRefusesATakenPort) {
+  StoreServer first(0);
+  EXPECT_THROW(StoreServer second(first.port()), accelerant::Error);
+}
