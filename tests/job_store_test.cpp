@@ -4,7 +4,11 @@
 // talks to c10d's own server. If LibTorch's protocol changes, these fail first.
 #include "launch/job_store.h"
 
+#include <accelerant/accelerant.h>
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <torch/torch.h>
 
 #include <atomic>
@@ -18,6 +22,7 @@
 #include "accelerant/error.h"
 
 using accelerant::detail::StoreClient;
+using accelerant::detail::StoreReach;
 using accelerant::detail::StoreServer;
 using namespace std::chrono_literals;
 
@@ -38,7 +43,7 @@ c10::intrusive_ptr<c10d::TCPStore> c10d_client(int port, std::chrono::millisecon
 }  // namespace
 
 TEST(JobStore, ServesEveryQueryTypeOfC10dClients) {
-  StoreServer server(0);
+  StoreServer server(0, StoreReach::kThisMachine);
   ASSERT_GT(server.port(), 0);
   auto store = c10d_client(server.port());
 
@@ -79,7 +84,7 @@ TEST(JobStore, ServesEveryQueryTypeOfC10dClients) {
 }
 
 TEST(JobStore, CountsAddsFromSeveralClientsAtOnce) {
-  StoreServer server(0);
+  StoreServer server(0, StoreReach::kThisMachine);
   constexpr int kClients = 6, kAdds = 200;
   std::vector<std::thread> threads;
   std::atomic<int> max_seen{0};
@@ -101,7 +106,7 @@ TEST(JobStore, CountsAddsFromSeveralClientsAtOnce) {
 }
 
 TEST(JobStore, WaitTimesOutWhenTheKeyNeverComes) {
-  StoreServer server(0);
+  StoreServer server(0, StoreReach::kThisMachine);
   auto store = c10d_client(server.port());
   const auto start = std::chrono::steady_clock::now();
   EXPECT_ANY_THROW(store->wait({"never"}, 300ms));
@@ -111,7 +116,7 @@ TEST(JobStore, WaitTimesOutWhenTheKeyNeverComes) {
 }
 
 TEST(JobStore, WaitEndsWhenAnotherClientSetsTheKeysLater) {
-  StoreServer server(0);
+  StoreServer server(0, StoreReach::kThisMachine);
   auto waiter = c10d_client(server.port());
   auto setter = c10d_client(server.port());
   auto waited = std::async(std::launch::async, [&] {
@@ -127,7 +132,7 @@ TEST(JobStore, WaitEndsWhenAnotherClientSetsTheKeysLater) {
 }
 
 TEST(JobStore, GlooRendezvousesThroughIt) {
-  StoreServer server(0);
+  StoreServer server(0, StoreReach::kThisMachine);
   constexpr int kRanks = 3;
   std::vector<std::future<float>> sums;
   for (int rank = 0; rank < kRanks; ++rank) {
@@ -145,7 +150,7 @@ TEST(JobStore, GlooRendezvousesThroughIt) {
 }
 
 TEST(JobStore, OurClientSharesKeysWithC10dClients) {
-  StoreServer server(0);
+  StoreServer server(0, StoreReach::kThisMachine);
   StoreClient ours("127.0.0.1", server.port(), 5s, 5s);
   auto theirs = c10d_client(server.port());
   ours.set("from/ours", "hello");
@@ -186,7 +191,7 @@ TEST(JobStore, OurClientTalksToC10dsServer) {
 TEST(JobStore, ClientSaysWhenNoStoreAnswers) {
   int port = 0;
   {
-    StoreServer server(0);
+    StoreServer server(0, StoreReach::kThisMachine);
     port = server.port();
   }
   try {
@@ -199,6 +204,74 @@ TEST(JobStore, ClientSaysWhenNoStoreAnswers) {
 }
 
 TEST(JobStore, ServerRefusesATakenPort) {
-  StoreServer first(0);
-  EXPECT_THROW(StoreServer second(first.port()), accelerant::Error);
+  StoreServer first(0, StoreReach::kThisMachine);
+  EXPECT_THROW(StoreServer second(first.port(), StoreReach::kThisMachine), accelerant::Error);
+}
+
+namespace {
+
+// An IPv4 address of this machine other than loopback ("" when it has none).
+std::string non_loopback_address() {
+  ifaddrs* all = nullptr;
+  if (::getifaddrs(&all) != 0) return "";
+  std::string found;
+  for (ifaddrs* a = all; a && found.empty(); a = a->ifa_next) {
+    if (!a->ifa_addr || a->ifa_addr->sa_family != AF_INET) continue;
+    const auto* in = reinterpret_cast<const sockaddr_in*>(a->ifa_addr);
+    if ((ntohl(in->sin_addr.s_addr) >> 24) == 127) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text)) found = text;
+  }
+  ::freeifaddrs(all);
+  return found;
+}
+
+bool connects(const std::string& host, int port) {
+  try {
+    StoreClient client(host, port, 300ms, 1s);
+    return true;
+  } catch (const accelerant::Error&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+// A job on one machine: its store cannot be reached from the network (docs/security.md).
+TEST(JobStoreSecurity, AStoreForOneMachineListensOnLoopbackOnly) {
+  const std::string outside = non_loopback_address();
+  if (outside.empty()) GTEST_SKIP() << "this machine has no non-loopback IPv4 address";
+  StoreServer private_store(0, StoreReach::kThisMachine);
+  EXPECT_TRUE(connects("127.0.0.1", private_store.port()));
+  EXPECT_FALSE(connects(outside, private_store.port())) << "reached through " << outside;
+  // The control: the same address reaches a store meant for several machines.
+  StoreServer network_store(0, StoreReach::kNetwork);
+  EXPECT_TRUE(connects(outside, network_store.port())) << "not reached through " << outside;
+}
+
+// Another process on the machine that connects to the job's store finds none of the job's keys
+// where they would be without the secret: they live under ACCELERANT_JOB_SECRET, which only the
+// workers are told.
+TEST(JobStoreSecurity, TheJobsKeysLiveUnderASecretOnlyTheWorkersKnow) {
+  auto seen = accelerant::launch(
+      [](int index) {
+        auto& state = accelerant::ProcessState::get();  // the rendezvous has written its keys
+        const auto& env = state.env();
+        std::string report = "secret of " + std::to_string(env.job_secret.size()) + " chars";
+        if (index == 0) {
+          StoreClient outsider("127.0.0.1", env.master_port, 5s, 5s);
+          const std::string key = "accelerant/attempt_0/arrived/1";
+          report += outsider.check({key}) ? ", found without the secret" : ", hidden";
+          report += outsider.check({env.job_secret + "/" + key}) ? ", found with it" : ", lost";
+        }
+        state.wait_for_everyone();
+        return report;
+      },
+      accelerant::LaunchOptions()
+          .processes_per_node(2)
+          .timeout(std::chrono::seconds(30))
+          .verbose(false));
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0], "secret of 32 chars, hidden, found with it");
+  EXPECT_EQ(seen[1], "secret of 32 chars");
 }

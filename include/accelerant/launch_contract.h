@@ -50,6 +50,10 @@ struct LaunchContract {
   /// The launcher's agent hosts the TCPStore (TORCHELASTIC_USE_AGENT_STORE or
   /// ACCELERANT_AGENT_STORE); otherwise rank 0 hosts it.
   bool agent_hosts_store = false;
+  /// ACCELERANT_JOB_SECRET: the job's keys in the store live under it, so that another process
+  /// that reaches the store cannot read or overwrite them (docs/security.md). Set by
+  /// `accelerant launch` on one machine; empty = keys without a secret (torchrun, srun, mpirun).
+  std::string job_secret;
   int restart_count = 0;    ///< ACCELERANT_RESTART_COUNT / TORCHELASTIC_RESTART_COUNT
   bool debug_mode = false;  ///< ACCELERANT_DEBUG_MODE
   /// ACCELERANT_TIMEOUT_MS: collective and rendezvous timeout chosen by the launcher.

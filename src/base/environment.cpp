@@ -74,6 +74,10 @@ const std::vector<EnvVariable> kTable = {
      "Set by Accelerant's launchers: the job is theirs.", kContract},
     {"ACCELERANT_AGENT_STORE", "bool", "false",
      "The launcher's agent hosts the TCPStore (not rank 0).", kContract},
+    {"ACCELERANT_JOB_SECRET", "any text", "unset (keys without a secret)",
+     "Set by `accelerant launch` on one machine: the job's store keys live under it "
+     "(docs/security.md).",
+     kContract},
     {"ACCELERANT_RESTART_COUNT", "integer ≥ 0", "TORCHELASTIC_RESTART_COUNT",
      "How many times the launcher restarted the group.", kContract},
     {"ACCELERANT_DEBUG_MODE", "bool", "false",

@@ -138,7 +138,9 @@ void ProcessState::rendezvous() {
         "sure a firewall does not block it."));
   }
   rendezvous_->attempt_store = c10::make_intrusive<c10d::PrefixStore>(
-      detail::str("accelerant/attempt_", env_.restart_count), rendezvous_->tcp_store);
+      detail::str(env_.job_secret.empty() ? "" : env_.job_secret + "/", "accelerant/attempt_",
+                  env_.restart_count),
+      rendezvous_->tcp_store);
   auto& store = *rendezvous_->attempt_store;
 
   // Who we are, so that a peer whose collective fails can tell that this process died.

@@ -245,7 +245,8 @@ class Agent {
       env.local_world_size = o_.processes_per_node();
       env.node_rank = o_.node_rank();
       env.num_nodes = o_.num_nodes();
-      env.master_addr = o_.master_addr();
+      env.master_addr = nodes_->workers_store_addr();
+      env.job_secret = nodes_->job_secret();
       env.master_port = port_;
       env.agent_hosts_store = nodes_->hosts_workers_store();
       env.restart_count = attempt;

@@ -38,12 +38,18 @@
 
 namespace accelerant::detail {
 
+/// Who can connect to the store (docs/security.md).
+enum class StoreReach {
+  kThisMachine,  ///< 127.0.0.1 only: a job on one machine
+  kNetwork,      ///< every interface, IPv4 and IPv6: the other machines' launchers and workers
+};
+
 /// Serves the job's store on a background thread until destroyed.
 class StoreServer {
  public:
-  /// Listens on `port` on every interface (IPv4 and IPv6); 0 = a free port chosen by the
-  /// operating system. Throws Error when the port cannot be bound (taken by another job).
-  explicit StoreServer(int port);
+  /// Listens on `port` (0 = a free port chosen by the operating system) where `reach` says.
+  /// Throws Error when the port cannot be bound (taken by another job).
+  StoreServer(int port, StoreReach reach);
   /// Stops the thread and closes every connection (clients see the store go away).
   ~StoreServer();
   StoreServer(const StoreServer&) = delete;

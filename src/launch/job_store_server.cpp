@@ -94,7 +94,27 @@ void append_string(std::string& out, const std::string& s) {
   out += s;
 }
 
-int listen_on(int port) {
+int listen_on_loopback(int port) {
+  // IPv4 127.0.0.1 only: the workers are told MASTER_ADDR=127.0.0.1 (an IPv6 ::1 socket would not
+  // take IPv4 connections), and no other machine, container network or VPN peer can connect.
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  int on = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(fd, 1024) == 0) {
+    return fd;
+  }
+  const int saved = errno;
+  ::close(fd);
+  errno = saved;
+  return -1;
+}
+
+int listen_on_every_interface(int port) {
   // Dual-stack first (IPv6 and IPv4-mapped addresses), as c10d's server does; IPv4 alone where
   // IPv6 is off.
   int fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -429,8 +449,9 @@ void StoreServer::Impl::forget(uint64_t id) {
   }
 }
 
-StoreServer::StoreServer(int port) : impl_(std::make_unique<Impl>()) {
-  impl_->listen_fd = listen_on(port);
+StoreServer::StoreServer(int port, StoreReach reach) : impl_(std::make_unique<Impl>()) {
+  impl_->listen_fd = reach == StoreReach::kThisMachine ? listen_on_loopback(port)
+                                                       : listen_on_every_interface(port);
   if (impl_->listen_fd < 0) {
     throw Error(str("cannot listen on port ", port, ": ", std::strerror(errno)));
   }

@@ -1,10 +1,13 @@
 #include "launch/node_group.h"
 
 #include <netinet/in.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <thread>
 
 #include "accelerant/error.h"
@@ -38,9 +41,39 @@ int free_port() {
   return port;
 }
 
+// 128 random bits as hex: the job's keys live under it, so a process that can reach the store but
+// was not given the secret can neither read nor overwrite them (docs/security.md).
+std::string random_secret() {
+  unsigned char bits[16];
+  size_t have = 0;
+  while (have < sizeof bits) {
+    const ssize_t got = ::getrandom(bits + have, sizeof bits - have, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      throw LaunchError(
+          str("accelerant::launch: cannot draw the job's secret from the kernel's "
+              "random source (getrandom: ",
+              std::strerror(errno), ")"));
+    }
+    have += static_cast<size_t>(got);
+  }
+  static const char kHex[] = "0123456789abcdef";
+  std::string text;
+  for (unsigned char b : bits) {
+    text += kHex[b >> 4];
+    text += kHex[b & 15];
+  }
+  return text;
+}
+
 }  // namespace
 
 NodeGroup::NodeGroup(const LaunchOptions& options) : options_(options) {
+  // A job on one machine is private to it: the store listens on 127.0.0.1 only and every key
+  // lives under a secret only the workers are told. On several machines the store must be
+  // reachable from the network, and the machines share no secret: a trusted network is assumed,
+  // as torchrun and NCCL assume (docs/security.md).
+  if (!multi_node()) secret_ = random_secret();
   if (options_.node_rank() == 0) {
     join_as_main();
   } else {
@@ -59,7 +92,13 @@ NodeGroup::~NodeGroup() {
 
 int NodeGroup::store_port() const { return server_ ? server_->port() : port_; }
 
-std::string NodeGroup::key(const std::string& name) const { return "accelerant/launch/" + name; }
+std::string NodeGroup::key(const std::string& name) const {
+  return (secret_.empty() ? "" : secret_ + "/") + "accelerant/launch/" + name;
+}
+
+std::string NodeGroup::workers_store_addr() const {
+  return server_ && !multi_node() ? "127.0.0.1" : options_.master_addr();
+}
 
 void NodeGroup::join_as_main() {
   if (!workers_speak_agent_store_protocol()) {
@@ -76,8 +115,9 @@ void NodeGroup::join_as_main() {
     return;
   }
   try {
-    server_ = std::make_unique<StoreServer>(options_.master_port());
-    store_ = std::make_unique<StoreClient>(options_.master_addr(), server_->port(),
+    server_ = std::make_unique<StoreServer>(
+        options_.master_port(), multi_node() ? StoreReach::kNetwork : StoreReach::kThisMachine);
+    store_ = std::make_unique<StoreClient>(workers_store_addr(), server_->port(),
                                            resolved_timeout(options_), resolved_timeout(options_));
   } catch (const std::exception& e) {
     throw LaunchError(str("accelerant::launch: machine 0 could not host the job's store on port ",

@@ -52,6 +52,12 @@ class NodeGroup {
   /// hosts c10d's own (a LibTorch whose TCPStore protocol our server does not speak).
   bool hosts_workers_store() const { return server_ != nullptr; }
 
+  /// Where this machine's workers reach the store (MASTER_ADDR): 127.0.0.1 for a job on one
+  /// machine, whose store listens there only; otherwise options.master_addr.
+  std::string workers_store_addr() const;
+  /// The secret the job's keys live under (ACCELERANT_JOB_SECRET); empty on several machines.
+  const std::string& job_secret() const { return secret_; }
+
   /// Waits until every machine is ready to start `attempt`: kGo, kAbort or kInterrupted.
   NodeEvent start_attempt(int attempt, const std::function<bool()>& interrupted);
   /// Without blocking: kNone, kRestart (a failure elsewhere in `attempt`) or kAbort.
@@ -78,7 +84,8 @@ class NodeGroup {
   std::unique_ptr<StoreServer> server_;  // on machine 0
   std::unique_ptr<StoreClient> store_;
   NodeLinks links_;
-  int port_ = 0;  // without server_: the port rank 0's store will use
+  int port_ = 0;        // without server_: the port rank 0's store will use
+  std::string secret_;  // see job_secret()
   bool left_ = false;
 };
 

@@ -96,6 +96,7 @@ void read_torchrun(const Reader& r, LaunchContract& env) {
   env.agent_hosts_store =
       r.flag("ACCELERANT_AGENT_STORE") || r.flag("TORCHELASTIC_USE_AGENT_STORE");
   env.torchelastic_error_file = r.text("TORCHELASTIC_ERROR_FILE").value_or("");
+  env.job_secret = r.text("ACCELERANT_JOB_SECRET").value_or("");
   env.restart_count = static_cast<int>(
       r.integer("ACCELERANT_RESTART_COUNT", 0, kIntMax, "leave it to the launcher")
           .value_or(r.integer("TORCHELASTIC_RESTART_COUNT", 0, kIntMax, "leave it to the launcher")
@@ -296,6 +297,7 @@ std::map<std::string, std::string> to_environment(const LaunchContract& env) {
     vars["OMP_NUM_THREADS"] = std::to_string(env.threads_per_process);
   }
   if (!env.error_file.empty()) vars["ACCELERANT_ERROR_FILE"] = env.error_file;
+  if (!env.job_secret.empty()) vars["ACCELERANT_JOB_SECRET"] = env.job_secret;
   if (env.downcast_bf16) vars["ACCELERANT_DOWNCAST_BF16"] = *env.downcast_bf16 ? "1" : "0";
   if (env.use_cpu) vars["ACCELERANT_USE_CPU"] = *env.use_cpu ? "1" : "0";
   if (env.gradient_accumulation_steps) {

@@ -46,7 +46,12 @@ std::string blas_in_use() {
   return text.empty() ? "none found" : text;
 }
 
-std::string variable(const char* name) { return environment_value(name).value_or("(unset)"); }
+std::string variable(const char* name) {
+  const auto value = environment_value(name);
+  // Output like this is pasted into bug reports: the job's secret is worth nothing once shown.
+  if (value && std::string(name) == "ACCELERANT_JOB_SECRET") return "(set, not shown)";
+  return value.value_or("(unset)");
+}
 
 // Every variable of the table with its value here (the table is the list: nothing is left out).
 void print_environment() {
