@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <csignal>
+
 #include "accelerant/error.h"
 #include "comm/collective_label.h"
 #include "comm/flight_recorder.h"
@@ -223,4 +225,16 @@ TEST(FlightRecorder, IndexedLabelsNameTheBucket) {
   ASSERT_EQ(record.collectives.size(), 2u);
   EXPECT_EQ(describe_collective(record.collectives[0]), "all_reduce #1 (backward bucket 3)");
   EXPECT_EQ(describe_collective(record.collectives[1]), "barrier #2 (Communicator)");
+}
+
+TEST(FlightRecord, AnAbortAfterARecordedExceptionIsReportedAsTheException) {
+  accelerant::WorkerExit exit;
+  exit.rank = 1;
+  exit.signal = SIGABRT;  // std::terminate after an uncaught exception in an exec'd worker
+  exit.error_text = "[rank 1/2] barrier #1 failed";
+  const std::string report = failure_report(exit, 0, 0, 0);
+  EXPECT_NE(report.find("Likely cause: an uncaught exception in the worker"), std::string::npos)
+      << report;
+  exit.error_text.clear();  // no recorded exception: a native crash
+  EXPECT_NE(failure_report(exit, 0, 0, 0).find("a crash in native code"), std::string::npos);
 }

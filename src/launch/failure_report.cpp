@@ -33,6 +33,13 @@ std::string cause_and_fix(const WorkerExit& exit) {
            "killer (see `dmesg`) or by a scheduler. Fix: lower memory per worker (batch size, "
            "processes per node) or set max_restarts to survive transient kills.";
   }
+  // An uncaught exception ends an exec'd worker through std::terminate, i.e. SIGABRT, after the
+  // worker recorded it: the exception, not a native crash, is the cause.
+  if (exit.signal == SIGABRT && !exit.error_text.empty()) {
+    return "Likely cause: an uncaught exception in the worker (its text is above; the process "
+           "then aborted). Fix: correct what it names; with other ranks failing at the same time, "
+           "the first rank's error is usually the real one.";
+  }
   if (exit.signal == SIGSEGV || exit.signal == SIGBUS || exit.signal == SIGABRT ||
       exit.signal == SIGFPE || exit.signal == SIGILL) {
     return "Likely cause: a crash in native code (an invalid memory access or a failed assertion). "
