@@ -182,6 +182,20 @@ std::vector<RankFlightRecord> published_records(c10d::Store& store, int size,
   return records;
 }
 
+// Publishes this rank's flight record and waits up to `grace` for every rank's.
+std::vector<RankFlightRecord> exchange_records(c10d::Store& store, int rank, int size,
+                                               std::chrono::milliseconds grace,
+                                               const std::string& flight_record,
+                                               std::vector<int>& missing) {
+  store.set(str("flight/", rank), std::vector<uint8_t>(flight_record.begin(), flight_record.end()));
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  while (true) {
+    auto records = published_records(store, size, missing);
+    if (missing.empty() || std::chrono::steady_clock::now() >= deadline) return records;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 bool ranks_at_same_collective(const std::vector<RankFlightRecord>& records) {
   for (const auto& r : records) {
     if (r.collectives.empty() || records[0].collectives.empty() ||
@@ -236,14 +250,7 @@ FailureDiagnosis diagnose_failure(c10d::Store& store, const CollectiveCall& call
       std::clamp(timeout / 2, std::chrono::milliseconds(200), std::chrono::milliseconds(5000));
   std::vector<RankFlightRecord> records;
   try {
-    store.set(str("flight/", rank),
-              std::vector<uint8_t>(flight_record.begin(), flight_record.end()));
-    const auto deadline = std::chrono::steady_clock::now() + grace;
-    do {
-      records = published_records(store, size, d.missing);
-      if (d.missing.empty()) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    } while (std::chrono::steady_clock::now() < deadline);
+    records = exchange_records(store, rank, size, grace, flight_record, d.missing);
   } catch (const std::exception& e) {
     d.missing.clear();
     d.message = str(head, "\nThe job's store could not be reached either (", e.what(),

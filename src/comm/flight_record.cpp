@@ -85,6 +85,62 @@ std::string last_of(const RankFlightRecord& r) {
 // dimension and a broadcast_bytes receiver's length legitimately differ).
 bool sizes_must_match(const std::string& op) { return op == "all_reduce" || op == "broadcast"; }
 
+// What differs between the ranks' collective #s (records in rank order): different ops or
+// calling APIs, else different dtypes or sizes where they must match; "" when nothing does.
+std::string difference_at(const std::vector<RankFlightRecord>& records, int64_t s) {
+  // Ranks by the op and API they issued, in the order of their lowest rank.
+  std::vector<std::pair<const CollectiveRecord*, std::vector<int>>> groups;
+  std::vector<std::string> payloads;
+  const CollectiveRecord* first = nullptr;
+  bool payload_differs = false;
+  for (const auto& r : records) {
+    const CollectiveRecord* c = at(r, s);
+    if (!c) continue;  // gone from its ring, or not issued yet
+    auto same = std::find_if(groups.begin(), groups.end(), [c](const auto& g) {
+      return g.first->op == c->op && g.first->api == c->api;
+    });
+    if (same == groups.end()) {
+      groups.push_back({c, {r.rank}});
+    } else {
+      same->second.push_back(r.rank);
+    }
+    if (!first) first = c;
+    payload_differs = payload_differs || c->dtype != first->dtype ||
+                      (sizes_must_match(c->op) && c->elements != first->elements);
+    payloads.push_back(str("rank ", r.rank, " ", c->dtype, " of ", c->elements, " elements"));
+  }
+  if (groups.size() > 1) {
+    std::vector<std::string> parts;
+    for (const auto& [c, ranks] : groups) parts.push_back(doing(ranks, *c));
+    return str(join(parts, " while "), ": the ranks issue different collectives.");
+  }
+  if (payload_differs) {
+    return str("the ranks call ", describe_collective(*first), " with different dtypes or sizes (",
+               join(payloads, ", "), ").");
+  }
+  return "";
+}
+
+// The ranks whose newest collective is `lo`, older than the others'.
+std::string behind_text(const std::vector<RankFlightRecord>& records, int64_t lo) {
+  std::vector<int> behind;
+  std::vector<std::string> ahead;
+  const RankFlightRecord* slowest = nullptr;
+  for (const auto& r : records) {
+    if (newest(r) == lo) {
+      behind.push_back(r.rank);
+      if (!slowest) slowest = &r;
+    } else {
+      ahead.push_back(str("rank ", r.rank, " is at ", last_of(r)));
+    }
+  }
+  const bool one = behind.size() == 1;
+  return str(ranks_text(behind), one ? " is" : " are", " behind: rank ", slowest->rank,
+             "'s last collective is ", last_of(*slowest), ", while ", join(ahead, ", "), ". ",
+             one ? "It has" : "They have", " not issued #", lo + 1,
+             ": stuck or slow before it, or on a code path that skips it.");
+}
+
 std::string clock_text(int64_t ms) {
   const std::time_t seconds = static_cast<std::time_t>(ms / 1000);
   std::tm utc{};
@@ -181,57 +237,13 @@ std::string flight_verdict(const std::vector<RankFlightRecord>& unsorted, bool* 
   }
   // The first sequence number at which the ranks that still hold it disagree.
   for (int64_t s = from; s <= lo; ++s) {
-    // Ranks by the op and API they issued, in the order of their lowest rank.
-    std::vector<std::pair<const CollectiveRecord*, std::vector<int>>> groups;
-    std::vector<std::string> dtypes, sizes;
-    const CollectiveRecord* first = nullptr;
-    bool payload_differs = false;
-    for (const auto& r : records) {
-      const CollectiveRecord* c = at(r, s);
-      if (!c) continue;
-      auto same = std::find_if(groups.begin(), groups.end(), [c](const auto& g) {
-        return g.first->op == c->op && g.first->api == c->api;
-      });
-      if (same == groups.end()) {
-        groups.push_back({c, {r.rank}});
-      } else {
-        same->second.push_back(r.rank);
-      }
-      if (!first) first = c;
-      payload_differs = payload_differs || c->dtype != first->dtype ||
-                        (sizes_must_match(c->op) && c->elements != first->elements);
-      dtypes.push_back(str("rank ", r.rank, " ", c->dtype, " of ", c->elements, " elements"));
-    }
-    if (groups.size() > 1) {
+    std::string difference = difference_at(records, s);
+    if (!difference.empty()) {
       if (different) *different = true;
-      std::vector<std::string> parts;
-      for (const auto& [c, ranks] : groups) parts.push_back(doing(ranks, *c));
-      return str(join(parts, " while "), ": the ranks issue different collectives.");
-    }
-    if (payload_differs && first) {
-      if (different) *different = true;
-      return str("the ranks call ", describe_collective(*first),
-                 " with different dtypes or sizes (", join(dtypes, ", "), ").");
+      return difference;
     }
   }
-  if (lo < hi) {
-    std::vector<int> behind;
-    std::vector<std::string> ahead;
-    const RankFlightRecord* slowest = nullptr;
-    for (const auto& r : records) {
-      if (newest(r) == lo) {
-        behind.push_back(r.rank);
-        if (!slowest) slowest = &r;
-      } else {
-        ahead.push_back(str("rank ", r.rank, " is at ", last_of(r)));
-      }
-    }
-    const bool one = behind.size() == 1;
-    return str(ranks_text(behind), one ? " is" : " are", " behind: rank ", slowest->rank,
-               "'s last collective is ", last_of(*slowest), ", while ", join(ahead, ", "), ". ",
-               one ? "It has" : "They have", " not issued #", lo + 1,
-               ": stuck or slow before it, or on a code path that skips it.");
-  }
+  if (lo < hi) return behind_text(records, lo);
   const auto& c = records[0].collectives;
   if (c.empty()) return "no rank has issued a collective yet.";
   return str(records.size() == 1 ? "rank " + std::to_string(records[0].rank) + " is in "
