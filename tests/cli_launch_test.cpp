@@ -75,6 +75,23 @@ TEST(Launch, AnUncaughtExceptionInAWorkerIsQuotedInTheReport) {
   EXPECT_NE(out.find("Its error:\n  | the data file shard-7 is corrupt"), std::string::npos) << out;
 }
 
+// Issue 22: ranks in different collectives end at the timeout with one table of every rank's last
+// collective and a verdict naming both calls, read from the workers' flight record files.
+TEST(Launch, RanksInDifferentCollectivesAreShownInOneTable) {
+  ::setenv("ACCELERANT_TIMEOUT_MS", "3000", 1);
+  std::string out;
+  const int status =
+      run({"-n", "2", "--main_process_port", "0", launch_helper_path(), "skip"}, out);
+  ::unsetenv("ACCELERANT_TIMEOUT_MS");
+  EXPECT_EQ(status, 1) << out;
+  EXPECT_NE(out.find("Last collective of each rank (their flight records):"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("Verdict: rank 0 is in all_reduce #1 (reduce) while rank 1 is in barrier #1 "
+                     "(wait_for_everyone): the ranks issue different collectives."),
+            std::string::npos)
+      << out;
+}
+
 TEST(Launch, AKilledWorkerIsRestartedAndTheRunCompletes) {
   std::string out;
   ASSERT_EQ(

@@ -190,3 +190,51 @@ TEST(CollectiveFailures, ARankThatDiedIsSaidToHaveDiedNotToHaveSkippedTheCall) {
   EXPECT_TRUE(contains(m, "--max_restarts")) << m;
   EXPECT_FALSE(contains(m, "make every rank call the same collectives")) << m;
 }
+
+// Issue 22: save_state called on the main process only. The ranks block in different collectives
+// at the same sequence number; after the timeout each rank's error and the launcher's report name
+// both collectives and the public calls that issued them, without debug mode, and the report has
+// one table of every rank's last collective.
+TEST(CollectiveFailures, RanksInDifferentCollectivesAreNamedWithTheCallsThatIssuedThem) {
+  accelerant::testing::ScratchDir scratch;
+  const std::string dir = scratch.path;
+  constexpr auto kTimeout = std::chrono::milliseconds(3000);
+  const auto start = Clock::now();
+  std::string report;
+  try {
+    launch(
+        [dir](int index) {
+          Accelerator acc;
+          torch::manual_seed(1);
+          auto model = torch::nn::Linear(4, 2);
+          torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+          auto [m, o] = acc.prepare(model, sgd);
+          auto step = [&, &m = m, &o = o] {
+            acc.backward(m->forward(torch::ones({3, 4})).sum());
+            o.step();
+            o.zero_grad();
+          };
+          step();
+          if (acc.is_main_process()) acc.save_state(dir + "/checkpoint");  // the bug under test
+          step();
+          acc.end_training();
+        },
+        LaunchOptions().processes_per_node(2).timeout(kTimeout).verbose(false));
+    FAIL() << "only rank 0 saved, yet the launch succeeded";
+  } catch (const LaunchError& e) {
+    report = e.what();
+  }
+  const auto took = std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - start);
+  EXPECT_LT(took.count(), 30) << "bounded by the timeout, the grace period and the stop";
+  EXPECT_TRUE(contains(report, "Last collective of each rank (their flight records):")) << report;
+  EXPECT_TRUE(contains(report, "(save_state)")) << report;
+  EXPECT_TRUE(contains(report, "all_reduce #")) << report;
+  EXPECT_TRUE(contains(report, "(backward bucket 0)")) << report;
+  EXPECT_TRUE(contains(report, "the ranks issue different collectives")) << report;
+  // The worker's own error says it too (from the store, so also under other launchers).
+  EXPECT_TRUE(contains(report,
+                       "From the ranks' flight records, compared at the same sequence "
+                       "number: rank 0 "))
+      << report;
+  EXPECT_FALSE(contains(report, "set GLOO_SOCKET_IFNAME")) << report;
+}

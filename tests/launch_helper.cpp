@@ -91,7 +91,13 @@ int main(int argc, char** argv) {
       throw std::runtime_error("the data file shard-7 is corrupt");
     return 0;
   }
+  if (mode == "skip") {  // started by `accelerant launch`: only rank 0 reduces (issue 22's mistake)
+    Accelerator accelerator;
+    if (accelerator.is_main_process()) accelerator.reduce(torch::ones({2}));
+    accelerator.wait_for_everyone();  // the other ranks wait here, in another collective
+    return 0;
+  }
   std::cerr << "usage: launch_helper node NODE_RANK PORT | sleepy DIR | worker | settings | park "
-               "DIR | throw | stop\n";
+               "DIR | throw | stop | skip\n";
   return 2;
 }

@@ -47,7 +47,9 @@ class CollectiveError : public Error {
   std::vector<int> missing_ranks_;
 };
 
-/// Debug mode found that ranks entered the same collective with different shapes, dtypes or ops.
+/// The ranks disagree about a collective: debug mode or a gather found different shapes, dtypes
+/// or ops, or, after a timeout, the ranks' flight records show that they issued different
+/// collectives (the message names each one and the public call that issued it).
 class CollectiveMismatchError : public CollectiveError {
  public:
   /// `message` is the whole text, naming both ranks' collectives.

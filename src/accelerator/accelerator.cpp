@@ -21,6 +21,7 @@
 #include "base/torch_compat.h"
 #include "checkpoint/durable_files.h"
 #include "checkpoint/training_checkpoint.h"
+#include "comm/collective_label.h"
 #include "graph/metrics_recording.h"
 #include "train/data_loader_internal.h"
 #include "train/resume_hook.h"
@@ -248,6 +249,7 @@ void Accelerator::prepare_model(const std::shared_ptr<torch::nn::Module>& model)
   model->to(device_);
   if (settings_.downcast_bf16) model->to(torch::kBFloat16);
   Communicator& comm = communicator();
+  detail::ScopedCollectiveLabel label("prepare");
   if (comm.size() > 1) {
     check_same_model_everywhere(comm, *model, rank_prefix_);
     broadcast_from_main(comm, *model);
@@ -472,10 +474,12 @@ AutocastGuard Accelerator::autocast() const {
 }
 
 torch::Tensor Accelerator::gather(const torch::Tensor& tensor) {
+  detail::ScopedCollectiveLabel label("gather");
   return communicator().gather(fp32_if_bf16(tensor));
 }
 
 torch::Tensor Accelerator::gather_for_metrics(const torch::Tensor& tensor) {
+  detail::ScopedCollectiveLabel label("gather_for_metrics");
   torch::Tensor all = gather(tensor);
   const int64_t padding = state_->end_of_dataloader ? state_->padding_in_last_step : 0;
   if (padding > 0 && all.dim() > 0 && all.size(0) >= padding)
@@ -484,15 +488,20 @@ torch::Tensor Accelerator::gather_for_metrics(const torch::Tensor& tensor) {
 }
 
 torch::Tensor Accelerator::reduce(const torch::Tensor& tensor, ReduceOp op) {
+  detail::ScopedCollectiveLabel label("reduce");
   return communicator().all_reduce(fp32_if_bf16(tensor), op);
 }
 
 torch::Tensor Accelerator::pad_across_processes(const torch::Tensor& tensor, int64_t dim,
                                                 double pad_value) {
+  detail::ScopedCollectiveLabel label("pad_across_processes");
   return communicator().pad_across_processes(tensor, dim, pad_value);
 }
 
-void Accelerator::wait_for_everyone() { communicator().barrier(); }
+void Accelerator::wait_for_everyone() {
+  detail::ScopedCollectiveLabel label("wait_for_everyone");
+  communicator().barrier();
+}
 
 void Accelerator::set_seed(uint64_t seed, bool device_specific) {
   const uint64_t value = seed + (device_specific ? static_cast<uint64_t>(process_index()) : 0);
@@ -521,6 +530,7 @@ void Accelerator::save_module(const torch::nn::Module& module, const std::string
 
 void Accelerator::end_training() {
   if (ended_) return;
+  detail::ScopedCollectiveLabel label("end_training");
   wait_for_everyone();
   std::fflush(stdout);
   ended_ = true;

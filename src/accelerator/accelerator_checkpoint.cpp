@@ -4,6 +4,7 @@
 #include "accelerant/error.h"
 #include "accelerant/safetensors.h"
 #include "checkpoint/training_checkpoint.h"
+#include "comm/collective_label.h"
 #include "train/resume_hook.h"
 
 namespace accelerant {
@@ -23,6 +24,7 @@ void Accelerator::register_checkpoint_object(
 }
 
 std::string Accelerator::save_state(const std::string& dir) {
+  detail::ScopedCollectiveLabel label("save_state");
   // A save before the first batch under auto_resume saves the resumed state, not the fresh one.
   resume_hook_->fire();
   return detail::save_training_state(*checkpointed_, checkpoint_ranks(),
@@ -30,13 +32,18 @@ std::string Accelerator::save_state(const std::string& dir) {
 }
 
 std::string Accelerator::load_state(const std::string& dir) {
+  detail::ScopedCollectiveLabel label("load_state");
   resume_hook_->disarm();  // an explicit load replaces auto_resume's
   return detail::load_training_state(*checkpointed_, checkpoint_ranks(), dir, checkpoints_dir());
 }
 
-void Accelerator::auto_resume_now() { resume_hook_->fire(); }
+void Accelerator::auto_resume_now() {
+  detail::ScopedCollectiveLabel label("auto_resume");
+  resume_hook_->fire();
+}
 
 void Accelerator::resume_from_latest() {
+  detail::ScopedCollectiveLabel label("auto_resume");
   const std::string latest =
       detail::agreed_latest_checkpoint(checkpoint_ranks(), checkpoints_dir());
   if (latest.empty()) return;
@@ -46,6 +53,7 @@ void Accelerator::resume_from_latest() {
 
 void Accelerator::save_model_module(const torch::nn::Module& module, const std::string& dir,
                                     const std::string& max_shard_size) {
+  detail::ScopedCollectiveLabel label("save_model");
   const int64_t max_bytes =
       parse_byte_size(max_shard_size);  // same text on every rank: throws on all
   detail::on_every_process(checkpoint_ranks(), "save_model into " + dir, [&] {
@@ -54,6 +62,7 @@ void Accelerator::save_model_module(const torch::nn::Module& module, const std::
 }
 
 void Accelerator::load_model_module(torch::nn::Module& module, const std::string& dir) {
+  detail::ScopedCollectiveLabel label("load_model");
   detail::on_every_process(checkpoint_ranks(), "load_model from " + dir,
                            [&] { load_model_safetensors(module, dir); });
 }

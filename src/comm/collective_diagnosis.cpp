@@ -9,6 +9,7 @@
 
 #include "accelerant/error.h"
 #include "base/text.h"
+#include "comm/flight_record.h"
 #include "comm/machine_identity.h"
 
 namespace accelerant::detail {
@@ -162,38 +163,52 @@ void check_signatures(c10d::Store& store, const CollectiveCall& call, int rank, 
                                     call.sequence, ":", table, "\nFix: ", kSameCallsFix, "."));
 }
 
-std::string diagnose_failure(c10d::Store& store, const CollectiveCall& call, int rank, int size,
-                             std::chrono::milliseconds timeout, const std::string& rank_prefix,
-                             const std::string& cause, std::vector<int>& missing) {
-  const std::string head =
-      str(rank_prefix, call.name, " #", call.sequence, " (", call.signature, ") failed: ", cause);
-  // Long enough for peers that hit the same timeout to report, short enough that the whole
-  // failure surfaces well within twice the timeout.
-  const auto grace =
-      std::clamp(timeout / 2, std::chrono::milliseconds(200), std::chrono::milliseconds(5000));
-  try {
-    store.set(key("failed", call, rank), std::vector<uint8_t>{1});
-    const auto deadline = std::chrono::steady_clock::now() + grace;
-    do {
-      missing = ranks_without_key(store, "failed", call, size);
-      if (missing.empty()) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    } while (std::chrono::steady_clock::now() < deadline);
-  } catch (const std::exception& e) {
-    missing.clear();
-    return str(head, "\nThe job's store could not be reached either (", e.what(),
-               "). Likely cause: the process hosting it (rank 0 or the launcher) has exited. "
-               "Fix: look at rank 0's or the launcher's output for the first error.");
+namespace {
+
+// Every rank's flight record that reached the store; `missing` receives the ranks without one.
+std::vector<RankFlightRecord> published_records(c10d::Store& store, int size,
+                                                std::vector<int>& missing) {
+  std::vector<RankFlightRecord> records;
+  missing.clear();
+  for (int r = 0; r < size; ++r) {
+    const std::string key = str("flight/", r);
+    RankFlightRecord record;
+    if (store.check({key}) && parse_flight_record(bytes_to_string(store.get(key)), record)) {
+      records.push_back(std::move(record));
+    } else {
+      missing.push_back(r);
+    }
   }
-  if (missing.empty()) {
-    return str(
-        head,
-        "\nEvery rank reached this collective, so it failed in the transport or on its input "
-        "(see the cause above). Likely cause: a rank died during the transfer, the network "
-        "between ranks dropped, or the backend does not support this dtype. Fix: look for "
-        "an earlier error from another rank; set GLOO_SOCKET_IFNAME to the interface the "
-        "machines share if they have several.");
+  return records;
+}
+
+// Publishes this rank's flight record and waits up to `grace` for every rank's.
+std::vector<RankFlightRecord> exchange_records(c10d::Store& store, int rank, int size,
+                                               std::chrono::milliseconds grace,
+                                               const std::string& flight_record,
+                                               std::vector<int>& missing) {
+  store.set(str("flight/", rank), std::vector<uint8_t>(flight_record.begin(), flight_record.end()));
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  while (true) {
+    auto records = published_records(store, size, missing);
+    if (missing.empty() || std::chrono::steady_clock::now() >= deadline) return records;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+}
+
+bool ranks_at_same_collective(const std::vector<RankFlightRecord>& records) {
+  for (const auto& r : records) {
+    if (r.collectives.empty() || records[0].collectives.empty() ||
+        r.collectives.back().sequence != records[0].collectives.back().sequence) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string missing_text(c10d::Store& store, const std::string& head,
+                         const std::vector<int>& missing, int size, std::chrono::milliseconds grace,
+                         std::chrono::milliseconds timeout) {
   const auto dead = dead_among(store, missing);
   if (!dead.empty()) {
     std::vector<int> alive;
@@ -218,6 +233,71 @@ std::string diagnose_failure(c10d::Store& store, const CollectiveCall& call, int
       "; check the missing ranks' output for an earlier error; if they are "
       "only slow, raise the timeout (ProcessStateOptions::timeout or ACCELERANT_TIMEOUT_MS); "
       "ACCELERANT_DEBUG_MODE=1 checks every call across ranks.");
+}
+
+}  // namespace
+
+FailureDiagnosis diagnose_failure(c10d::Store& store, const CollectiveCall& call, int rank,
+                                  int size, std::chrono::milliseconds timeout,
+                                  const std::string& rank_prefix, const std::string& cause,
+                                  const std::string& flight_record) {
+  FailureDiagnosis d;
+  const std::string head =
+      str(rank_prefix, call.name, " #", call.sequence, " (", call.signature, ") failed: ", cause);
+  // Long enough for peers that hit the same timeout to report, short enough that the whole
+  // failure surfaces well within twice the timeout.
+  const auto grace =
+      std::clamp(timeout / 2, std::chrono::milliseconds(200), std::chrono::milliseconds(5000));
+  std::vector<RankFlightRecord> records;
+  try {
+    records = exchange_records(store, rank, size, grace, flight_record, d.missing);
+  } catch (const std::exception& e) {
+    d.missing.clear();
+    d.message = str(head, "\nThe job's store could not be reached either (", e.what(),
+                    "). Likely cause: the process hosting it (rank 0 or the launcher) has exited. "
+                    "Fix: look at rank 0's or the launcher's output for the first error.");
+    return d;
+  }
+  flight_verdict(records, &d.different_collectives);
+  if (d.different_collectives) {
+    d.message = str(
+        head, "\nFrom the ranks' flight records, compared at the same sequence number: ",
+        flight_verdict(records),
+        " Likely cause: a call that talks to every rank ran on some ranks only, e.g. save_state, "
+        "gather_for_metrics, reduce, wait_for_everyone or a Communicator collective inside "
+        "`if (accelerator.is_main_process())`, or the ranks ran different numbers of batches. "
+        "Fix: ",
+        kSameCallsFix,
+        "; call the methods named above on every rank (the checkpoint calls write files on the "
+        "main process only by themselves).");
+    if (!d.missing.empty())
+      d.message = missing_text(store, d.message, d.missing, size, grace, timeout);
+    return d;
+  }
+  if (!d.missing.empty()) {
+    d.message = missing_text(store, head, d.missing, size, grace, timeout);
+    return d;
+  }
+  if (!ranks_at_same_collective(records)) {
+    d.message =
+        str(head, "\nEvery rank reported a failure, but not in the same collective: ",
+            flight_verdict(records),
+            " Likely cause: the rank behind is stuck or slow between collectives (compute, I/O, a "
+            "deadlock), or skips a collective the others issue. Fix: look at what the rank behind "
+            "does after its last collective; ",
+            kSameCallsFix,
+            "; if it is only slow, raise the timeout (ProcessStateOptions::timeout or "
+            "ACCELERANT_TIMEOUT_MS).");
+    return d;
+  }
+  d.message = str(
+      head,
+      "\nEvery rank reached this collective and their flight records agree on it, so it failed "
+      "in the transport or on its input (see the cause above). Likely cause: a "
+      "rank died during the transfer, the network between ranks dropped, or the backend does not "
+      "support this dtype. Fix: look for an earlier error from another rank; set "
+      "GLOO_SOCKET_IFNAME to the interface the machines share if they have several.");
+  return d;
 }
 
 }  // namespace accelerant::detail

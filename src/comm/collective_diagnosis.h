@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "base/torch_compat.h"
 
@@ -26,14 +27,24 @@ void check_signatures(c10d::Store& store, const CollectiveCall& call, int rank, 
 /// diagnose_failure can tell a rank that died from one that is stuck or skipped a collective.
 void publish_process(c10d::Store& store, int rank, const std::string& error_file);
 
-/// After `call` failed on this rank with `cause`: records the failure in the store, waits a short
-/// grace period for the other ranks to record theirs, and returns the message of a CollectiveError
-/// that names the ranks that never reported (they never reached the call, or died: a rank
-/// published on this machine whose process has exited is said to have died, with where its error
-/// is and the fix of restarting, instead of advice about mismatched collectives).
-/// `missing` receives those ranks.
-std::string diagnose_failure(c10d::Store& store, const CollectiveCall& call, int rank, int size,
-                             std::chrono::milliseconds timeout, const std::string& rank_prefix,
-                             const std::string& cause, std::vector<int>& missing);
+struct FailureDiagnosis {
+  std::string message;                 // the CollectiveError's text
+  std::vector<int> missing;            // ranks that never reported a failure
+  bool different_collectives = false;  // the reporting ranks issued different collectives
+};
+
+/// After `call` failed on this rank with `cause`: publishes this rank's flight record
+/// (`flight_record`, format_flight_record's text) in the store, waits a short grace period for the
+/// other ranks to publish theirs, and explains the failure. Ranks that reported are compared at
+/// the same sequence number: when they issued different collectives the message names each
+/// rank's collective and the public call that issued it (flight_verdict) with each rank's last
+/// collective in a table; a rank behind is named as such. Ranks that never reported never
+/// reached a collective, or died: a rank published on this machine whose process has exited is
+/// said to have died, with where its error is and the fix of restarting, instead of advice about
+/// mismatched collectives.
+FailureDiagnosis diagnose_failure(c10d::Store& store, const CollectiveCall& call, int rank,
+                                  int size, std::chrono::milliseconds timeout,
+                                  const std::string& rank_prefix, const std::string& cause,
+                                  const std::string& flight_record);
 
 }  // namespace accelerant::detail

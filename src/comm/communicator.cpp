@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "accelerant/error.h"
+#include "base/file_io.h"
 #include "base/text.h"
 #include "comm/collective_diagnosis.h"
 #include "comm/communicator_impl.h"
@@ -58,21 +59,40 @@ detail::CommBackend& Communicator::Impl::backend_for(const torch::Tensor& t) con
 
 namespace {
 
+// The payload of a collective as its flight record shows it.
+struct Payload {
+  const char* dtype;
+  int64_t elements;
+};
+
+Payload payload_of(const torch::Tensor& t) { return {c10::toString(t.scalar_type()), t.numel()}; }
+
 [[noreturn]] void fail(Communicator::Impl& c, detail::CollectiveCall call,
                        const std::string& signature, const std::string& cause) {
   call.signature = signature;
-  std::vector<int> missing;
-  std::string message = detail::diagnose_failure(*c.store, call, c.rank, c.size, c.timeout,
-                                                 c.rank_prefix, cause, missing);
-  c.broken_reason = message;
-  throw CollectiveError(message, missing);
+  c.flight.finish(call.sequence, detail::CollectiveState::kFailed);
+  const std::string record = detail::format_flight_record(c.flight.record(c.rank, c.size));
+  // Before the diagnosis publishes it: a peer that saw it in the store and ended may make the
+  // launcher read this file at once.
+  if (!c.error_file.empty()) {
+    detail::write_file_atomically(c.error_file + detail::kFlightRecordSuffix, record);
+  }
+  auto diagnosis = detail::diagnose_failure(*c.store, call, c.rank, c.size, c.timeout,
+                                            c.rank_prefix, cause, record);
+  c.broken_reason = diagnosis.message;
+  if (diagnosis.different_collectives && diagnosis.missing.empty()) {
+    throw CollectiveMismatchError(diagnosis.message);
+  }
+  throw CollectiveError(diagnosis.message, diagnosis.missing);
 }
 
-// Starts one public collective: refuses on a broken communicator, numbers the call and, in debug
-// mode, checks the signatures across ranks. `describe` formats the call's signature; it runs only
-// in debug mode or after a failure, so the training step's all-reduces pay no string formatting.
+// Starts one public collective: refuses on a broken communicator, numbers the call, records it in
+// the flight recorder with the public API that issued it and, in debug mode, checks the
+// signatures across ranks. `describe` formats the call's signature; it runs only in debug mode or
+// after a failure, so the training step's all-reduces pay no string formatting.
 template <class Describe>
-detail::CollectiveCall begin_call(Communicator::Impl& c, const char* name, Describe&& describe) {
+detail::CollectiveCall begin_call(Communicator::Impl& c, const char* name, Payload payload,
+                                  Describe&& describe) {
   if (!c.broken_reason.empty()) {
     throw CollectiveError(
         detail::str(c.rank_prefix, name,
@@ -82,9 +102,16 @@ detail::CollectiveCall begin_call(Communicator::Impl& c, const char* name, Descr
         {});
   }
   detail::CollectiveCall call{++c.sequence, "", name};
+  c.flight.start(call.sequence, name, detail::current_collective_label(), payload.dtype,
+                 payload.elements);
   if (c.debug_mode) {
     call.signature = describe();
-    detail::check_signatures(*c.store, call, c.rank, c.size, c.timeout, c.rank_prefix);
+    try {
+      detail::check_signatures(*c.store, call, c.rank, c.size, c.timeout, c.rank_prefix);
+    } catch (...) {
+      c.flight.finish(call.sequence, detail::CollectiveState::kFailed);
+      throw;
+    }
   }
   return call;
 }
@@ -98,7 +125,8 @@ auto run_or_fail(Communicator::Impl& c, const detail::CollectiveCall& call, Desc
     return body();
   } catch (const detail::ShmTransportError& e) {
     fail(c, call, describe(), e.what());
-  } catch (const Error&) {  // already explained, e.g. a CollectiveError of the debug-mode check
+  } catch (const Error&) {  // already explained, e.g. the CollectiveMismatchError of a gather
+    c.flight.finish(call.sequence, detail::CollectiveState::kFailed);
     throw;
   } catch (const c10::Error& e) {
     fail(c, call, describe(), e.what_without_backtrace());
@@ -109,9 +137,17 @@ auto run_or_fail(Communicator::Impl& c, const detail::CollectiveCall& call, Desc
 
 // One blocking public collective.
 template <class Describe, class Body>
-auto guarded(Communicator::Impl& c, const char* name, Describe&& describe, Body&& body) {
-  auto call = begin_call(c, name, describe);
-  return run_or_fail(c, call, describe, body);
+auto guarded(Communicator::Impl& c, const char* name, Payload payload, Describe&& describe,
+             Body&& body) {
+  auto call = begin_call(c, name, payload, describe);
+  if constexpr (std::is_void_v<decltype(body())>) {
+    run_or_fail(c, call, describe, body);
+    c.flight.finish(call.sequence, detail::CollectiveState::kCompleted);
+  } else {
+    auto result = run_or_fail(c, call, describe, body);
+    c.flight.finish(call.sequence, detail::CollectiveState::kCompleted);
+    return result;
+  }
 }
 
 // Equal-shape all-gather without the guard; every rank's tensor in rank order.
@@ -220,6 +256,7 @@ void PendingCollective::wait() {
         if (state->op == ReduceOp::kMean) state->wire.div_(c.size);
         if (!state->wire.is_same(state->target)) state->target.copy_(state->wire);
       });
+  c.flight.finish(state->call.sequence, detail::CollectiveState::kCompleted);
 }
 
 PendingCollective Communicator::all_reduce_async_(const torch::Tensor& tensor, ReduceOp op) {
@@ -235,7 +272,7 @@ PendingCollective Communicator::all_reduce_async_(const torch::Tensor& tensor, R
   state->target = tensor;
   state->op = op;
   auto describe = [&] { return state->describe(); };
-  state->call = begin_call(*impl_, "all_reduce", describe);
+  state->call = begin_call(*impl_, "all_reduce", payload_of(tensor), describe);
   run_or_fail(*impl_, state->call, describe, [&] {
     // Gloo cannot reduce bf16 (nor a strided view): reduce an fp32 / contiguous copy.
     const bool upcast = tensor.scalar_type() == torch::kBFloat16 && !tensor.is_cuda();
@@ -262,7 +299,7 @@ std::vector<torch::Tensor> Communicator::gather_list(const torch::Tensor& tensor
   torch::Tensor t = tensor.dim() == 0 ? tensor.reshape({1}) : tensor;
   if (impl_->size == 1) return {t.clone()};
   auto describe = [&] { return signature("gather", t, /*free_first_dim=*/true); };
-  return guarded(*impl_, "gather", describe, [&] {
+  return guarded(*impl_, "gather", payload_of(t), describe, [&] {
     auto shapes = exchange_shapes(*impl_, t, "gather");
     int64_t longest = 0;
     for (auto& s : shapes) longest = std::max(longest, s[2]);
@@ -313,7 +350,7 @@ void Communicator::broadcast_(const torch::Tensor& tensor, int src) {
   check_source_rank(*impl_, "broadcast_", src);
   if (impl_->size == 1) return;
   auto describe = [&] { return signature(detail::str("broadcast(src=", src, ")"), tensor); };
-  guarded(*impl_, "broadcast", describe, [&] {
+  guarded(*impl_, "broadcast", payload_of(tensor), describe, [&] {
     // Gloo has no bf16 type; a broadcast only moves bytes, so send them as fp16 (same width).
     // Gloo has neither bf16 nor bool; a broadcast only moves bytes, so send them as a type of
     // the same width (fp16, uint8).
@@ -346,7 +383,8 @@ std::string Communicator::broadcast_bytes(const std::string& bytes, int src) {
   check_source_rank(*impl_, "broadcast_bytes", src);
   if (impl_->size == 1) return bytes;
   auto describe = [&] { return detail::str("broadcast_bytes(src=", src, ")"); };
-  return guarded(*impl_, "broadcast_bytes", describe, [&] {
+  const Payload payload{"bytes", static_cast<int64_t>(bytes.size())};
+  return guarded(*impl_, "broadcast_bytes", payload, describe, [&] {
     c10d::BroadcastOptions opts;
     opts.rootRank = src;
     std::vector<torch::Tensor> length{
@@ -363,7 +401,7 @@ std::string Communicator::broadcast_bytes(const std::string& bytes, int src) {
 void Communicator::barrier() {
   if (impl_->size == 1) return;
   guarded(
-      *impl_, "barrier", [] { return std::string("barrier"); },
+      *impl_, "barrier", Payload{"none", 0}, [] { return std::string("barrier"); },
       [&] { wait(impl_->gloo->barrier()); });
 }
 

@@ -8,6 +8,7 @@
 
 #include "accelerant/communicator.h"
 #include "base/torch_compat.h"
+#include "comm/flight_recorder.h"
 #include "comm/shm_all_reduce.h"
 
 namespace accelerant {
@@ -26,6 +27,8 @@ struct Communicator::Impl {
   std::string rank_prefix;  // "[rank r/N] "
   int64_t sequence = 0;     // counts public collectives; equal on all ranks while they agree
   std::string broken_reason;
+  std::string error_file;         // ACCELERANT_ERROR_FILE: its flight record is written next to it
+  detail::FlightRecorder flight;  // the last collectives, for the failure report
 
   detail::CommBackend& backend_for(const torch::Tensor& t) const;
 };

@@ -173,6 +173,7 @@ void ProcessState::rendezvous() {
   impl->timeout = timeout_;
   impl->debug_mode = debug_mode_;
   impl->rank_prefix = rank_prefix();
+  impl->error_file = env_.error_file;
   auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout_);
   gloo_options->devices = gloo_devices(env_.master_addr);
   impl->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(

@@ -19,6 +19,7 @@
 #include "accelerant/environment.h"
 #include "accelerant/launch_contract.h"
 #include "base/text.h"
+#include "comm/flight_record.h"
 #include "launch/failure_report.h"
 #include "launch/node_group.h"
 #include "launch/output_relay.h"
@@ -153,8 +154,8 @@ class Agent {
         outcome = outcome_of(verdict);
       }
       if (outcome == Outcome::kFailedHere) {
-        nodes_->report_failure(
-            attempt, failure_report(first_failure_, o_.node_rank(), attempt, o_.max_restarts()));
+        nodes_->report_failure(attempt, failure_report(first_failure_, o_.node_rank(), attempt,
+                                                       o_.max_restarts(), flight_records_));
       }
       stop_group();
       if (outcome == Outcome::kInterrupted) {
@@ -173,10 +174,10 @@ class Agent {
         cleanup();
         throw LaunchError("accelerant::launch: " + node_news_, first_failure_, attempt);
       }
-      const std::string report =
-          outcome == Outcome::kFailedHere
-              ? failure_report(first_failure_, o_.node_rank(), attempt, o_.max_restarts())
-              : node_news_;
+      const std::string report = outcome == Outcome::kFailedHere
+                                     ? failure_report(first_failure_, o_.node_rank(), attempt,
+                                                      o_.max_restarts(), flight_records_)
+                                     : node_news_;
       if (attempt < o_.max_restarts()) {
         if (o_.verbose()) {
           std::fprintf(stderr, "accelerant::launch: %s\nRestarting the group (restart %d of %d).\n",
@@ -236,6 +237,7 @@ class Agent {
     relay_.reset(attempt);
     workers_.clear();
     first_failure_ = WorkerExit{};
+    flight_records_.clear();
     for (int local = 0; local < o_.processes_per_node(); ++local) {
       LaunchContract env;
       env.source = EnvSource::kAccelerant;
@@ -268,6 +270,7 @@ class Agent {
       spec.environment = to_environment(env);
       std::remove(spec.result_path.c_str());
       std::remove(spec.error_path.c_str());
+      std::remove((spec.error_path + kFlightRecordSuffix).c_str());
       workers_.push_back(start_worker(spec, body_, hooks_, relay_));
     }
   }
@@ -300,6 +303,11 @@ class Agent {
         relay_.drain(500);  // the failed worker's last words belong in the report
         first_failure_.stderr_tail = relay_.stderr_tail(first_failure_.rank);
         first_failure_.error_text = read_file(workers_[first_failure_.local_rank].spec.error_path);
+        // Written by each worker whose collective failed, before it tells the others.
+        flight_records_.clear();
+        for (const auto& w : workers_) {
+          flight_records_.push_back(read_file(w.spec.error_path + kFlightRecordSuffix));
+        }
         // A lost machine also breaks our workers' connections; then the loss is the real cause.
         NodeEvent news = nodes_->poll(attempt);
         if (news.kind == NodeEvent::kAbort) {
@@ -367,6 +375,7 @@ class Agent {
   int port_ = 0;
   std::vector<WorkerProcess> workers_;
   WorkerExit first_failure_;
+  std::vector<std::string> flight_records_;  // this machine's workers', at the first failure
   std::string node_news_;  // what the other machines said, when that ended the attempt
 };
 

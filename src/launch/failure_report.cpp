@@ -2,9 +2,11 @@
 
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cstring>
 
 #include "base/text.h"
+#include "comm/flight_record.h"
 
 namespace accelerant::detail {
 namespace {
@@ -31,6 +33,13 @@ std::string cause_and_fix(const WorkerExit& exit) {
            "killer (see `dmesg`) or by a scheduler. Fix: lower memory per worker (batch size, "
            "processes per node) or set max_restarts to survive transient kills.";
   }
+  // An uncaught exception ends an exec'd worker through std::terminate, i.e. SIGABRT, after the
+  // worker recorded it: the exception, not a native crash, is the cause.
+  if (exit.signal == SIGABRT && !exit.error_text.empty()) {
+    return "Likely cause: an uncaught exception in the worker (its text is above; the process "
+           "then aborted). Fix: correct what it names; with other ranks failing at the same time, "
+           "the first rank's error is usually the real one.";
+  }
   if (exit.signal == SIGSEGV || exit.signal == SIGBUS || exit.signal == SIGABRT ||
       exit.signal == SIGFPE || exit.signal == SIGILL) {
     return "Likely cause: a crash in native code (an invalid memory access or a failed assertion). "
@@ -46,6 +55,20 @@ std::string cause_and_fix(const WorkerExit& exit) {
            "error is usually the real one.";
   }
   return "Likely cause: the worker called exit() with this code. Fix: look at its output above.";
+}
+
+// One table of the ranks' last collectives, from the flight records their communicators wrote
+// when a collective failed (none when no worker wrote one).
+std::string merged_flight_records(const std::vector<std::string>& texts) {
+  std::vector<RankFlightRecord> records;
+  for (const auto& text : texts) {
+    RankFlightRecord record;
+    if (parse_flight_record(text, record)) records.push_back(std::move(record));
+  }
+  if (records.empty()) return "";
+  const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::system_clock::now().time_since_epoch());
+  return merged_flight_table(records, now.count());
 }
 
 }  // namespace
@@ -70,13 +93,15 @@ WorkerExit worker_exit_from_status(int rank, int local_rank, int pid, int wait_s
   return exit;
 }
 
-std::string failure_report(const WorkerExit& exit, int node_rank, int attempt, int max_restarts) {
+std::string failure_report(const WorkerExit& exit, int node_rank, int attempt, int max_restarts,
+                           const std::vector<std::string>& flight_records) {
   std::string report =
       str("worker rank ", exit.rank, " (local rank ", exit.local_rank, " on node ", node_rank,
           ", pid ", exit.pid, ") failed with ", describe_exit(exit), " in attempt ", attempt + 1,
           " of ", max_restarts + 1, " (max_restarts=", max_restarts, ").\n");
   if (!exit.error_text.empty()) report += "Its error:\n" + indent(exit.error_text);
   if (!exit.stderr_tail.empty()) report += "Last lines of its stderr:\n" + indent(exit.stderr_tail);
+  report += merged_flight_records(flight_records);
   return report + cause_and_fix(exit);
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "accelerant/error.h"
 
@@ -17,7 +18,11 @@ bool is_failure(const WorkerExit& exit);
 /// WorkerExit from a waitpid status.
 WorkerExit worker_exit_from_status(int rank, int local_rank, int pid, int wait_status);
 
-/// The full report of the first failure, for LaunchError and restart notices.
-std::string failure_report(const WorkerExit& exit, int node_rank, int attempt, int max_restarts);
+/// The full report of the first failure, for LaunchError and restart notices. `flight_records`:
+/// the contents of this machine's workers' flight record files (comm/flight_record.h; empty or
+/// unreadable ones are skipped), merged into one table of each rank's last collective with a
+/// verdict when any is there.
+std::string failure_report(const WorkerExit& exit, int node_rank, int attempt, int max_restarts,
+                           const std::vector<std::string>& flight_records = {});
 
 }  // namespace accelerant::detail

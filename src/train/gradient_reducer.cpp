@@ -11,6 +11,7 @@
 #include "accelerant/gradient_buckets.h"
 #include "base/tensor_alias.h"
 #include "base/text.h"
+#include "comm/collective_label.h"
 
 namespace accelerant {
 
@@ -66,6 +67,7 @@ struct GradientReducer::State {
     while (next_bucket < plan.size() && waiting[next_bucket] == 0) {
       const size_t b = next_bucket++;
       flat[b].div_(communicator->size());  // average = sum of (grad / N): no pass after the wait
+      detail::ScopedCollectiveLabel label("backward bucket", static_cast<int64_t>(b));
       in_flight[b] = communicator->all_reduce_async_(flat[b], ReduceOp::kSum);
       if (ready_count < trainable) ++stats.buckets_started_during_backward;
     }
