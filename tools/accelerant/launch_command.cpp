@@ -3,6 +3,7 @@
 // ACCELERANT_* set, watches them, restarts the group up to max_restarts and reports the first
 // failure. Settings come from the config file; flags override it.
 #include <accelerant/config.h>
+#include <accelerant/environment.h>
 #include <accelerant/launch_options.h>
 #include <sys/stat.h>
 #include <unistd.h>
