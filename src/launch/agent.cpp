@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <thread>
 
@@ -104,6 +105,17 @@ bool gpu_present() {
 #endif
 }
 
+// A worker that exits, even with 0, while others of its group still run has most likely left
+// them waiting in a collective it skipped (it returned early), where they would hang silently
+// until the collective timeout (30 minutes by default). Ranks of a healthy job finish within
+// milliseconds of each other, or the ones still running are busy (rank 0 saving a checkpoint or
+// evaluating after the others left). So the agent waits this long after such an exit and ends the
+// group only when the workers still running used less than kIdleCpuShare of one core over it,
+// looking again every kEarlyExitGrace while they work. A wait in Gloo or in the store sleeps; a
+// busy-waiting one (a CUDA synchronisation) is left to the collective timeout.
+constexpr std::chrono::seconds kEarlyExitGrace{3};
+constexpr double kIdleCpuShare = 0.05;
+
 // Why the local group stopped.
 enum class Outcome { kSucceeded, kFailedHere, kFailedElsewhere, kAborted, kInterrupted };
 
@@ -118,6 +130,7 @@ class Agent {
 
   std::vector<std::vector<char>> run() {
     validate(o_);
+    relay_.check_log_dir();  // before any worker starts, or their output would be lost
     if (hooks_.check_before_fork) hooks_.check_before_fork();
     const bool debug = o_.debug().value_or(read_launch_contract().debug_mode);
     threads_ = choose_threads(o_, hooks_, o_.verbose());
@@ -153,10 +166,10 @@ class Agent {
         outcome = outcome_of(verdict);
       }
       if (outcome == Outcome::kFailedHere) {
-        nodes_->report_failure(
-            attempt, failure_report(first_failure_, o_.node_rank(), attempt, o_.max_restarts()));
+        nodes_->report_failure(attempt, report(attempt));
       }
-      stop_group();
+      stop_group(outcome == Outcome::kInterrupted && signals.caught() != 0 ? signals.caught()
+                                                                           : SIGTERM);
       if (outcome == Outcome::kInterrupted) {
         nodes_->leave(
             str("its launcher was stopped by signal ", signals.caught(), " (",
@@ -173,20 +186,17 @@ class Agent {
         cleanup();
         throw LaunchError("accelerant::launch: " + node_news_, first_failure_, attempt);
       }
-      const std::string report =
-          outcome == Outcome::kFailedHere
-              ? failure_report(first_failure_, o_.node_rank(), attempt, o_.max_restarts())
-              : node_news_;
+      const std::string why = outcome == Outcome::kFailedHere ? report(attempt) : node_news_;
       if (attempt < o_.max_restarts()) {
         if (o_.verbose()) {
           std::fprintf(stderr, "accelerant::launch: %s\nRestarting the group (restart %d of %d).\n",
-                       report.c_str(), attempt + 1, o_.max_restarts());
+                       why.c_str(), attempt + 1, o_.max_restarts());
         }
         continue;
       }
-      nodes_->leave(report);
+      nodes_->leave(why);
       cleanup();
-      throw LaunchError("accelerant::launch: " + report, first_failure_, attempt);
+      throw LaunchError("accelerant::launch: " + why, first_failure_, attempt);
     }
   }
 
@@ -206,6 +216,23 @@ class Agent {
       default:
         return Outcome::kAborted;
     }
+  }
+
+  // The report of this machine's first failure in `attempt`.
+  std::string report(int attempt) const {
+    if (first_failure_.rank >= 0 && !is_failure(first_failure_)) {
+      return early_exit_report(first_failure_, early_exit_.waiting, kEarlyExitGrace, o_.node_rank(),
+                               attempt, o_.max_restarts());
+    }
+    std::string text = failure_report(first_failure_, o_.node_rank(), attempt, o_.max_restarts());
+    if (early_exit_.exit.rank >= 0) {
+      text += str("\nBefore that, worker rank ", early_exit_.exit.rank, " exited with ",
+                  describe_exit(early_exit_.exit),
+                  " while the others still ran: it most likely returned before them and skipped "
+                  "a collective they waited in. Fix: make every rank run the same collectives "
+                  "and return together.");
+    }
+    return text;
   }
 
   std::string make_workdir() {
@@ -291,10 +318,14 @@ class Agent {
 
   Outcome monitor(int attempt, const SignalGuard& signals) {
     const int interval = static_cast<int>(o_.monitor_interval().count());
+    early_exit_ = EarlyExit{};
     while (true) {
       if (relay_.pump(interval, signals.wake_fd()) || signals.caught() != 0)
         return Outcome::kInterrupted;
       const bool all_done = reap();
+      if (first_failure_.rank < 0 && !all_done && early_exit_found_idle()) {
+        first_failure_ = early_exit_.exit;
+      }
       if (first_failure_.rank >= 0) {
         relay_.drain(500);  // the failed worker's last words belong in the report
         first_failure_.stderr_tail = relay_.stderr_tail(first_failure_.rank);
@@ -315,28 +346,78 @@ class Agent {
     }
   }
 
-  // SIGTERM, a grace period, then SIGKILL; every worker reaped before returning. SIGCONT after
-  // SIGTERM: a stopped worker (SIGSTOP, a debugger's ^Z) would otherwise hold its SIGTERM until
-  // the SIGKILL, and its clean-up would never run.
-  void stop_group() {
-    bool any = false;
-    for (auto& w : workers_) {
+  // See kEarlyExitGrace. True once a worker exited successfully while others still run and those
+  // have since been idle for a whole grace period (then early_exit_ says who left and who waits).
+  bool early_exit_found_idle() {
+    std::vector<pid_t> running;
+    for (const auto& w : workers_) {
       if (w.running) {
-        ::kill(w.pid, SIGTERM);
-        ::kill(w.pid, SIGCONT);
-        any = true;
+        running.push_back(w.pid);
+      } else if (early_exit_.exit.rank < 0) {
+        early_exit_.exit =
+            worker_exit_from_status(w.spec.rank, w.spec.local_rank, w.pid, w.wait_status);
       }
     }
-    if (!any) return;
+    if (early_exit_.exit.rank < 0) return false;
+    const auto now = Clock::now();
+    if (early_exit_.window_start != Clock::time_point{} &&
+        now - early_exit_.window_start < kEarlyExitGrace) {
+      return false;
+    }
+    const auto usage = process_group_usage(running);
+    const bool first_look = early_exit_.window_start == Clock::time_point{};
+    long long busy_ticks = 0;  // of the workers running at both looks
+    std::map<pid_t, long long> ticks;
+    for (size_t i = 0; i < running.size(); ++i) {
+      ticks[running[i]] = usage[i].cpu_ticks;
+      const auto before = early_exit_.cpu_ticks.find(running[i]);
+      if (before != early_exit_.cpu_ticks.end()) {
+        busy_ticks += std::max(0LL, usage[i].cpu_ticks - before->second);
+      }
+    }
+    const double busy_seconds =
+        static_cast<double>(busy_ticks) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+    const double window = std::chrono::duration<double>(now - early_exit_.window_start).count();
+    early_exit_.window_start = now;
+    early_exit_.cpu_ticks = std::move(ticks);
+    early_exit_.waiting.clear();
+    for (const auto& w : workers_)
+      if (w.running) early_exit_.waiting.push_back(w.spec.rank);
+    return !first_look && busy_seconds < kIdleCpuShare * window;
+  }
+
+  // `signal` (SIGTERM, or the one the launcher caught: a terminal's ^C reaches only the
+  // launcher's process group, so the launcher forwards it), a grace period, then SIGKILL, each to
+  // every worker's whole process group, so that what a worker started in the background goes too;
+  // every worker reaped before returning. SIGCONT after the signal: a stopped worker (SIGSTOP, a
+  // debugger's ^Z) would otherwise hold it until the SIGKILL, and its clean-up would never run.
+  void stop_group(int signal = SIGTERM) {
+    std::vector<pid_t> groups;
+    for (auto& w : workers_) groups.push_back(w.pid);
+    if (groups.empty()) return;
+    auto gone = [&] {
+      for (const auto& g : process_group_usage(groups))
+        if (g.alive > 0) return false;
+      return true;
+    };
+    if (reap() && gone()) {  // the usual end of a job that succeeded: nothing to stop
+      workers_.clear();
+      return;
+    }
+    for (pid_t group : groups) {
+      ::kill(-group, signal);
+      ::kill(-group, SIGCONT);
+    }
     const auto deadline = Clock::now() + o_.stop_grace_period();
-    while (!reap() && Clock::now() < deadline) relay_.pump(20);
+    while (!(reap() && gone()) && Clock::now() < deadline) relay_.pump(20);
     for (auto& w : workers_) {
+      ::kill(-w.pid, SIGKILL);
       if (!w.running) continue;
-      ::kill(w.pid, SIGKILL);
       ::waitpid(w.pid, &w.wait_status, 0);
       w.running = false;
     }
     relay_.drain(500);
+    workers_.clear();  // their group ids may be reused from now on
   }
 
   std::vector<std::vector<char>> collect_results() {
@@ -366,6 +447,12 @@ class Agent {
   int port_ = 0;
   std::vector<WorkerProcess> workers_;
   WorkerExit first_failure_;
+  struct EarlyExit {
+    WorkerExit exit;                 // the first worker that exited successfully (rank -1: none)
+    Clock::time_point window_start;  // when the running workers' CPU time was last read
+    std::map<pid_t, long long> cpu_ticks;  // what it was then, by worker
+    std::vector<int> waiting;              // the ranks still running then
+  } early_exit_;
   std::string node_news_;  // what the other machines said, when that ended the attempt
 };
 

@@ -1,5 +1,6 @@
 #include "launch/worker_process.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <sstream>
 
 #include "accelerant/error.h"
@@ -82,6 +84,7 @@ WorkerProcess start_worker(const WorkerSpec& spec, const WorkerBody& body, const
             "memory. Fix: lower processes_per_node (accelerant launch: --num_processes)."));
   }
   if (pid == 0) {
+    ::setpgid(0, 0);  // its own group: see start_worker in worker_process.h
     SignalGuard::reset_in_child();
     // Die with the launcher, whatever kills it; and do not start if it is already gone.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -94,6 +97,9 @@ WorkerProcess start_worker(const WorkerSpec& spec, const WorkerBody& body, const
     if (hooks.prepare_worker) hooks.prepare_worker(spec.threads);
     run_in_child(spec, body, hooks);
   }
+  // Both sides set the group, so that it exists before the parent may signal it (the child's
+  // exec makes the parent's call fail with EACCES, by then harmlessly).
+  ::setpgid(pid, pid);
   ::close(out[1]);
   ::close(err[1]);
   relay.add(out[0], spec.rank, /*is_stderr=*/false);
@@ -103,6 +109,35 @@ WorkerProcess start_worker(const WorkerSpec& spec, const WorkerBody& body, const
   worker.pid = pid;
   worker.running = true;
   return worker;
+}
+
+std::vector<GroupUsage> process_group_usage(const std::vector<pid_t>& groups) {
+  std::vector<GroupUsage> usage(groups.size());
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return usage;
+  while (const dirent* entry = ::readdir(proc)) {
+    if (entry->d_name[0] < '1' || entry->d_name[0] > '9') continue;
+    std::ifstream file(std::string("/proc/") + entry->d_name + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+    // After the command name (in parentheses, which may hold anything): state ppid pgrp ... with
+    // utime, stime, cutime and cstime as the 12th to 15th fields after the state.
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream fields(stat.substr(close + 1));
+    std::string state, skip;
+    long long ppid = 0, pgrp = 0, utime = 0, stime = 0, cutime = 0, cstime = 0;
+    fields >> state >> ppid >> pgrp;
+    for (int i = 0; i < 8; ++i) fields >> skip;
+    fields >> utime >> stime >> cutime >> cstime;  // with its ended children's (a script's tools)
+    if (!fields || state == "Z" || state == "X") continue;
+    for (size_t i = 0; i < groups.size(); ++i) {
+      if (groups[i] != pgrp) continue;
+      ++usage[i].alive;
+      usage[i].cpu_ticks += utime + stime + cutime + cstime;
+    }
+  }
+  ::closedir(proc);
+  return usage;
 }
 
 }  // namespace accelerant::detail

@@ -7,6 +7,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "accelerant/launch_options.h"
 #include "base/file_io.h"
@@ -36,7 +37,21 @@ struct WorkerProcess {
 constexpr int kExitParentGone = 125;
 
 /// Forks a worker running `body`, relaying its stdout/stderr through `relay`; the worker calls
-/// hooks.prepare_worker before the body and hooks.finish_worker after it.
+/// hooks.prepare_worker before the body and hooks.finish_worker after it. The worker leads its own
+/// process group (id = its pid), which what it starts joins unless it leaves on purpose (setsid):
+/// signalling -pid stops the worker and its background processes together.
+WorkerProcess start_worker(const WorkerSpec& spec, const WorkerBody& body, const AgentHooks& hooks,
+                           OutputRelay& relay);
+
+/// What is left of a worker's process group: the processes not yet ended (zombies do not count)
+/// and the CPU time they used so far, in clock ticks.
+struct GroupUsage {
+  int alive = 0;
+  long long cpu_ticks = 0;
+};
+
+/// GroupUsage of each process group in `groups` (same order), from one pass over /proc.
+std::vector<GroupUsage> process_group_usage(const std::vector<pid_t>& groups);
 WorkerProcess start_worker(const WorkerSpec& spec, const WorkerBody& body, const AgentHooks& hooks,
                            OutputRelay& relay);
 

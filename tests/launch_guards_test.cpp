@@ -1,0 +1,180 @@
+// `accelerant launch` is never wrong and never silent (issue 22): a rank that returns before the
+// others ends the job at once, naming it; an unwritable --log_dir is refused before any worker
+// starts; a worker's background processes go with it; output without newlines is relayed in
+// bounded time and memory, '\r' progress at once; impossible input is refused in one line.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <fstream>
+#include <thread>
+
+#include "test_support.h"
+
+using namespace accelerant::testing;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int exit_code(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : -1; }
+
+ProgramRun start_launch(const std::vector<std::string>& args) {
+  ::unsetenv("ACCELERANT_CONFIG_FILE");
+  ::setenv("XDG_CACHE_HOME", "/nonexistent/accelerant-test-cache", 1);
+  std::vector<std::string> argv{cli_path(), "launch"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return start_program(argv);
+}
+
+int run(const std::vector<std::string>& args, std::string& output,
+        std::chrono::seconds limit = std::chrono::seconds(60)) {
+  auto program = start_launch(args);
+  return exit_code(finish_program(program, output, limit));
+}
+
+// Reads the program's output until it contains `what` or `limit` passes.
+bool read_until(ProgramRun& program, const std::string& what, std::string& output,
+                std::chrono::milliseconds limit) {
+  const auto deadline = Clock::now() + limit;
+  char buffer[4096];
+  while (output.find(what) == std::string::npos && Clock::now() < deadline) {
+    pollfd fd{program.out_fd, POLLIN, 0};
+    if (::poll(&fd, 1, 100) <= 0) continue;
+    const ssize_t n = ::read(program.out_fd, buffer, sizeof buffer);
+    if (n <= 0) break;
+    output.append(buffer, static_cast<size_t>(n));
+  }
+  return output.find(what) != std::string::npos;
+}
+
+}  // namespace
+
+// Before: rank 0 slept on until its own end (here 60 s, in a real job the collective timeout of
+// 30 minutes), and the job then "succeeded".
+TEST(EarlyExit, ARankThatReturnsWhileAnotherWaitsEndsTheJobNamingIt) {
+  const auto start = Clock::now();
+  std::string out;
+  const int code = run({"-n", "2", "/bin/sh", "-c", "[ \"$RANK\" = 1 ] && exit 0; exec sleep 60"},
+                       out, std::chrono::seconds(90));
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(15)) << out;
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_TRUE(contains(out, "worker rank 1 (local rank 1")) << out;
+  EXPECT_TRUE(contains(out, "exited with exit code 0 while rank(s) 0 still ran")) << out;
+  EXPECT_TRUE(contains(out, "returned before the others")) << out;
+  EXPECT_TRUE(contains(out, "Fix: make every rank run the same collectives")) << out;
+}
+
+// The same in a real collective: rank 1 returns after the first all-reduce, rank 0 waits in the
+// second. Whether rank 0 notices the missing peer itself or the launcher ends it, the report
+// names rank 1 and its clean exit.
+TEST(EarlyExit, ARankThatSkipsACollectiveIsNamedWithinSeconds) {
+  ::setenv("ACCELERANT_TIMEOUT_MS", "600000", 1);  // far beyond the bound checked here
+  const auto start = Clock::now();
+  std::string out;
+  const int code = run({"-n", "2", launch_helper_path(), "early"}, out, std::chrono::seconds(90));
+  ::unsetenv("ACCELERANT_TIMEOUT_MS");
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(20)) << out;
+  EXPECT_NE(code, 0) << out;
+  EXPECT_TRUE(contains(out, "worker rank 1 (local rank 1") ||
+              contains(out, "Before that, worker rank 1 exited with exit code 0"))
+      << out;
+}
+
+// Ranks of a healthy job may finish at different times when the last one still works (rank 0
+// evaluating or saving after the others returned): busy, it is not stopped.
+TEST(EarlyExit, ARankStillWorkingAfterTheOthersReturnedFinishes) {
+  std::string out;
+  ASSERT_EQ(run({"-n", "2", "/bin/bash", "-c",
+                 "[ \"$RANK\" = 1 ] && exit 0; while [ $SECONDS -lt 6 ]; do :; done; echo rank 0 "
+                 "done"},
+                out),
+            0)
+      << out;
+  EXPECT_TRUE(contains(out, "rank 0 done")) << out;
+}
+
+// Before: only the worker got the SIGTERM; its `sleep 1000 &` lived on, reparented to init.
+TEST(ProcessGroups, AWorkersBackgroundProcessesEndWithTheJob) {
+  ScratchDir dir;
+  std::string out;
+  EXPECT_EQ(
+      run({"-n", "2", "/bin/sh", "-c",
+           "sleep 1000 & echo $! > " + dir.path + "/pid.$RANK; [ \"$RANK\" = 1 ] && exit 3; wait"},
+          out),
+      1)
+      << out;
+  const auto pids = read_pid_files(dir.path);
+  ASSERT_EQ(pids.size(), 2u) << out;
+  EXPECT_TRUE(wait_until_dead(pids, std::chrono::seconds(10)).empty())
+      << "a worker's background process outlived the job:\n"
+      << out;
+}
+
+// Workers have their own process groups, so a terminal's ^C reaches only the launcher: it must
+// pass the SIGINT on (a worker may handle it: save, then leave), not turn it into a SIGTERM.
+TEST(ProcessGroups, SigintToTheLauncherIsForwardedToTheWorkers) {
+  ScratchDir dir;
+  auto program =
+      start_launch({"-n", "2", "/bin/sh", "-c",
+                    "trap 'echo rank $RANK got SIGINT; exit 7' INT; trap 'echo rank $RANK got "
+                    "SIGTERM; exit 8' TERM; sleep 60 & echo $$ > " +
+                        dir.path + "/pid.$RANK; wait"});
+  std::vector<pid_t> workers;
+  for (int i = 0; i < 100 && workers.size() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    workers = read_pid_files(dir.path);
+  }
+  ASSERT_EQ(workers.size(), 2u);
+  ::kill(program.pid, SIGINT);
+  std::string out;
+  finish_program(program, out, std::chrono::seconds(30));
+  EXPECT_TRUE(contains(out, "rank 0 got SIGINT")) << out;
+  EXPECT_TRUE(contains(out, "rank 1 got SIGINT")) << out;
+  EXPECT_TRUE(wait_until_dead(workers, std::chrono::seconds(10)).empty()) << out;
+}
+
+// Before: an unwritable directory was ignored, every line was lost and the job exited 0.
+TEST(LogDir, AnUnwritableLogDirIsRefusedBeforeAnyWorkerStarts) {
+  ScratchDir dir;
+  std::ofstream(dir.path + "/a_file") << "not a directory\n";
+  const std::string logs = dir.path + "/a_file/logs";
+  std::string out;
+  EXPECT_EQ(run({"-n", "2", "--log_dir", logs, "/bin/sh", "-c", "touch " + dir.path + "/ran"}, out),
+            1);
+  EXPECT_TRUE(contains(out, "cannot write the workers' logs in log_dir " + logs +
+                                ": Not a "
+                                "directory"))
+      << out;
+  EXPECT_FALSE(contains(out, "Launching")) << out;
+  EXPECT_NE(::access((dir.path + "/ran").c_str(), F_OK), 0) << "a worker ran:\n" << out;
+}
+
+// Before: 50 MB without a newline took minutes and gigabytes (the line was searched again after
+// every read). Now it goes out in 64 KiB pieces.
+TEST(OutputRelay, AHugeLineWithoutNewlineIsRelayedInBoundedTimeAndMemory) {
+  const auto start = Clock::now();
+  std::string out;
+  ASSERT_EQ(run({"-n", "1", "/bin/sh", "-c", "head -c 50000000 /dev/zero | tr '\\0' x"}, out), 0)
+      << out.substr(0, 2000);
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(30));
+  EXPECT_EQ(std::count(out.begin(), out.end(), 'x'), 50000000);
+  rusage usage{};
+  ::getrusage(RUSAGE_CHILDREN, &usage);  // the largest descendant reaped: the launcher
+  EXPECT_LT(usage.ru_maxrss, 100 * 1024) << "KiB";
+}
+
+// Before: "10%\r" waited for a '\n' that a progress display writes only at its end.
+TEST(OutputRelay, ProgressEndedByACarriageReturnIsRelayedAtOnce) {
+  auto program = start_launch(
+      {"-n", "1", "--prefix_output", "/bin/sh", "-c", "printf 'progress 10%%\\r'; exec sleep 60"});
+  std::string out;
+  EXPECT_TRUE(read_until(program, "[rank 0/1] progress 10%\r", out, std::chrono::seconds(20)))
+      << out;
+  ::kill(program.pid, SIGTERM);
+  finish_program(program, out, std::chrono::seconds(30));
+}
