@@ -178,3 +178,78 @@ TEST(OutputRelay, ProgressEndedByACarriageReturnIsRelayedAtOnce) {
   ::kill(program.pid, SIGTERM);
   finish_program(program, out, std::chrono::seconds(30));
 }
+
+// Before: access(X_OK) says yes to a directory, so the workers started and each failed in exec.
+TEST(Input, ADirectoryGivenAsTheProgramIsRefusedBeforeAnyWorkerStarts) {
+  ScratchDir dir;
+  std::string out;
+  EXPECT_EQ(run({"-n", "2", dir.path}, out), 1);
+  EXPECT_TRUE(contains(out, "cannot run '" + dir.path + "': it is a directory")) << out;
+  EXPECT_FALSE(contains(out, "Launching")) << out;
+}
+
+// Before: workers started until the launcher ran out of descriptors for their pipes, half-way.
+TEST(Input, MoreWorkersThanTheDescriptorLimitAllowsAreRefusedUpFront) {
+  std::string out;
+  auto program = start_program(
+      {"/bin/sh", "-c", "ulimit -n 64 && exec \"$0\" launch -n 40 /bin/sh -c 'echo started'",
+       cli_path()});
+  EXPECT_EQ(exit_code(finish_program(program, out, std::chrono::seconds(60))), 1) << out;
+  EXPECT_TRUE(contains(out, "above its limit RLIMIT_NOFILE of 64")) << out;
+  EXPECT_TRUE(contains(out, "Fix: raise the limit (`ulimit -n ")) << out;
+  EXPECT_FALSE(contains(out, "started")) << out;
+}
+
+// The kernel holds only other users than root to RLIMIT_NPROC, so as root the launcher runs as
+// nobody (setpriv) to be held to it.
+TEST(Input, MoreWorkersThanTheProcessLimitAllowsAreRefusedUpFront) {
+  std::vector<std::string> argv;
+  if (::getuid() == 0) {
+    if (::access("/usr/bin/setpriv", X_OK) != 0) GTEST_SKIP() << "needs setpriv (util-linux)";
+    argv = {"/usr/bin/setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"};
+  }
+  for (const char* arg : {"/bin/bash", "-c", "ulimit -u 3 && exec \"$0\" launch -n 8 /bin/true"})
+    argv.push_back(arg);
+  argv.push_back(cli_path());
+  ::setenv("XDG_CACHE_HOME", "/nonexistent/accelerant-test-cache", 1);
+  std::string out;
+  auto program = start_program(argv);
+  EXPECT_EQ(exit_code(finish_program(program, out, std::chrono::seconds(60))), 1) << out;
+  EXPECT_TRUE(contains(out, "exceed its limit RLIMIT_NPROC of 3")) << out;
+  EXPECT_TRUE(contains(out, "Fix: raise the limit (`ulimit -u ")) << out;
+}
+
+// Before: a name that does not resolve was retried until the join timeout (10 minutes), and on
+// machine 0 until the collective timeout (30 minutes), then blamed on a taken port.
+TEST(Input, AMainProcessIpThatDoesNotResolveIsNamedAtOnce) {
+  const std::string port = std::to_string(free_port());
+  for (const std::vector<std::string>& machine :
+       {std::vector<std::string>{"-n", "1"},
+        std::vector<std::string>{"-n", "2", "--num_machines", "2", "--machine_rank", "1",
+                                 "--main_process_port", port}}) {
+    std::vector<std::string> args = machine;
+    for (const char* arg : {"--main_process_ip", "no-such-host.invalid", "/bin/true"})
+      args.push_back(arg);
+    const auto start = Clock::now();
+    std::string out;
+    EXPECT_EQ(run(args, out, std::chrono::seconds(90)), 1) << out;
+    EXPECT_LT(Clock::now() - start, std::chrono::seconds(10)) << out;
+    EXPECT_TRUE(contains(out, "main_process_ip 'no-such-host.invalid' does not resolve")) << out;
+    EXPECT_FALSE(contains(out, "port is taken")) << out;
+  }
+}
+
+// A refused join is one message naming the address and what the connection met.
+TEST(Input, ARefusedJoinNamesTheAddressAndTheFailure) {
+  const std::string port = std::to_string(free_port());
+  std::string out;
+  EXPECT_EQ(run({"-n", "2", "--num_machines", "2", "--machine_rank", "1", "--main_process_port",
+                 port, "--join_timeout", "2", "/bin/true"},
+                out, std::chrono::seconds(60)),
+            1)
+      << out;
+  EXPECT_TRUE(contains(out, "at 127.0.0.1:" + port + ") did not answer")) << out;
+  EXPECT_TRUE(contains(out, "Connection refused")) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 2) << "one message, no stack of them:\n"
+                                                         << out;
+}

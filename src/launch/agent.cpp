@@ -4,6 +4,8 @@
 // only a LibTorch process adds around a fork comes in as AgentHooks (agent.h).
 #include "launch/agent.h"
 
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -35,10 +37,79 @@ using Clock = std::chrono::steady_clock;
   throw LaunchError(str("accelerant::launch: ", what, ". Fix: ", fix, "."));
 }
 
+// Descriptors the launcher holds per local worker: its stdout and stderr pipes (both ends for a
+// moment around the fork), its two log files with log_dir, and up to three connections from its
+// c10d client and Gloo's rendezvous to a launcher-hosted store (measured: 14 descriptors with one
+// worker, 28 with four).
+constexpr long kFdsPerWorker = 8;
+// Left for what the launcher opens once (the store's and the node links' sockets, a restart's
+// overlap of old and new log files) and for slack.
+constexpr long kSpareFds = 32;
+
+long open_fds() {
+  std::error_code error;
+  long count = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", error);
+       !error && it != std::filesystem::directory_iterator(); it.increment(error)) {
+    ++count;
+  }
+  return count;
+}
+
+// Processes the real user runs now (RLIMIT_NPROC counts them all, threads included).
+long user_processes() {
+  std::error_code error;
+  long count = 0;
+  struct stat st {};
+  for (auto it = std::filesystem::directory_iterator("/proc", error);
+       !error && it != std::filesystem::directory_iterator(); it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    if (name.empty() || name[0] < '1' || name[0] > '9') continue;
+    if (::stat(it->path().c_str(), &st) == 0 && st.st_uid == ::getuid()) ++count;
+  }
+  return count;
+}
+
+// processes_per_node against this process's limits, before anything is started: past them the
+// launch failed half-way (pipes or fork refused after some workers had started).
+void check_limits(const LaunchOptions& o) {
+  const long workers = o.processes_per_node();
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY) {
+    const long needed = open_fds() + workers * kFdsPerWorker + kSpareFds;
+    if (needed > static_cast<long>(files.rlim_cur)) {
+      bad_option(
+          str("processes_per_node ", workers, " needs about ", needed,
+              " file descriptors in the launcher (", kFdsPerWorker,
+              " per worker), above its limit RLIMIT_NOFILE of ", files.rlim_cur, " (hard limit ",
+              files.rlim_max == RLIM_INFINITY ? std::string("unlimited")
+                                              : std::to_string(files.rlim_max),
+              ")"),
+          str("raise the limit (`ulimit -n ", needed,
+              "` in the shell that starts the launch) or start fewer processes per machine"));
+    }
+  }
+  rlimit processes{};
+  // The kernel does not hold root to RLIMIT_NPROC.
+  if (::geteuid() != 0 && ::getrlimit(RLIMIT_NPROC, &processes) == 0 &&
+      processes.rlim_cur != RLIM_INFINITY) {
+    const long running = user_processes();
+    if (running + workers > static_cast<long>(processes.rlim_cur)) {
+      bad_option(
+          str("processes_per_node ", workers, " workers and the ", running,
+              " processes this user already runs exceed its limit RLIMIT_NPROC of ",
+              processes.rlim_cur),
+          str("raise the limit (`ulimit -u ", running + workers + 64,
+              "` in the shell that starts the launch) or start fewer processes per machine"));
+    }
+  }
+}
+
 void validate(const LaunchOptions& o) {
   if (o.processes_per_node() < 1) {
     bad_option(str("processes_per_node is ", o.processes_per_node()), "ask for at least 1 process");
   }
+  check_limits(o);
   if (o.num_nodes() < 1) bad_option(str("num_nodes is ", o.num_nodes()), "use 1 or more");
   if (o.node_rank() < 0 || o.node_rank() >= o.num_nodes()) {
     bad_option(str("node_rank ", o.node_rank(), " is outside 0..", o.num_nodes() - 1),

@@ -1,5 +1,6 @@
 #include "launch/node_group.h"
 
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -17,6 +18,9 @@ namespace accelerant::detail {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// How long machine 0 tries to connect to its own store (a local connection takes microseconds).
+constexpr std::chrono::milliseconds kReachOwnStore{10000};
 
 std::string seconds(std::chrono::milliseconds d) { return str(d.count() / 1000.0, " s"); }
 
@@ -38,9 +42,27 @@ int free_port() {
   return port;
 }
 
+// A name that does not resolve now will not in a minute either: said at once, instead of after
+// the join timeout (or, on machine 0, the collective timeout) of retries. A transient failure
+// (EAI_AGAIN: no answer from the DNS server yet) is left to the connection's retries.
+void check_resolves(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (rc == 0) ::freeaddrinfo(found);
+  if (rc == 0 || rc == EAI_AGAIN || rc == EAI_SYSTEM || rc == EAI_MEMORY) return;
+  throw LaunchError(str("accelerant launch: main_process_ip '", host, "' does not resolve (",
+                        ::gai_strerror(rc),
+                        "). Likely cause: a typo, or a name this machine's DNS or /etc/hosts does "
+                        "not know. Fix: pass machine 0's IP address, or a name that `getent hosts ",
+                        host, "` finds on every machine."));
+}
+
 }  // namespace
 
 NodeGroup::NodeGroup(const LaunchOptions& options) : options_(options) {
+  check_resolves(options_.master_addr());
   if (options_.node_rank() == 0) {
     join_as_main();
   } else {
@@ -77,13 +99,25 @@ void NodeGroup::join_as_main() {
   }
   try {
     server_ = std::make_unique<StoreServer>(options_.master_port());
-    store_ = std::make_unique<StoreClient>(options_.master_addr(), server_->port(),
-                                           resolved_timeout(options_), resolved_timeout(options_));
   } catch (const std::exception& e) {
     throw LaunchError(str("accelerant::launch: machine 0 could not host the job's store on port ",
                           options_.master_port(), ": ", e.what(),
                           "\nLikely cause: the port is taken by another job. Fix: pick a free port "
                           "(and tell every machine the same one), or 0 on one machine."));
+  }
+  // The workers reach the store at main_process_ip too, so it must lead to this machine: a
+  // bounded try, as an address of another machine may not answer at all.
+  const auto reach = std::min(resolved_timeout(options_), kReachOwnStore);
+  try {
+    store_ = std::make_unique<StoreClient>(options_.master_addr(), server_->port(), reach,
+                                           resolved_timeout(options_));
+  } catch (const std::exception& e) {
+    throw LaunchError(str(
+        "accelerant launch: machine 0 cannot reach its own store at ", options_.master_addr(), ":",
+        server_->port(), " within ", seconds(reach), ": ", e.what(),
+        ". Likely cause: main_process_ip is not an address of this machine (machine 0 is the main "
+        "machine). Fix: pass an address of this machine, as every machine must (127.0.0.1 on one "
+        "machine)."));
   }
   if (!multi_node()) return;
   links_ = NodeLinks::listen({0, options_.num_nodes(), options_.processes_per_node()});
