@@ -98,6 +98,21 @@ TEST(EarlyExit, ARankStillWorkingAfterTheOthersReturnedFinishes) {
   EXPECT_TRUE(contains(out, "rank 0 done")) << out;
 }
 
+// The same for a rank that works with little CPU: writing its checkpoint to a slow disk or over
+// the network (here about 1 MB/s through a pipe, for 6 s).
+TEST(EarlyExit, ARankStillWritingAfterTheOthersReturnedFinishes) {
+  ScratchDir dir;
+  std::string out;
+  ASSERT_EQ(run({"-n", "2", "/bin/sh", "-c",
+                 "[ \"$RANK\" = 1 ] && exit 0; i=0; while [ $i -lt 12 ]; do head -c 500000 "
+                 "/dev/zero; sleep 0.5; i=$((i+1)); done | cat > " +
+                     dir.path + "/checkpoint; echo rank 0 saved"},
+                out),
+            0)
+      << out;
+  EXPECT_TRUE(contains(out, "rank 0 saved")) << out;
+}
+
 // Before: only the worker got the SIGTERM; its `sleep 1000 &` lived on, reparented to init.
 TEST(ProcessGroups, AWorkersBackgroundProcessesEndWithTheJob) {
   ScratchDir dir;

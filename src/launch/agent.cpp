@@ -181,11 +181,14 @@ bool gpu_present() {
 // until the collective timeout (30 minutes by default). Ranks of a healthy job finish within
 // milliseconds of each other, or the ones still running are busy (rank 0 saving a checkpoint or
 // evaluating after the others left). So the agent waits this long after such an exit and ends the
-// group only when the workers still running used less than kIdleCpuShare of one core over it,
-// looking again every kEarlyExitGrace while they work. A wait in Gloo or in the store sleeps; a
-// busy-waiting one (a CUDA synchronisation) is left to the collective timeout.
+// group only when the workers still running (with what they started) used less than
+// kIdleCpuShare of one core and read or wrote less than kIdleIoBytes over it, looking again every
+// kEarlyExitGrace while they work: a rank writing a checkpoint to a slow disk or uploading it
+// uses little CPU but does I/O. A wait in Gloo or in the store sleeps; a busy-waiting one (a CUDA
+// synchronisation spins) is left to the collective timeout.
 constexpr std::chrono::seconds kEarlyExitGrace{3};
 constexpr double kIdleCpuShare = 0.05;
+constexpr long long kIdleIoBytes = 1 << 20;
 
 // Why the local group stopped.
 enum class Outcome { kSucceeded, kFailedHere, kFailedElsewhere, kAborted, kInterrupted };
@@ -435,26 +438,26 @@ class Agent {
         now - early_exit_.window_start < kEarlyExitGrace) {
       return false;
     }
-    const auto usage = process_group_usage(running);
+    const auto usage = process_group_usage(running, /*with_io=*/true);
     const bool first_look = early_exit_.window_start == Clock::time_point{};
-    long long busy_ticks = 0;  // of the workers running at both looks
-    std::map<pid_t, long long> ticks;
+    long long busy_ticks = 0, io_bytes = 0;  // of the workers running at both looks
+    std::map<pid_t, GroupUsage> latest;
     for (size_t i = 0; i < running.size(); ++i) {
-      ticks[running[i]] = usage[i].cpu_ticks;
-      const auto before = early_exit_.cpu_ticks.find(running[i]);
-      if (before != early_exit_.cpu_ticks.end()) {
-        busy_ticks += std::max(0LL, usage[i].cpu_ticks - before->second);
-      }
+      latest[running[i]] = usage[i];
+      const auto before = early_exit_.usage.find(running[i]);
+      if (before == early_exit_.usage.end()) continue;
+      busy_ticks += std::max(0LL, usage[i].cpu_ticks - before->second.cpu_ticks);
+      io_bytes += std::max(0LL, usage[i].io_bytes - before->second.io_bytes);
     }
     const double busy_seconds =
         static_cast<double>(busy_ticks) / static_cast<double>(::sysconf(_SC_CLK_TCK));
     const double window = std::chrono::duration<double>(now - early_exit_.window_start).count();
     early_exit_.window_start = now;
-    early_exit_.cpu_ticks = std::move(ticks);
+    early_exit_.usage = std::move(latest);
     early_exit_.waiting.clear();
     for (const auto& w : workers_)
       if (w.running) early_exit_.waiting.push_back(w.spec.rank);
-    return !first_look && busy_seconds < kIdleCpuShare * window;
+    return !first_look && busy_seconds < kIdleCpuShare * window && io_bytes < kIdleIoBytes;
   }
 
   // `signal` (SIGTERM, or the one the launcher caught: a terminal's ^C reaches only the
@@ -476,13 +479,13 @@ class Agent {
       return;
     }
     for (pid_t group : groups) {
-      ::kill(-group, signal);
-      ::kill(-group, SIGCONT);
+      signal_worker(group, signal);
+      signal_worker(group, SIGCONT);
     }
     const auto deadline = Clock::now() + o_.stop_grace_period();
     while (!(reap() && gone()) && Clock::now() < deadline) relay_.pump(20);
     for (auto& w : workers_) {
-      ::kill(-w.pid, SIGKILL);
+      signal_worker(w.pid, SIGKILL);
       if (!w.running) continue;
       ::waitpid(w.pid, &w.wait_status, 0);
       w.running = false;
@@ -519,10 +522,10 @@ class Agent {
   std::vector<WorkerProcess> workers_;
   WorkerExit first_failure_;
   struct EarlyExit {
-    WorkerExit exit;                 // the first worker that exited successfully (rank -1: none)
-    Clock::time_point window_start;  // when the running workers' CPU time was last read
-    std::map<pid_t, long long> cpu_ticks;  // what it was then, by worker
-    std::vector<int> waiting;              // the ranks still running then
+    WorkerExit exit;                    // the first worker that exited successfully (rank -1: none)
+    Clock::time_point window_start;     // when the running workers' CPU time was last read
+    std::map<pid_t, GroupUsage> usage;  // what they had used by then, by worker
+    std::vector<int> waiting;           // the ranks still running then
   } early_exit_;
   std::string node_news_;  // what the other machines said, when that ended the attempt
 };

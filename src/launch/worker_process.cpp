@@ -65,6 +65,17 @@ std::string describe(const AgentHooks& hooks, std::exception_ptr exception) {
   ::_exit(code);
 }
 
+// What the process has read and written through system calls (files, sockets, pipes), in bytes.
+long long io_bytes(const char* pid) {
+  std::ifstream file(std::string("/proc/") + pid + "/io");
+  std::string name;
+  long long value = 0, total = 0;
+  while (file >> name >> value) {
+    if (name == "rchar:" || name == "wchar:") total += value;
+  }
+  return total;
+}
+
 }  // namespace
 
 WorkerProcess start_worker(const WorkerSpec& spec, const WorkerBody& body, const AgentHooks& hooks,
@@ -84,7 +95,7 @@ WorkerProcess start_worker(const WorkerSpec& spec, const WorkerBody& body, const
             "memory. Fix: lower processes_per_node (accelerant launch: --num_processes)."));
   }
   if (pid == 0) {
-    ::setpgid(0, 0);  // its own group: see start_worker in worker_process.h
+    ::setsid();  // its own session and group: see start_worker in worker_process.h
     SignalGuard::reset_in_child();
     // Die with the launcher, whatever kills it; and do not start if it is already gone.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -97,9 +108,6 @@ WorkerProcess start_worker(const WorkerSpec& spec, const WorkerBody& body, const
     if (hooks.prepare_worker) hooks.prepare_worker(spec.threads);
     run_in_child(spec, body, hooks);
   }
-  // Both sides set the group, so that it exists before the parent may signal it (the child's
-  // exec makes the parent's call fail with EACCES, by then harmlessly).
-  ::setpgid(pid, pid);
   ::close(out[1]);
   ::close(err[1]);
   relay.add(out[0], spec.rank, /*is_stderr=*/false);
@@ -111,7 +119,12 @@ WorkerProcess start_worker(const WorkerSpec& spec, const WorkerBody& body, const
   return worker;
 }
 
-std::vector<GroupUsage> process_group_usage(const std::vector<pid_t>& groups) {
+void signal_worker(pid_t pid, int signal) {
+  // ESRCH: the worker has not called setsid yet (or its whole group is gone).
+  if (::kill(-pid, signal) != 0 && errno == ESRCH) ::kill(pid, signal);
+}
+
+std::vector<GroupUsage> process_group_usage(const std::vector<pid_t>& groups, bool with_io) {
   std::vector<GroupUsage> usage(groups.size());
   DIR* proc = ::opendir("/proc");
   if (proc == nullptr) return usage;
@@ -134,6 +147,7 @@ std::vector<GroupUsage> process_group_usage(const std::vector<pid_t>& groups) {
       if (groups[i] != pgrp) continue;
       ++usage[i].alive;
       usage[i].cpu_ticks += utime + stime + cutime + cstime;
+      if (with_io) usage[i].io_bytes += io_bytes(entry->d_name);
     }
   }
   ::closedir(proc);
