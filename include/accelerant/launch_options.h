@@ -45,8 +45,9 @@ struct LaunchOptions {
   /// process's RLIMIT_NOFILE (the launcher holds about 8 descriptors per worker) and, below root,
   /// the user's RLIMIT_NPROC; launch checks both before anything starts. Default: 1.
   ACCELERANT_LAUNCH_OPTION(int, processes_per_node) = 1;
-  /// Address of the machine with node_rank 0, where the job's store listens; a name that does not
-  /// resolve makes launch throw LaunchError at once. Default: 127.0.0.1.
+  /// Address of the machine with node_rank 0, where the job's store listens. A name that does not
+  /// resolve makes launch throw LaunchError saying so: at once on machine 0, after join_timeout on
+  /// the others. Default: 127.0.0.1.
   ACCELERANT_LAUNCH_OPTION(std::string, master_addr) = "127.0.0.1";
   /// Port of the job's store. 0 = a free port chosen by the operating system (one machine only;
   /// with num_nodes > 1 every node must be told the same port). Default: 0.

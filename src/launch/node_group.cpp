@@ -42,27 +42,33 @@ int free_port() {
   return port;
 }
 
-// A name that does not resolve now will not in a minute either: said at once, instead of after
-// the join timeout (or, on machine 0, the collective timeout) of retries. A transient failure
-// (EAI_AGAIN: no answer from the DNS server yet) is left to the connection's retries.
-void check_resolves(const std::string& host) {
+// Why `host` (main_process_ip) does not resolve, with the fix; "" when it does, or when the
+// failure may pass (EAI_AGAIN: no answer from the DNS server yet).
+std::string resolve_failure(const std::string& host) {
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
   const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
   if (rc == 0) ::freeaddrinfo(found);
-  if (rc == 0 || rc == EAI_AGAIN || rc == EAI_SYSTEM || rc == EAI_MEMORY) return;
-  throw LaunchError(str("accelerant launch: main_process_ip '", host, "' does not resolve (",
-                        ::gai_strerror(rc),
-                        "). Likely cause: a typo, or a name this machine's DNS or /etc/hosts does "
-                        "not know. Fix: pass machine 0's IP address, or a name that `getent hosts ",
-                        host, "` finds on every machine."));
+  if (rc == 0 || rc == EAI_AGAIN || rc == EAI_SYSTEM || rc == EAI_MEMORY) return "";
+  return str("accelerant launch: main_process_ip '", host, "' does not resolve (",
+             ::gai_strerror(rc),
+             "). Likely cause: a typo, or a name this machine's DNS or /etc/hosts does not know "
+             "(yet). Fix: pass machine 0's IP address, or a name that `getent hosts ",
+             host, "` finds on every machine.");
 }
 
 }  // namespace
 
 NodeGroup::NodeGroup(const LaunchOptions& options) : options_(options) {
-  check_resolves(options_.master_addr());
+  // Machine 0 names itself, which must resolve now: said at once, instead of after the collective
+  // timeout (30 minutes) of retries blamed on a taken port. The others wait for machine 0 up to
+  // the join timeout, as its name may resolve only once it runs (a Kubernetes service), then say
+  // that the name did not resolve (join_as_other).
+  if (options_.node_rank() == 0) {
+    const std::string failure = resolve_failure(options_.master_addr());
+    if (!failure.empty()) throw LaunchError(failure);
+  }
   if (options_.node_rank() == 0) {
     join_as_main();
   } else {
@@ -144,6 +150,11 @@ void NodeGroup::join_as_other() {
   const auto deadline = Clock::now() + options_.join_timeout();
   const std::string where = str(options_.master_addr(), ":", options_.master_port());
   auto not_there = [&](const std::string& detail) {
+    const std::string unresolved = resolve_failure(options_.master_addr());
+    if (!unresolved.empty()) {
+      return LaunchError(
+          str(unresolved, " (Waited the join timeout of ", seconds(options_.join_timeout()), ".)"));
+    }
     return LaunchError(str("accelerant launch: machine 0 (the main machine, at ", where,
                            ") did not answer within the join "
                            "timeout of ",
