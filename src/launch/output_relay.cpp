@@ -131,7 +131,9 @@ void OutputRelay::remember_tail(const Stream& s, const std::string& line) {
 // gigabytes for a 300 MB line without a newline).
 void OutputRelay::read_from(Stream& s) {
   char buffer[16384];
-  while (true) {
+  // At most 64 reads (1 MiB) per call: a worker that never stops writing must not keep the agent
+  // from its other pipes, its signals and its workers; poll reports the rest at once.
+  for (int reads = 0; reads < 64; ++reads) {
     ssize_t n = ::read(s.fd, buffer, sizeof buffer);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return;  // EAGAIN: nothing more for now
@@ -194,6 +196,7 @@ void OutputRelay::drain(int timeout_ms) {
     if (s.fd < 0) continue;
     read_from(s);
     if (!s.partial.empty()) emit(s, s.partial, kBroken);
+    s.partial.clear();
     if (s.fd >= 0) ::close(s.fd);
     s.fd = -1;
   }
