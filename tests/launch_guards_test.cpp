@@ -2,9 +2,12 @@
 // others ends the job at once, naming it; an unwritable --log_dir is refused before any worker
 // starts; a worker's background processes go with it; output without newlines is relayed in
 // bounded time and memory, '\r' progress at once; impossible input is refused in one line.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -270,4 +273,48 @@ TEST(Input, ARefusedJoinNamesTheAddressAndTheFailure) {
   EXPECT_TRUE(contains(out, "Connection refused")) << out;
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 2) << "one message, no stack of them:\n"
                                                          << out;
+}
+
+// A listening socket whose queue is full: the kernel drops new connection attempts, as a firewall
+// or a machine that is down does. Closes its sockets when it goes out of scope.
+struct SilentListener {
+  int port = 0;
+  std::vector<int> fds;
+  SilentListener() {
+    const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t size = sizeof a;
+    ::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    ::listen(listener, 0);
+    ::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &size);
+    port = ntohs(a.sin_port);
+    fds.push_back(listener);
+    for (int i = 0; i < 4; ++i) {  // never accepted: they fill the queue
+      const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+      ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+      fds.push_back(fd);
+    }
+  }
+  ~SilentListener() {
+    for (int fd : fds) ::close(fd);
+  }
+};
+
+// Before: each connection attempt waited for the kernel's SYN retries (about two minutes),
+// whatever the join timeout said.
+TEST(Input, AMainMachineThatDoesNotAnswerIsNamedWithinTheJoinTimeout) {
+  SilentListener silent;
+  const std::string port = std::to_string(silent.port);
+  const auto start = Clock::now();
+  std::string out;
+  EXPECT_EQ(run({"-n", "2", "--num_machines", "2", "--machine_rank", "1", "--main_process_port",
+                 port, "--join_timeout", "2", "/bin/true"},
+                out, std::chrono::seconds(60)),
+            1)
+      << out;
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(15)) << out;
+  EXPECT_TRUE(contains(out, "at 127.0.0.1:" + port + ") did not answer")) << out;
+  EXPECT_TRUE(contains(out, "no answer (connection timed out)")) << out;
 }
