@@ -7,6 +7,8 @@
 //   launch_helper park DIR               the same, then writes DIR/pid.<rank> and sleeps
 //   launch_helper throw                  rank 1 dies of an uncaught exception
 //   launch_helper stop                   rank 1 stops itself (SIGSTOP) after the first all-reduce
+//   launch_helper early                  rank 1 returns after the first all-reduce, rank 0 runs a
+//                                        second one
 #include <accelerant/accelerant.h>
 #include <unistd.h>
 
@@ -85,6 +87,14 @@ int main(int argc, char** argv) {
     state.communicator().all_reduce(torch::tensor({1}), ReduceOp::kSum);  // rank 0 waits here
     return 0;
   }
+  if (mode == "early") {  // started by `accelerant launch`: rank 1 skips the second all-reduce
+    auto& state = ProcessState::get();
+    state.communicator().all_reduce(torch::tensor({1}), ReduceOp::kSum);
+    std::cout << "joined rank=" << state.process_index() << std::endl;
+    if (state.process_index() == 1) return 0;
+    state.communicator().all_reduce(torch::tensor({1}), ReduceOp::kSum);  // rank 0 waits here
+    return 0;
+  }
   if (mode == "throw") {  // started by `accelerant launch`: dies of an uncaught exception
     ProcessState::get();
     if (ProcessState::get().process_index() == 1)
@@ -98,6 +108,6 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::cerr << "usage: launch_helper node NODE_RANK PORT | sleepy DIR | worker | settings | park "
-               "DIR | throw | stop | skip\n";
+               "DIR | throw | stop | skip | early\n";
   return 2;
 }

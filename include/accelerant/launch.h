@@ -11,7 +11,9 @@
 // sees the torchrun variables (RANK, WORLD_SIZE, ...), so ProcessState::get() inside `fn` joins the
 // group. launch returns fn's results in local rank order once every worker has returned, and
 // restarts the whole local group when a worker fails, up to max_restarts; after that it throws
-// LaunchError naming the first failed rank, its exit code or signal and the tail of its stderr.
+// LaunchError naming the first failed rank, its exit code or signal and the tail of its stderr. A
+// worker whose fn returned while others still run and then sit idle for 3 s (waiting in a
+// collective it skipped) counts as failed too (docs/launching.md).
 //
 // One binary under every launcher: when `accelerant launch`, torchrun, srun or mpirun started
 // this process, launch forks nothing and runs `fn` here as this process's rank, so

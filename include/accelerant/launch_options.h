@@ -41,9 +41,13 @@ namespace accelerant {
 /// make launch throw LaunchError before anything is forked.
 struct LaunchOptions {
   /// Worker processes on this machine (torchrun: nproc_per_node; each worker sees it as
-  /// LOCAL_WORLD_SIZE). Not Config::num_processes, which counts across machines. Default: 1.
+  /// LOCAL_WORLD_SIZE). Not Config::num_processes, which counts across machines. Must fit this
+  /// process's RLIMIT_NOFILE (the launcher holds about 8 descriptors per worker) and, below root,
+  /// the user's RLIMIT_NPROC; launch checks both before anything starts. Default: 1.
   ACCELERANT_LAUNCH_OPTION(int, processes_per_node) = 1;
-  /// Address of the machine with node_rank 0, where the job's store listens. Default: 127.0.0.1.
+  /// Address of the machine with node_rank 0, where the job's store listens. A name that does not
+  /// resolve makes launch throw LaunchError saying so: at once on machine 0, after join_timeout on
+  /// the others. Default: 127.0.0.1.
   ACCELERANT_LAUNCH_OPTION(std::string, master_addr) = "127.0.0.1";
   /// Port of the job's store. 0 = a free port chosen by the operating system (one machine only;
   /// with num_nodes > 1 every node must be told the same port). Default: 0.
@@ -85,12 +89,15 @@ struct LaunchOptions {
   /// collective that does not complete within it fails, naming the ranks it waited for.
   /// Default: unset = this process's ACCELERANT_TIMEOUT_MS when the user set it, else 30 minutes.
   ACCELERANT_LAUNCH_OPTION(std::optional<std::chrono::milliseconds>, timeout) = std::nullopt;
-  /// Time between SIGTERM and SIGKILL when the group is stopped. Default: 5 s.
+  /// When the group is stopped: the time between the stop signal (SIGTERM, or the SIGINT, SIGTERM
+  /// or SIGHUP this process caught, passed on) and SIGKILL, both sent to each worker's process
+  /// group, so that what a worker started goes too. Default: 5 s.
   ACCELERANT_LAUNCH_OPTION(std::chrono::milliseconds, stop_grace_period) = std::chrono::seconds(5);
   /// Prefix every line a worker prints with "[rank r/N] " (rank_prefix). Default: false.
   ACCELERANT_LAUNCH_OPTION(bool, prefix_output) = false;
   /// Directory for per-rank logs: `attempt_<n>/rank_<r>.stdout` and `.stderr` (one directory per
-  /// restart attempt). Empty = no log files. Default: empty.
+  /// restart attempt). Empty = no log files. Created when missing; one that cannot be written
+  /// makes launch throw LaunchError before any worker starts. Default: empty.
   ACCELERANT_LAUNCH_OPTION(std::string, log_dir) = "";
   /// With log_dir: also show the workers' output on the console (without log_dir it always is).
   /// Default: false.
@@ -107,9 +114,11 @@ using WorkerBody = std::function<std::vector<char>(int index)>;
 
 /// Runs `command` (a program and its arguments; no shell) as options.processes_per_node workers on
 /// this machine: the agent of launch() (rendezvous variables, watching, restarts, output relay,
-/// failure report) with each worker exec'ing the program. Returns once every worker exited 0.
-/// Throws Error when the program cannot be run, and LaunchError when the group fails after
-/// max_restarts restarts. This is `accelerant launch`.
+/// failure report) with each worker exec'ing the program. Returns once every worker exited 0. A
+/// worker that exits, even with 0, while others still run and then sit idle (no CPU, no I/O) for
+/// 3 s fails the group like a crash, named in the report (docs/launching.md). Throws Error when
+/// the program cannot be run (missing, not executable, a directory), and LaunchError when the
+/// group fails after max_restarts restarts. This is `accelerant launch`.
 void launch_program(const std::vector<std::string>& command, const LaunchOptions& options);
 
 }  // namespace accelerant

@@ -4,6 +4,8 @@
 // only a LibTorch process adds around a fork comes in as AgentHooks (agent.h).
 #include "launch/agent.h"
 
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <thread>
 
@@ -35,10 +38,79 @@ using Clock = std::chrono::steady_clock;
   throw LaunchError(str("accelerant::launch: ", what, ". Fix: ", fix, "."));
 }
 
+// Descriptors the launcher holds per local worker: its stdout and stderr pipes (both ends for a
+// moment around the fork), its two log files with log_dir, and up to three connections from its
+// c10d client and Gloo's rendezvous to a launcher-hosted store (measured: 14 descriptors with one
+// worker, 28 with four).
+constexpr long kFdsPerWorker = 8;
+// Left for what the launcher opens once (the store's and the node links' sockets, a restart's
+// overlap of old and new log files) and for slack.
+constexpr long kSpareFds = 32;
+
+long open_fds() {
+  std::error_code error;
+  long count = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", error);
+       !error && it != std::filesystem::directory_iterator(); it.increment(error)) {
+    ++count;
+  }
+  return count;
+}
+
+// Processes the real user runs now (RLIMIT_NPROC counts them all, threads included).
+long user_processes() {
+  std::error_code error;
+  long count = 0;
+  struct stat st {};
+  for (auto it = std::filesystem::directory_iterator("/proc", error);
+       !error && it != std::filesystem::directory_iterator(); it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    if (name.empty() || name[0] < '1' || name[0] > '9') continue;
+    if (::stat(it->path().c_str(), &st) == 0 && st.st_uid == ::getuid()) ++count;
+  }
+  return count;
+}
+
+// processes_per_node against this process's limits, before anything is started: past them the
+// launch failed half-way (pipes or fork refused after some workers had started).
+void check_limits(const LaunchOptions& o) {
+  const long workers = o.processes_per_node();
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY) {
+    const long needed = open_fds() + workers * kFdsPerWorker + kSpareFds;
+    if (needed > static_cast<long>(files.rlim_cur)) {
+      bad_option(
+          str("processes_per_node ", workers, " needs about ", needed,
+              " file descriptors in the launcher (", kFdsPerWorker,
+              " per worker), above its limit RLIMIT_NOFILE of ", files.rlim_cur, " (hard limit ",
+              files.rlim_max == RLIM_INFINITY ? std::string("unlimited")
+                                              : std::to_string(files.rlim_max),
+              ")"),
+          str("raise the limit (`ulimit -n ", needed,
+              "` in the shell that starts the launch) or start fewer processes per machine"));
+    }
+  }
+  rlimit processes{};
+  // The kernel does not hold root to RLIMIT_NPROC.
+  if (::geteuid() != 0 && ::getrlimit(RLIMIT_NPROC, &processes) == 0 &&
+      processes.rlim_cur != RLIM_INFINITY) {
+    const long running = user_processes();
+    if (running + workers > static_cast<long>(processes.rlim_cur)) {
+      bad_option(
+          str("processes_per_node ", workers, " workers and the ", running,
+              " processes this user already runs exceed its limit RLIMIT_NPROC of ",
+              processes.rlim_cur),
+          str("raise the limit (`ulimit -u ", running + workers + 64,
+              "` in the shell that starts the launch) or start fewer processes per machine"));
+    }
+  }
+}
+
 void validate(const LaunchOptions& o) {
   if (o.processes_per_node() < 1) {
     bad_option(str("processes_per_node is ", o.processes_per_node()), "ask for at least 1 process");
   }
+  check_limits(o);
   if (o.num_nodes() < 1) bad_option(str("num_nodes is ", o.num_nodes()), "use 1 or more");
   if (o.node_rank() < 0 || o.node_rank() >= o.num_nodes()) {
     bad_option(str("node_rank ", o.node_rank(), " is outside 0..", o.num_nodes() - 1),
@@ -105,6 +177,20 @@ bool gpu_present() {
 #endif
 }
 
+// A worker that exits, even with 0, while others of its group still run has most likely left
+// them waiting in a collective it skipped (it returned early), where they would hang silently
+// until the collective timeout (30 minutes by default). Ranks of a healthy job finish within
+// milliseconds of each other, or the ones still running are busy (rank 0 saving a checkpoint or
+// evaluating after the others left). So the agent waits this long after such an exit and ends the
+// group only when the workers still running (with what they started) used less than
+// kIdleCpuShare of one core and read or wrote less than kIdleIoBytes over it, looking again every
+// kEarlyExitGrace while they work: a rank writing a checkpoint to a slow disk or uploading it
+// uses little CPU but does I/O. A wait in Gloo or in the store sleeps; a busy-waiting one (a CUDA
+// synchronisation spins) is left to the collective timeout.
+constexpr std::chrono::seconds kEarlyExitGrace{3};
+constexpr double kIdleCpuShare = 0.05;
+constexpr long long kIdleIoBytes = 1 << 20;
+
 // Why the local group stopped.
 enum class Outcome { kSucceeded, kFailedHere, kFailedElsewhere, kAborted, kInterrupted };
 
@@ -119,6 +205,7 @@ class Agent {
 
   std::vector<std::vector<char>> run() {
     validate(o_);
+    relay_.check_log_dir();  // before any worker starts, or their output would be lost
     if (hooks_.check_before_fork) hooks_.check_before_fork();
     const bool debug = o_.debug().value_or(read_launch_contract().debug_mode);
     threads_ = choose_threads(o_, hooks_, o_.verbose());
@@ -154,10 +241,10 @@ class Agent {
         outcome = outcome_of(verdict);
       }
       if (outcome == Outcome::kFailedHere) {
-        nodes_->report_failure(attempt, failure_report(first_failure_, o_.node_rank(), attempt,
-                                                       o_.max_restarts(), flight_records_));
+        nodes_->report_failure(attempt, report(attempt));
       }
-      stop_group();
+      stop_group(outcome == Outcome::kInterrupted && signals.caught() != 0 ? signals.caught()
+                                                                           : SIGTERM);
       if (outcome == Outcome::kInterrupted) {
         nodes_->leave(
             str("its launcher was stopped by signal ", signals.caught(), " (",
@@ -174,20 +261,17 @@ class Agent {
         cleanup();
         throw LaunchError("accelerant::launch: " + node_news_, first_failure_, attempt);
       }
-      const std::string report = outcome == Outcome::kFailedHere
-                                     ? failure_report(first_failure_, o_.node_rank(), attempt,
-                                                      o_.max_restarts(), flight_records_)
-                                     : node_news_;
+      const std::string why = outcome == Outcome::kFailedHere ? report(attempt) : node_news_;
       if (attempt < o_.max_restarts()) {
         if (o_.verbose()) {
           std::fprintf(stderr, "accelerant::launch: %s\nRestarting the group (restart %d of %d).\n",
-                       report.c_str(), attempt + 1, o_.max_restarts());
+                       why.c_str(), attempt + 1, o_.max_restarts());
         }
         continue;
       }
-      nodes_->leave(report);
+      nodes_->leave(why);
       cleanup();
-      throw LaunchError("accelerant::launch: " + report, first_failure_, attempt);
+      throw LaunchError("accelerant::launch: " + why, first_failure_, attempt);
     }
   }
 
@@ -207,6 +291,24 @@ class Agent {
       default:
         return Outcome::kAborted;
     }
+  }
+
+  // The report of this machine's first failure in `attempt`.
+  std::string report(int attempt) const {
+    if (first_failure_.rank >= 0 && !is_failure(first_failure_)) {
+      return early_exit_report(first_failure_, early_exit_.waiting, kEarlyExitGrace, o_.node_rank(),
+                               attempt, o_.max_restarts());
+    }
+    std::string text =
+        failure_report(first_failure_, o_.node_rank(), attempt, o_.max_restarts(), flight_records_);
+    if (early_exit_.exit.rank >= 0) {
+      text += str("\nBefore that, worker rank ", early_exit_.exit.rank, " exited with ",
+                  describe_exit(early_exit_.exit),
+                  " while the others still ran: it most likely returned before them and skipped "
+                  "a collective they waited in. Fix: make every rank run the same collectives "
+                  "and return together.");
+    }
+    return text;
   }
 
   std::string make_workdir() {
@@ -295,10 +397,14 @@ class Agent {
 
   Outcome monitor(int attempt, const SignalGuard& signals) {
     const int interval = static_cast<int>(o_.monitor_interval().count());
+    early_exit_ = EarlyExit{};
     while (true) {
       if (relay_.pump(interval, signals.wake_fd()) || signals.caught() != 0)
         return Outcome::kInterrupted;
       const bool all_done = reap();
+      if (first_failure_.rank < 0 && !all_done && early_exit_found_idle()) {
+        first_failure_ = early_exit_.exit;
+      }
       if (first_failure_.rank >= 0) {
         relay_.drain(500);  // the failed worker's last words belong in the report
         first_failure_.stderr_tail = relay_.stderr_tail(first_failure_.rank);
@@ -324,28 +430,78 @@ class Agent {
     }
   }
 
-  // SIGTERM, a grace period, then SIGKILL; every worker reaped before returning. SIGCONT after
-  // SIGTERM: a stopped worker (SIGSTOP, a debugger's ^Z) would otherwise hold its SIGTERM until
-  // the SIGKILL, and its clean-up would never run.
-  void stop_group() {
-    bool any = false;
-    for (auto& w : workers_) {
+  // See kEarlyExitGrace. True once a worker exited successfully while others still run and those
+  // have since been idle for a whole grace period (then early_exit_ says who left and who waits).
+  bool early_exit_found_idle() {
+    std::vector<pid_t> running;
+    for (const auto& w : workers_) {
       if (w.running) {
-        ::kill(w.pid, SIGTERM);
-        ::kill(w.pid, SIGCONT);
-        any = true;
+        running.push_back(w.pid);
+      } else if (early_exit_.exit.rank < 0) {
+        early_exit_.exit =
+            worker_exit_from_status(w.spec.rank, w.spec.local_rank, w.pid, w.wait_status);
       }
     }
-    if (!any) return;
+    if (early_exit_.exit.rank < 0) return false;
+    const auto now = Clock::now();
+    if (early_exit_.window_start != Clock::time_point{} &&
+        now - early_exit_.window_start < kEarlyExitGrace) {
+      return false;
+    }
+    const auto usage = process_group_usage(running, /*with_io=*/true);
+    const bool first_look = early_exit_.window_start == Clock::time_point{};
+    long long busy_ticks = 0, io_bytes = 0;  // of the workers running at both looks
+    std::map<pid_t, GroupUsage> latest;
+    for (size_t i = 0; i < running.size(); ++i) {
+      latest[running[i]] = usage[i];
+      const auto before = early_exit_.usage.find(running[i]);
+      if (before == early_exit_.usage.end()) continue;
+      busy_ticks += std::max(0LL, usage[i].cpu_ticks - before->second.cpu_ticks);
+      io_bytes += std::max(0LL, usage[i].io_bytes - before->second.io_bytes);
+    }
+    const double busy_seconds =
+        static_cast<double>(busy_ticks) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+    const double window = std::chrono::duration<double>(now - early_exit_.window_start).count();
+    early_exit_.window_start = now;
+    early_exit_.usage = std::move(latest);
+    early_exit_.waiting.clear();
+    for (const auto& w : workers_)
+      if (w.running) early_exit_.waiting.push_back(w.spec.rank);
+    return !first_look && busy_seconds < kIdleCpuShare * window && io_bytes < kIdleIoBytes;
+  }
+
+  // `signal` (SIGTERM, or the one the launcher caught: a terminal's ^C reaches only the
+  // launcher's process group, so the launcher forwards it), a grace period, then SIGKILL, each to
+  // every worker's whole process group, so that what a worker started in the background goes too;
+  // every worker reaped before returning. SIGCONT after the signal: a stopped worker (SIGSTOP, a
+  // debugger's ^Z) would otherwise hold it until the SIGKILL, and its clean-up would never run.
+  void stop_group(int signal = SIGTERM) {
+    std::vector<pid_t> groups;
+    for (auto& w : workers_) groups.push_back(w.pid);
+    if (groups.empty()) return;
+    auto gone = [&] {
+      for (const auto& g : process_group_usage(groups))
+        if (g.alive > 0) return false;
+      return true;
+    };
+    if (reap() && gone()) {  // the usual end of a job that succeeded: nothing to stop
+      workers_.clear();
+      return;
+    }
+    for (pid_t group : groups) {
+      signal_worker(group, signal);
+      signal_worker(group, SIGCONT);
+    }
     const auto deadline = Clock::now() + o_.stop_grace_period();
-    while (!reap() && Clock::now() < deadline) relay_.pump(20);
+    while (!(reap() && gone()) && Clock::now() < deadline) relay_.pump(20);
     for (auto& w : workers_) {
+      signal_worker(w.pid, SIGKILL);
       if (!w.running) continue;
-      ::kill(w.pid, SIGKILL);
       ::waitpid(w.pid, &w.wait_status, 0);
       w.running = false;
     }
     relay_.drain(500);
+    workers_.clear();  // their group ids may be reused from now on
   }
 
   std::vector<std::vector<char>> collect_results() {
@@ -376,6 +532,12 @@ class Agent {
   std::vector<WorkerProcess> workers_;
   WorkerExit first_failure_;
   std::vector<std::string> flight_records_;  // this machine's workers', at the first failure
+  struct EarlyExit {
+    WorkerExit exit;                    // the first worker that exited successfully (rank -1: none)
+    Clock::time_point window_start;     // when the running workers' CPU time was last read
+    std::map<pid_t, GroupUsage> usage;  // what they had used by then, by worker
+    std::vector<int> waiting;           // the ranks still running then
+  } early_exit_;
   std::string node_news_;  // what the other machines said, when that ended the attempt
 };
 

@@ -105,4 +105,23 @@ std::string failure_report(const WorkerExit& exit, int node_rank, int attempt, i
   return report + cause_and_fix(exit);
 }
 
+std::string early_exit_report(const WorkerExit& exit, const std::vector<int>& waiting,
+                              std::chrono::seconds idle, int node_rank, int attempt,
+                              int max_restarts) {
+  std::string report =
+      str("worker rank ", exit.rank, " (local rank ", exit.local_rank, " on node ", node_rank,
+          ", pid ", exit.pid, ") exited with ", describe_exit(exit), " while rank(s) ",
+          join(waiting, ", "), " still ran, and those then sat idle for ", idle.count(),
+          " s, in attempt ", attempt + 1, " of ", max_restarts + 1, " (max_restarts=", max_restarts,
+          "): they were most likely waiting in a collective that rank ", exit.rank,
+          " skipped, and would have waited until the collective timeout. The group was stopped.\n");
+  if (!exit.stderr_tail.empty()) report += "Last lines of its stderr:\n" + indent(exit.stderr_tail);
+  return report + str("Likely cause: rank ", exit.rank,
+                      " returned before the others (an early return or exit on some ranks only, or "
+                      "fewer steps or batches than the others), skipping collectives they run. "
+                      "Fix: make every rank run the same collectives in the same order and return "
+                      "together; when one rank does extra work at the end, finish it with a "
+                      "wait_for_everyone() that every rank reaches.");
+}
+
 }  // namespace accelerant::detail

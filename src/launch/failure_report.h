@@ -2,6 +2,7 @@
 // worker's own error, the tail of its stderr, the likely cause and the fix.
 #pragma once
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -24,5 +25,11 @@ WorkerExit worker_exit_from_status(int rank, int local_rank, int pid, int wait_s
 /// verdict when any is there.
 std::string failure_report(const WorkerExit& exit, int node_rank, int attempt, int max_restarts,
                            const std::vector<std::string>& flight_records = {});
+
+/// The report of a worker that exited successfully (`exit`) while the ranks `waiting` still ran
+/// and then stayed idle for `idle`: most likely waiting in a collective it skipped.
+std::string early_exit_report(const WorkerExit& exit, const std::vector<int>& waiting,
+                              std::chrono::seconds idle, int node_rank, int attempt,
+                              int max_restarts);
 
 }  // namespace accelerant::detail

@@ -1,5 +1,6 @@
 // The job store's client, as the launchers use it (NodeGroup). Keys get c10d's "/" prefix, so that
 // this client and the workers' c10d::TCPStore clients see the same keys.
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -31,6 +32,38 @@ int remaining_ms(StoreClient::Clock::time_point deadline) {
   return static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30));
 }
 
+// A blocking connection to `a`, tried until `deadline`: a blocking connect() to an address that
+// does not answer (packets dropped by a firewall, a machine that is down) waits for the kernel's
+// SYN retries, about two minutes, whatever the join timeout says. -1 and `error` otherwise.
+int connect_before(const addrinfo& a, StoreClient::Clock::time_point deadline, std::string& error) {
+  const int fd = ::socket(a.ai_family, a.ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a.ai_protocol);
+  if (fd < 0) {
+    error = std::strerror(errno);
+    return -1;
+  }
+  int failure = ::connect(fd, a.ai_addr, a.ai_addrlen) == 0 ? 0 : errno;
+  if (failure == EINPROGRESS) {
+    pollfd p{fd, POLLOUT, 0};
+    int ready;
+    do {
+      ready = ::poll(&p, 1, std::max(1, remaining_ms(deadline)));
+    } while (ready < 0 && errno == EINTR);
+    socklen_t size = sizeof failure;
+    if (ready <= 0) {
+      failure = ETIMEDOUT;
+    } else if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &failure, &size) != 0) {
+      failure = errno;
+    }
+  }
+  if (failure != 0) {
+    error = failure == ETIMEDOUT ? "no answer (connection timed out)" : std::strerror(failure);
+    ::close(fd);
+    return -1;
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
 }  // namespace
 
 StoreClient::StoreClient(const std::string& host, int port,
@@ -56,17 +89,13 @@ void StoreClient::connect(Clock::time_point deadline) {
       last_error = str("cannot resolve ", host_, ": ", ::gai_strerror(rc));
     } else {
       for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
-        const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        const int fd = connect_before(*a, deadline, last_error);
         if (fd < 0) continue;
-        if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
-          int on = 1;
-          ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
-          ::freeaddrinfo(found);
-          fd_ = fd;
-          return;
-        }
-        last_error = std::strerror(errno);
-        ::close(fd);
+        int on = 1;
+        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
+        ::freeaddrinfo(found);
+        fd_ = fd;
+        return;
       }
       ::freeaddrinfo(found);
     }

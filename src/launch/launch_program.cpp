@@ -3,6 +3,7 @@
 // agent set for it (the torchrun variables and ACCELERANT_*). No LibTorch here, so no AgentHooks:
 // an exec'd worker starts with fresh thread pools and no CUDA state of ours, sizes its pools from
 // ACCELERANT_THREADS_PER_PROCESS, and `accelerant launch` (which does not load LibTorch) runs this.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -17,23 +18,39 @@
 namespace accelerant {
 namespace {
 
+using detail::str;
+
 std::string cannot_run(const std::string& program, const std::string& why) {
-  return detail::str("accelerant launch: cannot run '", program, "': ", why,
-                     ". Fix: give a path to an executable program (./train), or put it on PATH.");
+  return str("accelerant launch: cannot run '", program, "': ", why,
+             ". Fix: give a path to an executable program (./train), or put it on PATH.");
 }
 
-// Whether execvp would find an executable `program` (a path, or a name looked up on PATH).
-bool runnable(const std::string& program) {
-  if (program.find('/') != std::string::npos) return ::access(program.c_str(), X_OK) == 0;
+// Whether `path` is a file this process may execute (access() alone says yes to a directory).
+bool executable_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+}
+
+// Why execvp would not run `program` (a path, or a name looked up on PATH); "" when it would.
+std::string why_not_runnable(const std::string& program) {
+  if (program.find('/') != std::string::npos) {
+    if (executable_file(program)) return "";
+    struct stat st {};
+    if (::stat(program.c_str(), &st) != 0)
+      return str("no such executable (", std::strerror(errno), ")");
+    if (S_ISDIR(st.st_mode)) return "it is a directory";
+    if (!S_ISREG(st.st_mode)) return "it is not a regular file";
+    return "it is not executable (chmod +x)";
+  }
   const std::string dirs = environment_value("PATH").value_or("/usr/bin:/bin");
   for (size_t start = 0; start <= dirs.size();) {
     size_t end = dirs.find(':', start);
     if (end == std::string::npos) end = dirs.size();
     const std::string dir = end > start ? dirs.substr(start, end - start) : ".";
-    if (::access((dir + "/" + program).c_str(), X_OK) == 0) return true;
+    if (executable_file(dir + "/" + program)) return "";
     start = end + 1;
   }
-  return false;
+  return "no such executable on PATH";
 }
 
 }  // namespace
@@ -44,11 +61,8 @@ void launch_program(const std::vector<std::string>& command, const LaunchOptions
         "accelerant launch: no program given. Fix: name the program after the options, e.g. "
         "`accelerant launch -n 2 ./train --epochs 3`.");
   }
-  if (!runnable(command[0])) {
-    throw Error(cannot_run(command[0], command[0].find('/') == std::string::npos
-                                           ? "no such executable on PATH"
-                                           : "no such executable"));
-  }
+  const std::string why = why_not_runnable(command[0]);
+  if (!why.empty()) throw Error(cannot_run(command[0], why));
   std::vector<std::string> args = command;
   // Never in place: `accelerant launch` under another launcher is its own (per-machine) group.
   detail::run_agent(

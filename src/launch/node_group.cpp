@@ -1,5 +1,6 @@
 #include "launch/node_group.h"
 
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -20,6 +21,9 @@ namespace accelerant::detail {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// How long machine 0 tries to connect to its own store (a local connection takes microseconds).
+constexpr std::chrono::milliseconds kReachOwnStore{10000};
 
 std::string seconds(std::chrono::milliseconds d) { return str(d.count() / 1000.0, " s"); }
 
@@ -66,6 +70,22 @@ std::string random_secret() {
   return text;
 }
 
+// Why `host` (main_process_ip) does not resolve, with the fix; "" when it does, or when the
+// failure may pass (EAI_AGAIN: no answer from the DNS server yet).
+std::string resolve_failure(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (rc == 0) ::freeaddrinfo(found);
+  if (rc == 0 || rc == EAI_AGAIN || rc == EAI_SYSTEM || rc == EAI_MEMORY) return "";
+  return str("accelerant launch: main_process_ip '", host, "' does not resolve (",
+             ::gai_strerror(rc),
+             "). Likely cause: a typo, or a name this machine's DNS or /etc/hosts does not know "
+             "(yet). Fix: pass machine 0's IP address, or a name that `getent hosts ",
+             host, "` finds on every machine.");
+}
+
 }  // namespace
 
 NodeGroup::NodeGroup(const LaunchOptions& options) : options_(options) {
@@ -74,6 +94,14 @@ NodeGroup::NodeGroup(const LaunchOptions& options) : options_(options) {
   // reachable from the network, and the machines share no secret: a trusted network is assumed,
   // as torchrun and NCCL assume (docs/security.md).
   if (!multi_node()) secret_ = random_secret();
+  // Machine 0 names itself, which must resolve now: said at once, instead of after the collective
+  // timeout (30 minutes) of retries blamed on a taken port. The others wait for machine 0 up to
+  // the join timeout, as its name may resolve only once it runs (a Kubernetes service), then say
+  // that the name did not resolve (join_as_other).
+  if (options_.node_rank() == 0) {
+    const std::string failure = resolve_failure(options_.master_addr());
+    if (!failure.empty()) throw LaunchError(failure);
+  }
   if (options_.node_rank() == 0) {
     join_as_main();
   } else {
@@ -117,13 +145,26 @@ void NodeGroup::join_as_main() {
   try {
     server_ = std::make_unique<StoreServer>(
         options_.master_port(), multi_node() ? StoreReach::kNetwork : StoreReach::kThisMachine);
-    store_ = std::make_unique<StoreClient>(workers_store_addr(), server_->port(),
-                                           resolved_timeout(options_), resolved_timeout(options_));
   } catch (const std::exception& e) {
     throw LaunchError(str("accelerant::launch: machine 0 could not host the job's store on port ",
                           options_.master_port(), ": ", e.what(),
                           "\nLikely cause: the port is taken by another job. Fix: pick a free port "
                           "(and tell every machine the same one), or 0 on one machine."));
+  }
+  // The workers reach the store where workers_store_addr() says (main_process_ip on several
+  // machines), so it must lead to this machine: a bounded try, as an address of another machine
+  // may not answer at all.
+  const auto reach = std::min(resolved_timeout(options_), kReachOwnStore);
+  try {
+    store_ = std::make_unique<StoreClient>(workers_store_addr(), server_->port(), reach,
+                                           resolved_timeout(options_));
+  } catch (const std::exception& e) {
+    throw LaunchError(str(
+        "accelerant launch: machine 0 cannot reach its own store at ", workers_store_addr(), ":",
+        server_->port(), " within ", seconds(reach), ": ", e.what(),
+        ". Likely cause: main_process_ip is not an address of this machine (machine 0 is the main "
+        "machine). Fix: pass an address of this machine, as every machine must (127.0.0.1 on one "
+        "machine)."));
   }
   if (!multi_node()) return;
   links_ = NodeLinks::listen({0, options_.num_nodes(), options_.processes_per_node()});
@@ -150,6 +191,11 @@ void NodeGroup::join_as_other() {
   const auto deadline = Clock::now() + options_.join_timeout();
   const std::string where = str(options_.master_addr(), ":", options_.master_port());
   auto not_there = [&](const std::string& detail) {
+    const std::string unresolved = resolve_failure(options_.master_addr());
+    if (!unresolved.empty()) {
+      return LaunchError(
+          str(unresolved, " (Waited the join timeout of ", seconds(options_.join_timeout()), ".)"));
+    }
     return LaunchError(str("accelerant launch: machine 0 (the main machine, at ", where,
                            ") did not answer within the join "
                            "timeout of ",

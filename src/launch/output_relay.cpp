@@ -7,8 +7,12 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 
 #include "accelerant/error.h"
+#include "base/text.h"
 
 namespace accelerant::detail {
 
@@ -24,7 +28,31 @@ OutputRelay::~OutputRelay() {
   for (auto& entry : log_files_) std::fclose(entry.second);
 }
 
-void OutputRelay::log(const Stream& s, const std::string& line) {
+void OutputRelay::check_log_dir() const {
+  if (log_dir_.empty()) return;
+  std::error_code error;
+  std::filesystem::create_directories(log_dir_, error);
+  std::string reason = error ? error.message() : "";
+  if (reason.empty()) {
+    std::string probe = log_dir_ + "/.accelerant-write-check-XXXXXX";
+    const int fd = ::mkstemp(probe.data());
+    if (fd < 0) {
+      reason = std::strerror(errno);
+    } else {
+      ::close(fd);
+      ::unlink(probe.c_str());
+    }
+  }
+  if (reason.empty()) return;
+  throw LaunchError(str("accelerant::launch: cannot write the workers' logs in log_dir ", log_dir_,
+                        ": ", reason,
+                        ". No worker was started, as their output would be lost. Likely cause: a "
+                        "path through a file, a read-only file system or no permission. Fix: give "
+                        "a directory you can write (accelerant launch --log_dir), or no log_dir "
+                        "to see the output on the console."));
+}
+
+void OutputRelay::log(Stream& s, const std::string& text, char end) {
   std::FILE* file = nullptr;
   for (auto& [key, f] : log_files_) {
     if (key.first == s.rank && key.second == s.is_stderr) file = f;
@@ -36,11 +64,19 @@ void OutputRelay::log(const Stream& s, const std::string& line) {
     const std::string path =
         dir + "/rank_" + std::to_string(s.rank) + (s.is_stderr ? ".stderr" : ".stdout");
     file = std::fopen(path.c_str(), "a");
-    if (file == nullptr) return;  // the console and the failure tail still have it
+    if (file == nullptr) {
+      // Checked before the start (check_log_dir), so the disk filled up or the directory went.
+      const std::string warning =
+          str("accelerant::launch: cannot write ", path, ": ", std::strerror(errno), "; rank ",
+              s.rank, "'s output goes to the console instead.\n");
+      (void)!::write(STDERR_FILENO, warning.data(), warning.size());
+      s.log_failed = true;
+      return;
+    }
     log_files_.push_back({{s.rank, s.is_stderr}, file});
   }
-  std::fputs(line.c_str(), file);
-  std::fputc('\n', file);
+  std::fwrite(text.data(), 1, text.size(), file);
+  if (end != kBroken) std::fputc(end, file);
   std::fflush(file);  // a crash of the launcher must not lose a worker's last lines
 }
 
@@ -49,15 +85,27 @@ void OutputRelay::add(int fd, int rank, bool is_stderr) {
   streams_.push_back({fd, rank, is_stderr, {}});
 }
 
-void OutputRelay::emit(const Stream& s, const std::string& line) {
-  if (!log_dir_.empty()) log(s, line);
-  if (log_dir_.empty() || tee_) write_to_console(s, line);
-  remember_tail(s, line);
+void OutputRelay::emit(Stream& s, const std::string& text, char end) {
+  if (end == '\n' && s.after_cr && text.empty()) {
+    // The '\n' of a "\r\n" line end: the line went out with its '\r' already.
+    s.after_cr = false;
+    if (!log_dir_.empty() && !s.log_failed) log(s, text, end);
+    if (log_dir_.empty() || tee_ || s.log_failed) write_all(s, "\n");
+    return;
+  }
+  s.after_cr = end == '\r';
+  if (!log_dir_.empty() && !s.log_failed) log(s, text, end);
+  if (log_dir_.empty() || tee_ || s.log_failed) write_to_console(s, text, end);
+  if (end != '\r') remember_tail(s, text);  // a progress display's redraws are not lines
 }
 
-void OutputRelay::write_to_console(const Stream& s, const std::string& line) {
-  std::string out = prefix_ ? rank_prefix(s.rank, world_size_) + line : line;
-  out += '\n';
+void OutputRelay::write_to_console(const Stream& s, const std::string& text, char end) {
+  std::string out = prefix_ ? rank_prefix(s.rank, world_size_) + text : text;
+  out += end == '\r' ? '\r' : '\n';
+  write_all(s, out);
+}
+
+void OutputRelay::write_all(const Stream& s, const std::string& out) {
   const int target = s.is_stderr ? STDERR_FILENO : STDOUT_FILENO;
   for (size_t done = 0; done < out.size();) {
     ssize_t n = ::write(target, out.data() + done, out.size() - done);
@@ -78,25 +126,43 @@ void OutputRelay::remember_tail(const Stream& s, const std::string& line) {
   tails_.push_back({s.rank, {line}});
 }
 
+// Each byte is looked at once, and at most kMaxHeldLine of them are held: O(n) whatever the
+// worker writes (appending every read to one growing line and searching it again took minutes and
+// gigabytes for a 300 MB line without a newline).
 void OutputRelay::read_from(Stream& s) {
-  char buffer[8192];
-  while (true) {
+  char buffer[16384];
+  // At most 64 reads (1 MiB) per call: a worker that never stops writing must not keep the agent
+  // from its other pipes, its signals and its workers; poll reports the rest at once.
+  for (int reads = 0; reads < 64; ++reads) {
     ssize_t n = ::read(s.fd, buffer, sizeof buffer);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return;  // EAGAIN: nothing more for now
     if (n == 0) {       // EOF: the worker (and anything that inherited its pipe) is gone
-      if (!s.partial.empty()) emit(s, s.partial);
+      if (!s.partial.empty()) emit(s, s.partial, kBroken);
       s.partial.clear();
       ::close(s.fd);
       s.fd = -1;
       return;
     }
-    s.partial.append(buffer, static_cast<size_t>(n));
-    size_t start = 0;
-    for (size_t nl; (nl = s.partial.find('\n', start)) != std::string::npos; start = nl + 1) {
-      emit(s, s.partial.substr(start, nl - start));
+    const char* at = buffer;
+    const char* const stop = buffer + n;
+    while (at < stop) {
+      const char* end = at;
+      while (end < stop && *end != '\n' && *end != '\r') ++end;
+      const size_t room = kMaxHeldLine - s.partial.size();
+      if (static_cast<size_t>(end - at) > room) {  // an overlong line: out with a full piece
+        s.partial.append(at, room);
+        emit(s, s.partial, kBroken);
+        s.partial.clear();
+        at += room;
+        continue;
+      }
+      s.partial.append(at, static_cast<size_t>(end - at));
+      if (end == stop) break;
+      emit(s, s.partial, *end);
+      s.partial.clear();
+      at = end + 1;
     }
-    s.partial.erase(0, start);
   }
 }
 
@@ -129,7 +195,8 @@ void OutputRelay::drain(int timeout_ms) {
   for (auto& s : streams_) {
     if (s.fd < 0) continue;
     read_from(s);
-    if (!s.partial.empty()) emit(s, s.partial);
+    if (!s.partial.empty()) emit(s, s.partial, kBroken);
+    s.partial.clear();
     if (s.fd >= 0) ::close(s.fd);
     s.fd = -1;
   }

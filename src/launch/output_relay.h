@@ -1,6 +1,8 @@
 // Forwards workers' stdout and stderr to the launcher's, whole lines at a time (so ranks never
 // interleave mid-line), optionally prefixed with the rank, and keeps the last lines of each
-// worker's stderr for the failure report.
+// worker's stderr for the failure report. Bounded: a line longer than kMaxHeldLine goes out in
+// pieces of that size (each a line of its own on the console, unbroken in the log), and a segment
+// ended by '\r' (a progress display redrawing its line) goes out at once with its '\r'.
 #pragma once
 
 #include <cstdio>
@@ -12,6 +14,10 @@ namespace accelerant::detail {
 
 class OutputRelay {
  public:
+  /// The most of one line held back waiting for its end: bounds the launcher's memory per pipe
+  /// and its work per byte whatever a worker writes.
+  static constexpr size_t kMaxHeldLine = 64 * 1024;
+
   /// With a `log_dir`, every line also goes to <log_dir>/attempt_<n>/rank_<r>.stdout|stderr, and
   /// to the console only when `tee` is set.
   /// With `prefix_with_rank`, console lines start with rank_prefix(rank, world_size).
@@ -19,6 +25,9 @@ class OutputRelay {
               bool tee = false);
   ~OutputRelay();
 
+  /// Creates the log directory and checks that a file can be written in it; throws LaunchError
+  /// naming the directory and the reason otherwise. Nothing to do without a log_dir.
+  void check_log_dir() const;
   /// Starts relaying `fd` (the read end of a worker's pipe; made non-blocking, closed at EOF).
   void add(int fd, int rank, bool is_stderr);
   /// Waits up to `timeout_ms` for output on the relayed pipes or on `wake_fd` (-1 for none),
@@ -37,13 +46,19 @@ class OutputRelay {
     int fd;
     int rank;
     bool is_stderr;
-    std::string partial;
+    std::string partial;      // the start of a line, at most kMaxHeldLine bytes
+    bool after_cr = false;    // the last byte relayed was a '\r'
+    bool log_failed = false;  // its log file could not be opened (said once)
   };
+  // How a relayed segment ended: '\n', '\r', or kBroken (a piece of an overlong line, or the
+  // last bytes before EOF without a newline).
+  static constexpr char kBroken = 0;
   void read_from(Stream& s);
-  void emit(const Stream& s, const std::string& line);
+  void emit(Stream& s, const std::string& text, char end);
 
-  void log(const Stream& s, const std::string& line);
-  void write_to_console(const Stream& s, const std::string& line);
+  void log(Stream& s, const std::string& text, char end);
+  void write_to_console(const Stream& s, const std::string& text, char end);
+  void write_all(const Stream& s, const std::string& out);
   void remember_tail(const Stream& s, const std::string& line);
   bool prefix_;
   int world_size_;

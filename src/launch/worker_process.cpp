@@ -1,5 +1,6 @@
 #include "launch/worker_process.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <sstream>
 
 #include "accelerant/error.h"
@@ -63,6 +65,17 @@ std::string describe(const AgentHooks& hooks, std::exception_ptr exception) {
   ::_exit(code);
 }
 
+// What the process has read and written through system calls (files, sockets, pipes), in bytes.
+long long io_bytes(const char* pid) {
+  std::ifstream file(std::string("/proc/") + pid + "/io");
+  std::string name;
+  long long value = 0, total = 0;
+  while (file >> name >> value) {
+    if (name == "rchar:" || name == "wchar:") total += value;
+  }
+  return total;
+}
+
 }  // namespace
 
 WorkerProcess start_worker(const WorkerSpec& spec, const WorkerBody& body, const AgentHooks& hooks,
@@ -82,6 +95,7 @@ WorkerProcess start_worker(const WorkerSpec& spec, const WorkerBody& body, const
             "memory. Fix: lower processes_per_node (accelerant launch: --num_processes)."));
   }
   if (pid == 0) {
+    ::setsid();  // its own session and group: see start_worker in worker_process.h
     SignalGuard::reset_in_child();
     // Die with the launcher, whatever kills it; and do not start if it is already gone.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -103,6 +117,41 @@ WorkerProcess start_worker(const WorkerSpec& spec, const WorkerBody& body, const
   worker.pid = pid;
   worker.running = true;
   return worker;
+}
+
+void signal_worker(pid_t pid, int signal) {
+  // ESRCH: the worker has not called setsid yet (or its whole group is gone).
+  if (::kill(-pid, signal) != 0 && errno == ESRCH) ::kill(pid, signal);
+}
+
+std::vector<GroupUsage> process_group_usage(const std::vector<pid_t>& groups, bool with_io) {
+  std::vector<GroupUsage> usage(groups.size());
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return usage;
+  while (const dirent* entry = ::readdir(proc)) {
+    if (entry->d_name[0] < '1' || entry->d_name[0] > '9') continue;
+    std::ifstream file(std::string("/proc/") + entry->d_name + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+    // After the command name (in parentheses, which may hold anything): state ppid pgrp ... with
+    // utime, stime, cutime and cstime as the 12th to 15th fields after the state.
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream fields(stat.substr(close + 1));
+    std::string state, skip;
+    long long ppid = 0, pgrp = 0, utime = 0, stime = 0, cutime = 0, cstime = 0;
+    fields >> state >> ppid >> pgrp;
+    for (int i = 0; i < 8; ++i) fields >> skip;
+    fields >> utime >> stime >> cutime >> cstime;  // with its ended children's (a script's tools)
+    if (!fields || state == "Z" || state == "X") continue;
+    for (size_t i = 0; i < groups.size(); ++i) {
+      if (groups[i] != pgrp) continue;
+      ++usage[i].alive;
+      usage[i].cpu_ticks += utime + stime + cutime + cstime;
+      if (with_io) usage[i].io_bytes += io_bytes(entry->d_name);
+    }
+  }
+  ::closedir(proc);
+  return usage;
 }
 
 }  // namespace accelerant::detail

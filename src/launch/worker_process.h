@@ -7,6 +7,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "accelerant/launch_options.h"
 #include "base/file_io.h"
@@ -36,7 +37,28 @@ struct WorkerProcess {
 constexpr int kExitParentGone = 125;
 
 /// Forks a worker running `body`, relaying its stdout/stderr through `relay`; the worker calls
-/// hooks.prepare_worker before the body and hooks.finish_worker after it.
+/// hooks.prepare_worker before the body and hooks.finish_worker after it. The worker leads its own
+/// session and process group (id = its pid, as torchrun's workers do), which what it starts joins
+/// unless it leaves on purpose: signal_worker stops the worker and its background processes
+/// together. Its own session rather than only its own group: a background group of the
+/// launcher's session would be stopped (SIGTTIN) when it reads the terminal.
+WorkerProcess start_worker(const WorkerSpec& spec, const WorkerBody& body, const AgentHooks& hooks,
+                           OutputRelay& relay);
+
+/// Sends `signal` to the process group of the worker `pid` (to the worker alone in the moment
+/// before it made its group).
+void signal_worker(pid_t pid, int signal);
+
+/// What is left of a worker's process group: the processes not yet ended (zombies do not count),
+/// the CPU time they used so far, in clock ticks, and with_io the bytes they read and wrote.
+struct GroupUsage {
+  int alive = 0;
+  long long cpu_ticks = 0;
+  long long io_bytes = 0;
+};
+
+/// GroupUsage of each process group in `groups` (same order), from one pass over /proc.
+std::vector<GroupUsage> process_group_usage(const std::vector<pid_t>& groups, bool with_io = false);
 WorkerProcess start_worker(const WorkerSpec& spec, const WorkerBody& body, const AgentHooks& hooks,
                            OutputRelay& relay);
 
