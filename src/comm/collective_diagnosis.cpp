@@ -182,7 +182,9 @@ std::vector<RankFlightRecord> published_records(c10d::Store& store, int size,
   return records;
 }
 
-// Publishes this rank's flight record and waits up to `grace` for every rank's.
+// Publishes this rank's flight record and waits up to `grace` for every rank's, or until every
+// rank without one is known dead: a dead rank never reports, and waiting for it would only delay
+// the report (and look like an idle hang to a launcher that ends idle groups after a rank exits).
 std::vector<RankFlightRecord> exchange_records(c10d::Store& store, int rank, int size,
                                                std::chrono::milliseconds grace,
                                                const std::string& flight_record,
@@ -191,7 +193,10 @@ std::vector<RankFlightRecord> exchange_records(c10d::Store& store, int rank, int
   const auto deadline = std::chrono::steady_clock::now() + grace;
   while (true) {
     auto records = published_records(store, size, missing);
-    if (missing.empty() || std::chrono::steady_clock::now() >= deadline) return records;
+    if (missing.empty() || std::chrono::steady_clock::now() >= deadline ||
+        dead_among(store, missing).size() == missing.size()) {
+      return records;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }
