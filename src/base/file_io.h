@@ -13,4 +13,9 @@ bool write_file_atomically(const std::string& path, const std::string& bytes);
 /// The file's bytes; empty when it cannot be read.
 std::string read_file(const std::string& path);
 
+/// A /proc file's bytes (up to 64 KiB); empty when it cannot be read. Never throws: a process can
+/// exit between the open and the read, which fails with ESRCH, and libstdc++'s filebuf throws
+/// std::ios_failure on such a read error whatever the stream's exception mask says.
+std::string read_proc_file(const std::string& path);
+
 }  // namespace accelerant::detail

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "accelerant/error.h"
+#include "base/file_io.h"
 #include "base/text.h"
 #include "comm/flight_record.h"
 #include "comm/machine_identity.h"
@@ -43,10 +44,9 @@ constexpr const char* kSameCallsFix =
 // A process's state letter and start time (clock ticks after boot) from /proc/<pid>/stat, or
 // false when there is no such process.
 bool read_process_stat(long pid, char& state, std::string& start_time) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string content((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const std::string content = read_proc_file("/proc/" + std::to_string(pid) + "/stat");
   const auto paren = content.rfind(')');
-  if (!stat || paren == std::string::npos) return false;
+  if (paren == std::string::npos || paren + 2 >= content.size()) return false;
   std::istringstream fields(content.substr(paren + 2));
   fields >> state;
   std::string field;

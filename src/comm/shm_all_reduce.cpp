@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "accelerant/environment.h"
+#include "base/file_io.h"
 #include "base/text.h"
 #include "comm/shared_memory_segment.h"
 #include "comm/store_exchange.h"
@@ -83,8 +84,7 @@ long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* 
 // A process that exited but was not yet reaped (a zombie) still answers kill(pid, 0).
 bool process_gone(pid_t pid) {
   if (::kill(pid, 0) != 0) return errno == ESRCH;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const std::string text = read_proc_file("/proc/" + std::to_string(pid) + "/stat");
   const size_t paren = text.rfind(')');
   return paren != std::string::npos && paren + 2 < text.size() &&
          (text[paren + 2] == 'Z' || text[paren + 2] == 'X');

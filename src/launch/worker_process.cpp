@@ -17,6 +17,7 @@
 
 #include "accelerant/error.h"
 #include "base/exit_hooks.h"
+#include "base/file_io.h"
 #include "base/text.h"
 #include "launch/signal_guard.h"
 
@@ -67,7 +68,7 @@ std::string describe(const AgentHooks& hooks, std::exception_ptr exception) {
 
 // What the process has read and written through system calls (files, sockets, pipes), in bytes.
 long long io_bytes(const char* pid) {
-  std::ifstream file(std::string("/proc/") + pid + "/io");
+  std::istringstream file(read_proc_file(std::string("/proc/") + pid + "/io"));
   std::string name;
   long long value = 0, total = 0;
   while (file >> name >> value) {
@@ -130,8 +131,7 @@ std::vector<GroupUsage> process_group_usage(const std::vector<pid_t>& groups, bo
   if (proc == nullptr) return usage;
   while (const dirent* entry = ::readdir(proc)) {
     if (entry->d_name[0] < '1' || entry->d_name[0] > '9') continue;
-    std::ifstream file(std::string("/proc/") + entry->d_name + "/stat");
-    std::string stat((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+    const std::string stat = read_proc_file(std::string("/proc/") + entry->d_name + "/stat");
     // After the command name (in parentheses, which may hold anything): state ppid pgrp ... with
     // utime, stime, cutime and cstime as the 12th to 15th fields after the state.
     const size_t close = stat.rfind(')');
