@@ -94,16 +94,15 @@ void append_string(std::string& out, const std::string& s) {
   out += s;
 }
 
-int listen_on_loopback(int port) {
-  // IPv4 127.0.0.1 only: the workers are told MASTER_ADDR=127.0.0.1 (an IPv6 ::1 socket would not
-  // take IPv4 connections), and no other machine, container network or VPN peer can connect.
+// An IPv4 socket listening on `address` (network byte order): -1 with errno when it cannot.
+int listen_ipv4(int port, in_addr_t address) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
   int on = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_addr.s_addr = address;
   a.sin_port = htons(static_cast<uint16_t>(port));
   if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(fd, 1024) == 0) {
     return fd;
@@ -114,10 +113,14 @@ int listen_on_loopback(int port) {
   return -1;
 }
 
+// 127.0.0.1 only: the workers are told MASTER_ADDR=127.0.0.1 (an IPv6 ::1 socket would not take
+// IPv4 connections), and no other machine, container network or VPN peer can connect.
+int listen_on_loopback(int port) { return listen_ipv4(port, htonl(INADDR_LOOPBACK)); }
+
 int listen_on_every_interface(int port) {
   // Dual-stack first (IPv6 and IPv4-mapped addresses), as c10d's server does; IPv4 alone where
   // IPv6 is off.
-  int fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
   int on = 1, off = 0;
   if (fd >= 0) {
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
@@ -136,20 +139,7 @@ int listen_on_every_interface(int port) {
       return -1;
     }
   }
-  fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_ANY);
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(fd, 1024) == 0) {
-    return fd;
-  }
-  const int saved = errno;
-  ::close(fd);
-  errno = saved;
-  return -1;
+  return listen_ipv4(port, htonl(INADDR_ANY));
 }
 
 int bound_port(int fd) {
