@@ -258,9 +258,11 @@ TEST(ShmAllReduce, ALeaderThatDiesFailsBothNodesWithinSeconds) {
           ::setenv("ACCELERANT_SHM_GROUP", node_label(index), 1);
           auto& comm = ProcessState::get().communicator();
           auto big = torch::ones({1 << 20});
-          comm.all_reduce_(big);
-          if (index == 2) ::_exit(0);  // node b's leader vanishes
+          // The first all-reduce inside the report too: a peer may still be finishing it when
+          // node b's leader vanishes, and its failure there must be reported, not lost.
           report_first_error(scratch.path + "/rank" + std::to_string(index), [&] {
+            comm.all_reduce_(big);
+            if (index == 2) ::_exit(0);  // node b's leader vanishes
             for (int i = 0; i < 1000; ++i) comm.all_reduce_(big);
           });
         },
