@@ -318,9 +318,10 @@ TEST(FusedOptimizer, TheScalerSkipsAnOverflowedStepThroughTheDeviceFlag) {
 namespace {
 
 // AdamW on two ranks through prepare; returns the final parameters and, last, the gradient
-// copies the reducer made in the last backward.
+// copies the reducer made in the last backward. On the CPU on a GPU machine too: two ranks cannot
+// share its one GPU (NCCL refuses), and the inputs are made on the CPU.
 torch::Tensor train_prepared(int rank, bool fused) {
-  Accelerator acc(AcceleratorOptions().fused_optimizers(fused).bucket_cap_mb(1));
+  Accelerator acc(AcceleratorOptions().cpu(true).fused_optimizers(fused).bucket_cap_mb(1));
   torch::manual_seed(5);
   auto model =
       torch::nn::Sequential(torch::nn::Linear(16, 64), torch::nn::ReLU(), torch::nn::Linear(64, 4));

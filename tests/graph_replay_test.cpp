@@ -36,8 +36,11 @@ Batches make_batches(int n, uint64_t seed) {
 }
 
 // What a run leaves behind: the parameters, then [optimizer steps, lr, micro-steps, signatures].
+// On the CPU on a GPU machine too (cpu(true)): this is the emulation, and it must not touch CUDA,
+// or a later test's fork would inherit the CUDA context (tests/gpu_test.cpp replays on the GPU).
 torch::Tensor train_accelerated(bool compiled, int steps, uint64_t data_seed) {
-  Accelerator acc(AcceleratorOptions().fused_optimizers(true).gradient_accumulation_steps(2));
+  Accelerator acc(
+      AcceleratorOptions().cpu(true).fused_optimizers(true).gradient_accumulation_steps(2));
   auto model = small_mlp();
   torch::optim::AdamW adamw(model->parameters(),
                             torch::optim::AdamWOptions(1e-2).weight_decay(0.1));

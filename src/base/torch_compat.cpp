@@ -2,7 +2,7 @@
 
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
-#include <ATen/detail/CUDAHooksInterface.h>
+#include <dlfcn.h>
 #include <torch/cuda.h>
 #ifdef USE_C10D_NCCL  // a CUDA LibTorch
 #include <c10/cuda/CUDAGuard.h>
@@ -41,7 +41,44 @@ void leave_autocast() {
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
 }
 
-bool cuda_available() { return torch::cuda::is_available(); }
+namespace {
+
+// A library of the NVIDIA driver, only if some part of this process loaded it already (RTLD_NOLOAD)
+// or, with `load`, loaded now; closed when it goes.
+struct DriverLibrary {
+  void* handle;
+  DriverLibrary(const char* name, bool load)
+      : handle(::dlopen(name, RTLD_NOW | RTLD_LOCAL | (load ? 0 : RTLD_NOLOAD))) {}
+  ~DriverLibrary() {
+    if (handle != nullptr) ::dlclose(handle);
+  }
+  template <class F>
+  F* function(const char* symbol) const {
+    return handle == nullptr ? nullptr : reinterpret_cast<F*>(::dlsym(handle, symbol));
+  }
+};
+
+}  // namespace
+
+// Both questions are asked without initialising CUDA here: a process that called cuInit (which
+// any CUDA runtime query does, torch::cuda::is_available() too) cannot fork workers that use CUDA
+// (theirs fails with cudaErrorInitializationError; seen on an H200 with LibTorch 2.11). NVML
+// counts the devices without touching CUDA, as PyTorch's own fork-safe device count does.
+bool nvidia_gpu_present() {
+#ifdef USE_C10D_NCCL
+  DriverLibrary nvml("libnvidia-ml.so.1", /*load=*/true);
+  auto init = nvml.function<int()>("nvmlInit_v2");
+  auto count = nvml.function<int(unsigned*)>("nvmlDeviceGetCount_v2");
+  auto shutdown = nvml.function<int()>("nvmlShutdown");
+  if (init == nullptr || count == nullptr || shutdown == nullptr || init() != 0) return false;
+  unsigned devices = 0;
+  const bool counted = count(&devices) == 0;
+  shutdown();
+  return counted && devices > 0;
+#else
+  return false;  // a CPU LibTorch: its workers find no GPU, whatever the machine has
+#endif
+}
 
 torch::Tensor to_device_from_worker(const torch::Tensor& t, torch::Device device,
                                     torch::ScalarType dtype, bool pin) {
@@ -64,12 +101,13 @@ torch::Tensor to_device_from_worker(const torch::Tensor& t, torch::Device device
 }
 
 bool cuda_initialized() {
-  if (!at::hasCUDA()) return false;  // CPU-only LibTorch: there is nothing to initialise
-  const auto& hooks = at::detail::getCUDAHooks();
-  for (int64_t device = 0; device < hooks.getNumGPUs(); ++device) {
-    if (hooks.hasPrimaryContext(device)) return true;
-  }
-  return false;
+  // The driver answers cuDeviceGetCount with CUDA_ERROR_NOT_INITIALIZED until cuInit ran; a
+  // driver library nobody loaded was never initialised (a CPU LibTorch never loads it). With no
+  // device visible (CUDA_VISIBLE_DEVICES=""), the children will not use CUDA either.
+  DriverLibrary driver("libcuda.so.1", /*load=*/false);
+  auto count = driver.function<int(int*)>("cuDeviceGetCount");
+  int devices = 0;
+  return count != nullptr && count(&devices) == 0 /* CUDA_SUCCESS */ && devices > 0;
 }
 
 }  // namespace accelerant::detail

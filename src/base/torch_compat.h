@@ -34,11 +34,14 @@ void set_autocast_dtype(c10::DeviceType device, c10::ScalarType dtype);
 void enter_autocast();
 void leave_autocast();
 
-/// True when this process has created a CUDA context (forking it would break the children).
+/// True when this process has initialised CUDA (cuInit): forking it would break the children's
+/// CUDA. Asking does not initialise it.
 bool cuda_initialized();
 
-/// True when LibTorch was built with CUDA and a GPU is visible.
-bool cuda_available();
+/// True when LibTorch was built with CUDA and the driver (NVML) sees a GPU, whatever
+/// CUDA_VISIBLE_DEVICES hides. Asking does not initialise CUDA, so a launcher may ask before it
+/// forks (a worker asks torch::cuda::is_available()).
+bool nvidia_gpu_present();
 
 /// `t` (on the CPU) as `dtype` on `device`, for a loader's worker thread. To a GPU: staged in
 /// page-locked memory when `pin`, copied on a side stream of the worker's own, and waited for by

@@ -102,7 +102,7 @@ ProcessState::ProcessState(LaunchContract env, const ProcessStateOptions& option
       device_(torch::kCPU) {
   // For the launcher's failure report (ours, or torchrun's summary).
   detail::record_uncaught_exceptions_to(env_.error_file, env_.torchelastic_error_file);
-  if (!options.cpu() && detail::cuda_available()) {
+  if (!options.cpu() && torch::cuda::is_available()) {  // a worker: it will use CUDA
     device_ = torch::Device(
         torch::kCUDA, static_cast<c10::DeviceIndex>(
                           env_.local_rank % std::max<int64_t>(1, torch::cuda::device_count())));

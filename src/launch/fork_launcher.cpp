@@ -30,8 +30,10 @@ void refuse_if_cuda_initialized() {
   if (!cuda_initialized()) return;
   throw LaunchError(
       "accelerant::launch: CUDA has already been initialised in this process, and a forked child "
-      "cannot use the parent's CUDA context (its first CUDA call would fail or hang). Likely "
-      "cause: a CUDA tensor, model.to(torch::kCUDA) or a CUDA query ran before launch. Fix: do "
+      "cannot use CUDA then (its first CUDA call would fail with an initialisation error or "
+      "hang). Likely cause: a CUDA tensor, model.to(torch::kCUDA) or a CUDA query such as "
+      "torch::cuda::is_available() or torch::manual_seed() (which seeds every GPU) ran before "
+      "launch. Fix: do "
       "everything that touches CUDA inside the launched function, build models on the CPU before "
       "launch, or start the job with `accelerant launch` (separate processes).");
 }
@@ -85,7 +87,7 @@ AgentHooks libtorch_hooks() {
   };
   hooks.finish_worker = [] { ProcessState::shutdown(); };
   hooks.describe_exception = exception_text;
-  hooks.gpu_available = cuda_available;
+  hooks.gpu_available = nvidia_gpu_present;
   return hooks;
 }
 
