@@ -451,6 +451,7 @@ class Agent {
     const auto usage = process_group_usage(running, /*with_io=*/true);
     const bool first_look = early_exit_.window_start == Clock::time_point{};
     long long busy_ticks = 0, io_bytes = 0;  // of the workers running at both looks
+    bool members_changed = false;  // a process started or ended: a script at work
     std::map<pid_t, GroupUsage> latest;
     for (size_t i = 0; i < running.size(); ++i) {
       latest[running[i]] = usage[i];
@@ -458,6 +459,7 @@ class Agent {
       if (before == early_exit_.usage.end()) continue;
       busy_ticks += std::max(0LL, usage[i].cpu_ticks - before->second.cpu_ticks);
       io_bytes += std::max(0LL, usage[i].io_bytes - before->second.io_bytes);
+      members_changed = members_changed || usage[i].members != before->second.members;
     }
     const double busy_seconds =
         static_cast<double>(busy_ticks) / static_cast<double>(::sysconf(_SC_CLK_TCK));
@@ -467,7 +469,8 @@ class Agent {
     early_exit_.waiting.clear();
     for (const auto& w : workers_)
       if (w.running) early_exit_.waiting.push_back(w.spec.rank);
-    return !first_look && busy_seconds < kIdleCpuShare * window && io_bytes < kIdleIoBytes;
+    return !first_look && !members_changed && busy_seconds < kIdleCpuShare * window &&
+           io_bytes < kIdleIoBytes;
   }
 
   // `signal` (SIGTERM, or the one the launcher caught: a terminal's ^C reaches only the

@@ -133,20 +133,26 @@ std::vector<GroupUsage> process_group_usage(const std::vector<pid_t>& groups, bo
     if (entry->d_name[0] < '1' || entry->d_name[0] > '9') continue;
     const std::string stat = read_proc_file(std::string("/proc/") + entry->d_name + "/stat");
     // After the command name (in parentheses, which may hold anything): state ppid pgrp ... with
-    // utime, stime, cutime and cstime as the 12th to 15th fields after the state.
+    // utime, stime, cutime and cstime as the 12th to 15th fields after the state, and the start
+    // time the 20th.
     const size_t close = stat.rfind(')');
     if (close == std::string::npos) continue;
     std::istringstream fields(stat.substr(close + 1));
     std::string state, skip;
     long long ppid = 0, pgrp = 0, utime = 0, stime = 0, cutime = 0, cstime = 0;
+    unsigned long long start = 0;
     fields >> state >> ppid >> pgrp;
     for (int i = 0; i < 8; ++i) fields >> skip;
     fields >> utime >> stime >> cutime >> cstime;  // with its ended children's (a script's tools)
+    for (int i = 0; i < 4; ++i) fields >> skip;
+    fields >> start;
     if (!fields || state == "Z" || state == "X") continue;
+    const unsigned long long pid = std::strtoull(entry->d_name, nullptr, 10);
     for (size_t i = 0; i < groups.size(); ++i) {
       if (groups[i] != pgrp) continue;
       ++usage[i].alive;
       usage[i].cpu_ticks += utime + stime + cutime + cstime;
+      usage[i].members += (pid * 0x9E3779B97F4A7C15ULL) ^ start;  // order-free: a sum
       if (with_io) usage[i].io_bytes += io_bytes(entry->d_name);
     }
   }

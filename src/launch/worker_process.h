@@ -51,10 +51,13 @@ void signal_worker(pid_t pid, int signal);
 
 /// What is left of a worker's process group: the processes not yet ended (zombies do not count),
 /// the CPU time they used so far, in clock ticks, and with_io the bytes they read and wrote.
+/// `members` identifies which processes those are (pids and start times): it changes when one
+/// starts or ends, which is work too (a script's tools come and go, and take their counters along).
 struct GroupUsage {
   int alive = 0;
   long long cpu_ticks = 0;
   long long io_bytes = 0;
+  unsigned long long members = 0;
 };
 
 /// GroupUsage of each process group in `groups` (same order), from one pass over /proc.
