@@ -183,9 +183,9 @@ bool gpu_present() {
 // milliseconds of each other, or the ones still running are busy (rank 0 saving a checkpoint or
 // evaluating after the others left). So the agent waits this long after such an exit and ends the
 // group only when the workers still running (with what they started) used less than
-// kIdleCpuShare of one core and read or wrote less than kIdleIoBytes over it, looking again every
-// kEarlyExitGrace while they work: a rank writing a checkpoint to a slow disk or uploading it
-// uses little CPU but does I/O. A wait in Gloo or in the store sleeps; a busy-waiting one (a CUDA
+// kIdleCpuShare of one core and read or wrote less than kIdleIoBytes over it, and no process of
+// theirs started or ended, looking again every kEarlyExitGrace while they work: a rank writing a
+// checkpoint to a slow disk or uploading it uses little CPU but does I/O. A wait in Gloo or in the store sleeps; a busy-waiting one (a CUDA
 // synchronisation spins) is left to the collective timeout.
 constexpr std::chrono::seconds kEarlyExitGrace{3};
 constexpr double kIdleCpuShare = 0.05;
