@@ -35,7 +35,8 @@ class Batch {
   /// An empty batch (no tensor defined).
   Batch() = default;
   /// The easy case: `Batch{x, y}`.
-  Batch(torch::Tensor data, torch::Tensor target) : data(std::move(data)), target(std::move(target)) {}
+  Batch(torch::Tensor data, torch::Tensor target)
+      : data(std::move(data)), target(std::move(target)) {}
   /// What a torch::data dataset's get() returns: its data and target.
   Batch(torch::data::Example<> example)  // NOLINT: implicit, so that get() may return either
       : data(std::move(example.data)), target(std::move(example.target)) {}

@@ -202,8 +202,8 @@ DataLoader make_data_loader(Dataset dataset, DataLoaderOptions options = {},
         "make_data_loader: the collate function is empty. Fix: pass one, or leave the argument "
         "out for accelerant::collate::stack().");
   }
-  BatchMaker make_batch = [shared, collate = std::move(collate)](
-                              const std::vector<int64_t>& indices) {
+  BatchMaker make_batch = [shared,
+                           collate = std::move(collate)](const std::vector<int64_t>& indices) {
     std::vector<Batch> samples;
     samples.reserve(indices.size());
     for (int64_t i : indices) samples.emplace_back(shared->get(static_cast<size_t>(i)));

@@ -18,7 +18,8 @@ auto* member(B& batch, const std::string& name) {
 
 template <class List>
 auto find(List& named, const std::string& name) {
-  return std::find_if(named.begin(), named.end(), [&](const auto& item) { return item.first == name; });
+  return std::find_if(named.begin(), named.end(),
+                      [&](const auto& item) { return item.first == name; });
 }
 
 }  // namespace

@@ -38,7 +38,8 @@ std::string values_of(const torch::Tensor& t) {
   return "[" + detail::join(std::vector<int64_t>(p, p + flat.numel()), ", ") + "]";
 }
 
-torch::Tensor stack_one(const std::vector<Batch>& samples, const std::string& name, const char* who) {
+torch::Tensor stack_one(const std::vector<Batch>& samples, const std::string& name,
+                        const char* who) {
   std::vector<torch::Tensor> parts;
   parts.reserve(samples.size());
   const torch::Tensor& first = samples[0][name];
@@ -83,8 +84,8 @@ Batch pad_and_stack(std::vector<Batch> samples, const PaddingOptions& options,
   torch::Tensor mask, lengths;
   std::string lengths_from;
   for (const auto& name : names) {
-    const bool padded = std::find(options.pad().begin(), options.pad().end(), name) !=
-                        options.pad().end();
+    const bool padded =
+        std::find(options.pad().begin(), options.pad().end(), name) != options.pad().end();
     if (!padded) {
       out.set(name, stack_one(samples, name, who));
       continue;
