@@ -125,9 +125,8 @@ TEST(TensorTree, SendToDeviceMovesABatchWithItsNames) {
   Batch moved = send_to_device(batch, torch::kCPU, /*non_blocking=*/true);
   EXPECT_EQ(moved.names(), batch.names());
   for (const auto& t : moved.tensors()) EXPECT_TRUE(t.is_cpu());
-  auto as_double = apply_to_tensors(std::vector<Batch>{batch}, [](const torch::Tensor& t) {
-    return t.to(torch::kDouble);
-  });
+  auto as_double = apply_to_tensors(std::vector<Batch>{batch},
+                                    [](const torch::Tensor& t) { return t.to(torch::kDouble); });
   EXPECT_EQ(as_double[0]["mask"].scalar_type(), torch::kDouble);
   EXPECT_EQ(as_double[0].names(), batch.names());
 }
@@ -158,13 +157,14 @@ TEST(Collate, StackOfUnequalSizesNamesTheShapesAndThePaddingCollate) {
 
 TEST(Collate, PadToLongestReturnsValuesMaskAndLengths) {
   // Lengths 1, 3, 5 (samples 0, 1, 2).
-  Batch out = collate::pad_to_longest(PaddingOptions().pad({"ids"}).pad_value(-1))(
-      samples_of({0, 1, 2}));
+  Batch out =
+      collate::pad_to_longest(PaddingOptions().pad({"ids"}).pad_value(-1))(samples_of({0, 1, 2}));
   EXPECT_EQ(out.names(), (std::vector<std::string>{"ids", "label", "mask", "lengths"}));
   EXPECT_TRUE(out["ids"].equal(torch::tensor(
       {{0, -1, -1, -1, -1}, {100, 101, 102, -1, -1}, {200, 201, 202, 203, 204}}, torch::kLong)));
-  EXPECT_TRUE(out["mask"].equal(torch::tensor(
-      {{1, 0, 0, 0, 0}, {1, 1, 1, 0, 0}, {1, 1, 1, 1, 1}}, torch::kLong).to(torch::kBool)));
+  EXPECT_TRUE(out["mask"].equal(
+      torch::tensor({{1, 0, 0, 0, 0}, {1, 1, 1, 0, 0}, {1, 1, 1, 1, 1}}, torch::kLong)
+          .to(torch::kBool)));
   EXPECT_TRUE(out["lengths"].equal(longs({1, 3, 5})));
   EXPECT_TRUE(out["label"].equal(longs({0, 1, 2})));
 }
@@ -270,9 +270,9 @@ TEST(BatchOnRanks, VariableLengthSamplesAreSeenOnceAndGatheredExactly) {
     auto results = launch(
         [even](int) {
           Accelerator acc(AcceleratorOptions().even_batches(even));
-          auto loader = acc.prepare(make_data_loader(
-              Sequences(), DataLoaderOptions().batch_size(2).shuffle(true).seed(5),
-              collate::pad_to_longest(PaddingOptions().pad({"ids"}))));
+          auto loader = acc.prepare(
+              make_data_loader(Sequences(), DataLoaderOptions().batch_size(2).shuffle(true).seed(5),
+                               collate::pad_to_longest(PaddingOptions().pad({"ids"}))));
           std::vector<torch::Tensor> out;
           int64_t bad_rows = 0;
           for (int epoch = 0; epoch < 2; ++epoch) {
@@ -285,7 +285,8 @@ TEST(BatchOnRanks, VariableLengthSamplesAreSeenOnceAndGatheredExactly) {
                 const auto real = all["ids"][r].masked_select(all["mask"][r]);
                 const bool ok = real.equal(ids_of(i)) &&
                                 all["lengths"][r].item<int64_t>() == length_of(i) &&
-                                all["ids"][r].masked_select(all["mask"][r].logical_not())
+                                all["ids"][r]
+                                    .masked_select(all["mask"][r].logical_not())
                                     .eq(0)
                                     .all()
                                     .item<bool>();
@@ -321,6 +322,7 @@ TEST(BatchOnRanks, VariableLengthSamplesAreSeenOnceAndGatheredExactly) {
     }
     EXPECT_FALSE(torch::equal(results[0][0], results[0][2])) << "shuffled anew every epoch";
     for (int rank = 0; rank < 2; ++rank)
-      EXPECT_EQ(results[rank][4].item<int64_t>(), 0) << "rows whose tokens, mask or length are wrong";
+      EXPECT_EQ(results[rank][4].item<int64_t>(), 0)
+          << "rows whose tokens, mask or length are wrong";
   }
 }
