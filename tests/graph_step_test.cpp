@@ -112,6 +112,26 @@ TEST(GraphStep, BeyondTheThresholdEachNewShapeIsWarnedAboutNamingWhatChanged) {
   EXPECT_TRUE(contains(warned, "pad_to_bucket")) << "the fix is named: " << warned;
 }
 
+TEST(GraphStep, ABatchKeysTheCacheByEveryTensorAndItsName) {
+  auto step = shape_counter("batches", 100);
+  auto batch = [](int64_t mask_length) {
+    return Batch{torch::ones({4, 8}), torch::zeros({4}, torch::kLong)}.set(
+        "mask", torch::ones({4, mask_length}, torch::kBool));
+  };
+  step(batch(8));
+  step(batch(8));  // the same shapes: a cache hit
+  EXPECT_EQ(step.signatures(), 1);
+  step(batch(16));  // only the third tensor differs
+  EXPECT_EQ(step.signatures(), 2) << "the third tensor's shape is not in the cache key";
+  Batch renamed{torch::ones({4, 8}), torch::zeros({4}, torch::kLong)};
+  renamed.set("lengths", torch::ones({4, 8}, torch::kBool));  // batch(8)'s shapes, another name
+  step(renamed);
+  EXPECT_EQ(step.signatures(), 3) << "the names are not in the cache key";
+  const auto m = metrics_of(metrics(), "batches");
+  ASSERT_EQ(m.signatures.size(), 3u);
+  EXPECT_EQ(m.signatures[0], "data Float[4, 8]; target Long[4]; mask Bool[4, 8]");
+}
+
 TEST(GraphStep, StepClosuresRunAfterTheirStepInTheOrderAdded) {
   std::vector<std::string> events;
   int k = 0;

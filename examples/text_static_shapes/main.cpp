@@ -5,11 +5,13 @@
 //   buckets     pad to the smallest of a few bucket lengths: at most that many shapes
 //   max_length  pad everything to the longest possible sequence: one shape, the most padding
 //
-// Each run goes through an accelerant::GraphStep, which counts the distinct input signatures
-// (captures; every one after the first is a recompile) and times the steps. On a GPU each
-// recompile is a CUDA graph capture; on the CPU the same program runs eagerly with the same
-// accounting, so what the table shows is what the GPU would see. Run with ACCELERANT_METRICS=1
-// for the full report at exit.
+// Batches come from an accelerant::DataLoader over samples of named tensors ("ids" of their own
+// length, "label"), whose collate (accelerant/collate.h) pads "ids" and adds "mask" and "lengths":
+// the step takes three tensors, ids, mask and labels. Each run goes through an
+// accelerant::GraphStep, which counts the distinct input signatures (captures; every one after the
+// first is a recompile) and times the steps. On a GPU each recompile is a CUDA graph capture; on
+// the CPU the same program runs eagerly with the same accounting, so what the table shows is what
+// the GPU would see. Run with ACCELERANT_METRICS=1 for the full report at exit.
 //
 //   text_static_shapes [--steps 60] [--batch 8] [--max_length 128] [--buckets 4]
 #include <accelerant/accelerant.h>
@@ -18,6 +20,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -86,7 +89,17 @@ struct ClassifierImpl : nn::Module {
 };
 TORCH_MODULE(Classifier);
 
-using Collate = std::function<accelerant::PaddedSequences(const std::vector<torch::Tensor>&)>;
+// The data set as the DataLoader sees it: sample i is a Batch of named tensors, "ids" (its tokens,
+// of its own length) and "label". A padding collate turns a batch of them into "ids" [batch,
+// length], "label" [batch], "mask" and "lengths".
+struct Texts {
+  const std::vector<Example>* examples;
+  accelerant::Batch get(size_t i) const {
+    const Example& e = (*examples)[i];
+    return accelerant::Batch().set("ids", e.tokens).set("label", torch::tensor(e.label));
+  }
+  std::optional<size_t> size() const { return examples->size(); }
+};
 
 struct Outcome {
   int64_t signatures = 0;
@@ -95,7 +108,7 @@ struct Outcome {
   double accuracy = 0;
 };
 
-Outcome train(const std::string& name, const Collate& collate,
+Outcome train(const std::string& name, const accelerant::Collate& collate,
               const std::vector<Example>& train_set, const std::vector<Example>& test_set,
               int64_t batch, int64_t max_length) {
   // Fused optimizers: the update a GPU can capture (its step sizes and lr live on the device).
@@ -103,7 +116,12 @@ Outcome train(const std::string& name, const Collate& collate,
   torch::manual_seed(0);
   Classifier model(max_length);
   torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(3e-3));
-  auto [net, optimizer] = accelerator.prepare(model, adamw);
+  // drop_last: every batch has `batch` rows, so only the padded length varies.
+  auto [net, optimizer, loader] = accelerator.prepare(
+      model, adamw,
+      accelerant::make_data_loader(
+          Texts{&train_set}, accelerant::DataLoaderOptions().batch_size(batch).drop_last(true),
+          collate));
   // compile: the whole step (forward, backward, optimizer) is one graph per input signature.
   accelerant::GraphStep step = accelerator.compile(
       [&, net = net, optimizer = optimizer](const accelerant::GraphStep::Inputs& in) mutable {
@@ -118,19 +136,11 @@ Outcome train(const std::string& name, const Collate& collate,
 
   int64_t real = 0, total = 0;
   std::vector<double> times;
-  for (size_t first = 0; first + static_cast<size_t>(batch) <= train_set.size();
-       first += static_cast<size_t>(batch)) {
-    std::vector<torch::Tensor> seqs;
-    std::vector<int64_t> labels;
-    for (size_t k = first; k < first + static_cast<size_t>(batch); ++k) {
-      seqs.push_back(train_set[k].tokens);
-      labels.push_back(train_set[k].label);
-    }
-    auto padded = collate(seqs);
-    real += padded.lengths.sum().item<int64_t>();
-    total += padded.values.numel();
+  for (auto& b : loader) {
+    real += b["lengths"].sum().item<int64_t>();
+    total += b["ids"].numel();
     const auto t0 = std::chrono::steady_clock::now();
-    auto loss = step({padded.values, padded.mask, torch::tensor(labels, torch::kLong)})[0].clone();
+    auto loss = step({b["ids"], b["mask"], b["label"]})[0].clone();
     times.push_back(
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     // Logging in a step closure, outside the step function (a CUDA graph replay would not run
@@ -151,9 +161,10 @@ Outcome train(const std::string& name, const Collate& collate,
   out.padding_share = 1.0 - static_cast<double>(real) / static_cast<double>(total);
   torch::NoGradGuard no_grad;
   int64_t correct = 0;
-  for (const auto& e : test_set) {
-    auto padded = collate({e.tokens});
-    correct += net->forward(padded.values, padded.mask).argmax(1).item<int64_t>() == e.label;
+  auto test_loader = accelerant::make_data_loader(Texts{&test_set}, {}, collate);
+  for (auto& b : test_loader) {
+    correct += net->forward(b["ids"], b["mask"]).argmax(1).item<int64_t>() ==
+               b["label"][0].item<int64_t>();
   }
   out.accuracy = static_cast<double>(correct) / static_cast<double>(test_set.size());
   return out;
@@ -184,10 +195,12 @@ int main(int argc, char** argv) {
   const auto train_set = make_data(steps * batch, max_length, 1);
   const auto test_set = make_data(200, max_length, 2);
   const auto lengths = accelerant::bucket_lengths(max_length, buckets);
-  const std::vector<std::pair<std::string, Collate>> runs = {
-      {"dynamic", [](const auto& s) { return accelerant::pad_to_longest(s); }},
-      {"buckets", [&](const auto& s) { return accelerant::pad_to_bucket(s, lengths); }},
-      {"max_length", [&](const auto& s) { return accelerant::pad_to_length(s, max_length); }},
+  // The ready collates pad "ids" and add "mask" and "lengths" (accelerant/collate.h).
+  const auto pad = accelerant::PaddingOptions().pad({"ids"});
+  const std::vector<std::pair<std::string, accelerant::Collate>> runs = {
+      {"dynamic", accelerant::collate::pad_to_longest(pad)},
+      {"buckets", accelerant::collate::pad_to_bucket(lengths, pad)},
+      {"max_length", accelerant::collate::pad_to_length(max_length, pad)},
   };
   std::vector<Outcome> outcomes;
   for (const auto& [name, collate] : runs)

@@ -16,6 +16,7 @@
 // optimizer or scheduler comes back as a PreparedOptimizer / PreparedScheduler handle over it; a
 // DataLoader comes back sharded across processes. See docs/accelerator.md.
 #pragma once
+#include <torch/data/dataloader.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
@@ -41,6 +42,7 @@
 #include "accelerant/gradient_reducer.h"
 #include "accelerant/graph_step.h"
 #include "accelerant/prepared_optimizer.h"
+#include "accelerant/tensor_tree.h"
 #include "accelerant/training_state.h"
 
 namespace accelerant {
@@ -58,6 +60,22 @@ template <class T>
 constexpr bool is_module_holder_v = std::is_base_of_v<torch::detail::ModuleHolderIndicator, T>;
 template <class T>
 constexpr bool always_false_v = false;
+
+// What prepare() refuses with a fix of its own: torch::data's loaders (as torch::data::
+// make_data_loader returns them) and bare datasets (anything with get(index) and size()).
+template <class T>
+struct is_torch_data_loader : std::false_type {};
+template <class D, class S>
+struct is_torch_data_loader<torch::data::StatelessDataLoader<D, S>> : std::true_type {};
+template <class D>
+struct is_torch_data_loader<torch::data::StatefulDataLoader<D>> : std::true_type {};
+template <class T>
+struct is_torch_data_loader<std::unique_ptr<T>> : is_torch_data_loader<T> {};
+template <class T, class = void>
+struct is_dataset : std::false_type {};
+template <class T>
+struct is_dataset<T, std::void_t<decltype(std::declval<T&>().get(size_t{0})),
+                                 decltype(std::declval<T&>().size())>> : std::true_type {};
 
 /// The nn::Module behind a shared_ptr<Module subclass> or a TORCH_MODULE holder.
 template <class M>
@@ -190,12 +208,21 @@ class Accelerator {
   /// gather(), minus the even_batches padding on the last batch of an epoch: over an epoch the
   /// results are exactly the dataset's samples.
   torch::Tensor gather_for_metrics(const torch::Tensor& tensor);
+  /// Every tensor of `batch` gathered as gather_for_metrics gathers one, after padding it across
+  /// processes along every dimension but the first (pad_across_processes with 0: a collate's
+  /// mask is false and its lengths unchanged there), so that variable-length batches gather.
+  /// The names and their order are kept; every process must hold the same names, each with the
+  /// same number of dimensions. A collective per tensor and padded dimension.
+  Batch gather_for_metrics(const Batch& batch);
   /// all_reduce across ranks (bf16 reduced and returned as fp32).
   torch::Tensor reduce(const torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
   /// `tensor` padded at the end of `dim` with `pad_value` to the largest size any process has
   /// there, so that predictions of different lengths can be gathered. A collective.
   torch::Tensor pad_across_processes(const torch::Tensor& tensor, int64_t dim = 0,
                                      double pad_value = 0);
+  /// pad_across_processes of every tensor of `batch` that has dimension `dim`, in items() order
+  /// (the others are kept as they are); every process must hold the same names.
+  Batch pad_across_processes(const Batch& batch, int64_t dim = 0, double pad_value = 0);
   /// Returns when every process has reached this call (a barrier). Like every collective here,
   /// throws Error after end_training().
   void wait_for_everyone();
@@ -436,6 +463,17 @@ auto Accelerator::prepare_one(T&& object) {
     return prepare_scheduler(object);
   } else if constexpr (std::is_same_v<D, DataLoader>) {
     return prepare_data_loader(object);
+  } else if constexpr (detail::is_torch_data_loader<D>::value) {
+    static_assert(detail::always_false_v<D>,
+                  "prepare() cannot shard a torch::data DataLoader: it builds its batches from "
+                  "indices of its own, and prepare must choose each process's indices. Fix: pass "
+                  "its dataset to accelerant::make_data_loader(dataset, "
+                  "accelerant::DataLoaderOptions().batch_size(...)) and prepare that loader.");
+  } else if constexpr (detail::is_dataset<D>::value) {
+    static_assert(detail::always_false_v<D>,
+                  "prepare() takes a loader, not a dataset (the batch size, shuffling and collate "
+                  "are the loader's). Fix: prepare(accelerant::make_data_loader(dataset, "
+                  "accelerant::DataLoaderOptions().batch_size(...))).");
   } else {
     static_assert(
         detail::always_false_v<D>,

@@ -11,6 +11,10 @@
 // that gather_for_metrics removes again. Each `for` over the loader is one epoch; the epoch
 // counter advances by itself (set_epoch to choose).
 //
+// A batch is `data` and `target` plus any named tensors (batch.h); a dataset's get() may return
+// either kind of sample, and a collate function (collate.h) turns a batch's samples into a batch:
+// stacking by default, padding variable-length sequences with collate::pad_to_longest & co.
+//
 // Worker threads (num_workers > 0) build batches ahead of the training loop, up to
 // num_workers * prefetch_factor batches; batches still come out in order. A dataset's get() is
 // then called from several threads at once and must be safe for that (reading is).
@@ -26,6 +30,7 @@
 #include <vector>
 
 #include "accelerant/batch.h"
+#include "accelerant/collate.h"
 #include "accelerant/data_sharding.h"
 #include "accelerant/error.h"
 
@@ -138,7 +143,7 @@ class DataLoader::Iterator {
  public:
   /// Single pass: a batch is built for this epoch and handed out once.
   using iterator_category = std::input_iterator_tag;
-  /// What it yields: a Batch (data and target tensors).
+  /// What it yields: a Batch (data, target and any named tensors).
   using value_type = Batch;
   /// As the standard iterator requirements ask; batches are not counted by distance.
   using difference_type = std::ptrdiff_t;
@@ -177,10 +182,14 @@ class DataLoader::Iterator {
 DataLoader make_data_loader(torch::Tensor data, torch::Tensor targets,
                             DataLoaderOptions options = {});
 
-/// A loader over a torch::data dataset (anything with get(index) -> Example<> and size()); a batch
-/// stacks the examples' data and targets.
+/// A loader over a dataset: anything with `get(index)` returning a Batch (named tensors of one
+/// sample) or a torch::data::Example<> (a torch::data dataset), and `size()` returning the number
+/// of samples as a std::optional (a dataset that returns nullopt is refused: it cannot be
+/// sharded). `collate` builds each batch from its samples (collate.h); Default: collate::stack(),
+/// which stacks every tensor and names the padding collates when sizes differ.
 template <class Dataset>
-DataLoader make_data_loader(Dataset dataset, DataLoaderOptions options = {}) {
+DataLoader make_data_loader(Dataset dataset, DataLoaderOptions options = {},
+                            Collate collate = collate::stack()) {
   auto shared = std::make_shared<Dataset>(std::move(dataset));
   const auto size = shared->size();
   if (!size.has_value()) {
@@ -188,16 +197,17 @@ DataLoader make_data_loader(Dataset dataset, DataLoaderOptions options = {}) {
         "make_data_loader: the dataset does not know its size (size() returned nullopt). "
         "Fix: give the dataset a size() so that it can be sharded across processes.");
   }
-  BatchMaker make_batch = [shared](const std::vector<int64_t>& indices) {
-    std::vector<torch::Tensor> data, targets;
-    data.reserve(indices.size());
-    targets.reserve(indices.size());
-    for (int64_t i : indices) {
-      auto example = shared->get(static_cast<size_t>(i));
-      data.push_back(std::move(example.data));
-      targets.push_back(std::move(example.target));
-    }
-    return Batch{torch::stack(data), torch::stack(targets)};
+  if (!collate) {
+    throw Error(
+        "make_data_loader: the collate function is empty. Fix: pass one, or leave the argument "
+        "out for accelerant::collate::stack().");
+  }
+  BatchMaker make_batch = [shared,
+                           collate = std::move(collate)](const std::vector<int64_t>& indices) {
+    std::vector<Batch> samples;
+    samples.reserve(indices.size());
+    for (int64_t i : indices) samples.emplace_back(shared->get(static_cast<size_t>(i)));
+    return collate(std::move(samples));
   };
   return DataLoader(std::move(make_batch), static_cast<int64_t>(*size), std::move(options));
 }

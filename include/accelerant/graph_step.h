@@ -17,7 +17,8 @@
 // (Accelerator::compile is a GraphStep that also handles gradient accumulation; GraphStep(fn,
 // options) builds one directly.)
 //
-// The cache is keyed by the inputs' dtypes, devices and shapes (shape_signature). A signature
+// The cache is keyed by the inputs' dtypes, devices and shapes (shape_signature), and for a Batch
+// by every tensor's name as well. A signature
 // seen for the first time is a capture (a compile); later steps with it are cache hits. On CUDA
 // (a CUDA LibTorch with cuda_graphs on) a signature's first warmup_steps run eagerly on a side
 // stream, the next one is captured into a CUDA graph with static input buffers, and every later
@@ -103,11 +104,13 @@ class GraphStep {
   /// Runs one step, then the step closures it added (mark_step). On CUDA graph replays the
   /// outputs are the graph's static tensors: the next step overwrites them, so clone what you keep.
   Outputs operator()(const Inputs& inputs);
-  /// The same with inputs {batch.data, batch.target}. (A template only so that a braced list
-  /// of tensors, step({x, y}), picks the overload above.)
+  /// The same with every tensor of `batch` as the inputs, in items() order (data, target, then
+  /// the named ones). The cache key covers each tensor with its name, so two batches that differ
+  /// in any one tensor's shape, or in their names, are two signatures. (A template only so that
+  /// a braced list of tensors, step({x, y}), picks the overload above.)
   template <class B, std::enable_if_t<std::is_same_v<B, Batch>, int> = 0>
   Outputs operator()(const B& batch) {
-    return (*this)(Inputs{batch.data, batch.target});
+    return run_batch(batch);
   }
 
   /// Distinct input signatures seen so far.
@@ -118,6 +121,7 @@ class GraphStep {
   struct Impl;
 
  private:
+  Outputs run_batch(const Batch& batch);
   std::unique_ptr<Impl> impl_;
 };
 
@@ -134,7 +138,8 @@ void add_step_closure(std::function<void()> closure);
 void mark_step();
 
 /// What the graph cache is keyed by: each input's dtype, device (when not the CPU) and shape,
-/// e.g. "Float[64, 128]; Long[64]". Undefined inputs read "undefined".
+/// e.g. "Float[64, 128]; Long[64]". Undefined inputs read "undefined". (A step called with a
+/// Batch keys each tensor by its name too: "data Float[64, 128]; target Long[64]; mask ...".)
 std::string shape_signature(const std::vector<torch::Tensor>& inputs);
 
 }  // namespace accelerant

@@ -302,14 +302,14 @@ DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
   const bool pin = device.is_cuda() && o.pin_memory().value_or(true);
   std::function<Batch(Batch)> transform;
   if (!device.is_cpu() || downcast) {
+    // Every tensor of the batch, named ones included (tensor_tree.h).
     transform = [device, downcast, pin](Batch batch) {
-      auto move = [&](const torch::Tensor& t) {
+      return apply_to_tensors(batch, [&](const torch::Tensor& t) {
         const bool cast = downcast && t.is_floating_point();
         if (!device.is_cpu() && t.is_cpu()) detail::record_transfer(/*to_device=*/true, t.nbytes());
         return detail::to_device_from_worker(t, device, cast ? torch::kBFloat16 : t.scalar_type(),
                                              pin);
-      };
-      return Batch{move(batch.data), move(batch.target)};
+      });
     };
   }
   // The device prefetch loader of graph mode: batches bound for a GPU are built and copied by a
@@ -487,6 +487,16 @@ torch::Tensor Accelerator::gather_for_metrics(const torch::Tensor& tensor) {
   return all;
 }
 
+Batch Accelerator::gather_for_metrics(const Batch& batch) {
+  Batch out;
+  for (const auto& [name, tensor] : batch.items()) {
+    torch::Tensor padded = tensor;
+    for (int64_t d = 1; d < tensor.dim(); ++d) padded = pad_across_processes(padded, d, 0);
+    out.set(name, gather_for_metrics(padded));
+  }
+  return out;
+}
+
 torch::Tensor Accelerator::reduce(const torch::Tensor& tensor, ReduceOp op) {
   detail::ScopedCollectiveLabel label("reduce");
   return communicator().all_reduce(fp32_if_bf16(tensor), op);
@@ -496,6 +506,15 @@ torch::Tensor Accelerator::pad_across_processes(const torch::Tensor& tensor, int
                                                 double pad_value) {
   detail::ScopedCollectiveLabel label("pad_across_processes");
   return communicator().pad_across_processes(tensor, dim, pad_value);
+}
+
+Batch Accelerator::pad_across_processes(const Batch& batch, int64_t dim, double pad_value) {
+  Batch out;
+  for (const auto& [name, tensor] : batch.items()) {
+    const bool has_dim = dim < tensor.dim() && dim >= -tensor.dim();
+    out.set(name, has_dim ? pad_across_processes(tensor, dim, pad_value) : tensor);
+  }
+  return out;
 }
 
 void Accelerator::wait_for_everyone() {

@@ -160,13 +160,17 @@ struct GraphStep::Impl {
                  changes(last_parts, parts).c_str());
   }
 
-  Outputs run(const Inputs& inputs) {
+  // `names`: the inputs' names when they came as a Batch (they join the key), else empty.
+  Outputs run(const Inputs& inputs, const std::vector<std::string>& names = {}) {
     if (!step)
       throw Error("GraphStep: no step function (moved from?). Fix: construct it with one.");
     GraphStepOptions::Phase phase;
     if (options.phase()) phase = options.phase()();  // its scope lives until this call returns
     std::vector<std::string> parts;
-    for (const auto& t : inputs) parts.push_back(one_signature(t));
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      parts.push_back(i < names.size() ? names[i] + " " + one_signature(inputs[i])
+                                       : one_signature(inputs[i]));
+    }
     if (!phase.key.empty()) parts.push_back("phase " + phase.key);
     const std::string signature = detail::join(parts, "; ");
     auto found = cache.find(signature);
@@ -333,6 +337,20 @@ GraphStep::Outputs GraphStep::operator()(const Inputs& inputs) {
   if (!impl_)
     throw Error("GraphStep: used after being moved from. Fix: use the object it was moved to.");
   Outputs outputs = impl_->run(inputs);
+  mark_step();
+  return outputs;
+}
+
+GraphStep::Outputs GraphStep::run_batch(const Batch& batch) {
+  if (!impl_)
+    throw Error("GraphStep: used after being moved from. Fix: use the object it was moved to.");
+  Inputs inputs;
+  std::vector<std::string> names;
+  for (auto& [name, tensor] : batch.items()) {
+    names.push_back(name);
+    inputs.push_back(std::move(tensor));
+  }
+  Outputs outputs = impl_->run(inputs, names);
   mark_step();
   return outputs;
 }
