@@ -23,5 +23,6 @@
 #include "accelerant/prepared_optimizer.h"
 #include "accelerant/process_state.h"
 #include "accelerant/static_shapes.h"
+#include "accelerant/stream_loader.h"
 #include "accelerant/training_state.h"
 #include "accelerant/version.h"
