@@ -12,6 +12,7 @@
 #include "checkpoint/checkpoint_layout.h"
 #include "checkpoint/durable_files.h"
 #include "checkpoint/state_pieces.h"
+#include "checkpoint/stream_positions.h"
 #include "checkpoint/training_checkpoint.h"
 
 namespace accelerant::detail {
@@ -80,6 +81,13 @@ std::vector<CheckpointFileEntry> write_own_part(const CheckpointedState& s,
   const std::string gradients = pending_gradient_bytes(s.models);
   if (!gradients.empty()) {
     write(layout::gradients_file(ranks.rank), gradients, "the accumulated gradients");
+  }
+  for (size_t i = 0; i < s.streams.size(); ++i) {
+    const StreamLoader& stream = s.streams[i];
+    write(layout::stream_file(ranks.rank, i),
+          format_stream_position(
+              {stream.position(), ranks.rank, ranks.world_size, stream.shards().size()}),
+          str("stream loader ", i, "'s position"));
   }
   sync_directory(rank_dir);
   if (!ranks.is_main()) return written;
