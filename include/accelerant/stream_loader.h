@@ -46,7 +46,7 @@
 namespace accelerant {
 namespace detail {
 struct StreamLoaderAccess;
-}
+}  // namespace detail
 
 /// Where a reader stands inside one shard.
 struct ShardCursor {
