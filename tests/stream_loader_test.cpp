@@ -344,3 +344,32 @@ TEST(StreamLoaderOnRanks, KilledAndResumedRunEndsBitIdentical) {
         << "rank " << r << ": the resumed run's parameters differ from the uninterrupted run's";
   }
 }
+
+TEST(StreamLoaderOnRanks, APositionSavedOnTwoProcessesIsRefusedOnOneWithTheFix) {
+  ScratchDir dir;
+  const auto paths = write_shards(dir.path, {6, 5});
+  const std::string project = dir.path + "/run";
+  auto run = [&](int processes) {
+    launch(
+        [&](int) {
+          Accelerator acc(AcceleratorOptions().project_dir(project));
+          auto loader = acc.prepare(make_stream_loader(jsonl_files(paths, parse_id),
+                                                       StreamLoaderOptions().batch_size(2)));
+          if (processes == 1) {
+            acc.load_state();
+            return;
+          }
+          for (auto& batch : loader) {
+            (void)batch;
+            acc.save_state();
+            break;
+          }
+        },
+        ranks(processes));
+  };
+  run(2);
+  auto message = error_message([&] { run(1); });
+  EXPECT_TRUE(contains(message, "saved by 2 process(es) with stream loaders") &&
+              contains(message, "resume on 2 process(es)"))
+      << message;
+}
