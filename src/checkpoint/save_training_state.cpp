@@ -151,7 +151,9 @@ CheckpointManifest manifest_now(const CheckpointedState& s, const CheckpointRank
   m.created = now_utc();
   m.world_size = ranks.world_size;
   m.step = s.state->optimizer_steps;
-  m.epoch = s.loaders.empty() ? 0 : s.loaders.front().position().epoch;
+  m.epoch = !s.loaders.empty()   ? s.loaders.front().position().epoch
+            : !s.streams.empty() ? s.streams.front().position().epoch
+                                 : 0;
   m.models = static_cast<int>(s.models.size());
   m.optimizers = static_cast<int>(s.optimizers.size());
   m.schedulers = static_cast<int>(s.schedulers.size());
