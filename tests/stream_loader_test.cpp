@@ -257,21 +257,25 @@ TEST(StreamLoaderOnRanks, AReaderErrorOnOneRankStopsEveryRank) {
     std::ofstream out(paths[1], std::ios::app);
     out << "{\"id\": 12, \"x\": [1,2,3,4]\n";  // line 7 of shard 1: rank 1's, by shard
   }
-  const auto start = std::chrono::steady_clock::now();
-  auto message = error_message([&] {
-    launch(
-        [&](int) {
-          Accelerator acc;
-          auto loader = acc.prepare(make_stream_loader(
-              jsonl_files(paths, parse_id),
-              StreamLoaderOptions().batch_size(2).sharding(StreamSharding::kByShard)));
-          for (auto& batch : loader) (void)batch;
-        },
-        ranks(2));
-  });
-  EXPECT_TRUE(contains(message, "shard_1.jsonl:7") && contains(message, "not valid JSON"))
-      << message;
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 20);
+  for (int workers : {0, 2}) {
+    const auto start = std::chrono::steady_clock::now();
+    auto message = error_message([&] {
+      launch(
+          [&](int) {
+            Accelerator acc;
+            auto loader = acc.prepare(make_stream_loader(jsonl_files(paths, parse_id),
+                                                         StreamLoaderOptions()
+                                                             .batch_size(2)
+                                                             .sharding(StreamSharding::kByShard)
+                                                             .num_workers(workers)));
+            for (auto& batch : loader) (void)batch;
+          },
+          ranks(2));
+    });
+    EXPECT_TRUE(contains(message, "shard_1.jsonl:7") && contains(message, "not valid JSON"))
+        << workers << " workers: " << message;
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 20);
+  }
 }
 
 namespace {
