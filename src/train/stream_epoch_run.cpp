@@ -69,6 +69,8 @@ class ShardWalk {
 // One batch as a worker left it: the batch, or none when the share ran out before it.
 struct Built {
   std::optional<Batch> batch;
+  /// The share had run out: `batch` is its first batch again (agree() made it).
+  bool padding = false;
   /// Where the stream stands after it (its steps_done unset).
   StreamPosition after;
   std::exception_ptr error;
@@ -115,7 +117,9 @@ struct StreamLoader::EpochRun {
   size_t index = 0;  // the batch `pending` is
   Built pending;
   Agreement agreed;
-  std::optional<Batch> padding_batch;
+  // The records of this epoch's padding, parsed afresh for every padding step: a batch the loop
+  // changed in place is never handed out again, so a resumed run pads with the same values.
+  std::optional<RawBatch> padding_records;
 
   RawBatch read_batch(ShardWalk& from) {
     RawBatch raw;
@@ -232,16 +236,18 @@ struct StreamLoader::EpochRun {
     return out;
   }
 
-  // The padding of this epoch: the first batch of this rank's share again; none when the share
-  // is empty.
-  void make_padding() {
-    if (padding_batch) return;
+  // Reads the padding of this epoch: the first batch of this rank's share again; none when the
+  // share is empty.
+  void read_padding() {
+    if (padding_records) return;
     ShardWalk from_start(shared->source, shared->rank, shared->world_size,
                          shared->options.sharding(),
                          detail::StreamLoaderAccess::epoch_start(*shared, epoch));
     RawBatch raw = read_batch(from_start);
-    if (!raw.records.empty()) padding_batch = make(std::move(raw));
+    if (!raw.records.empty()) padding_records = std::move(raw);
   }
+
+  Batch padding_batch() { return make(RawBatch(*padding_records)); }
 
   // What every rank says about `b`, the batch of the next step (one all-reduce); throws on every
   // rank when any rank failed.
@@ -249,15 +255,17 @@ struct StreamLoader::EpochRun {
     const Shared& s = *shared;
     if (!b.batch && !b.error) {
       try {
-        make_padding();
+        read_padding();
+        if (padding_records) b.batch = padding_batch();
+        b.padding = true;
       } catch (...) {
         b.error = std::current_exception();
       }
     }
     Agreement mine;
-    mine.has_batch = b.batch ? 1 : 0;
+    mine.has_batch = b.batch && !b.padding ? 1 : 0;
     mine.failed_rank = b.error ? s.rank + 1 : 0;
-    mine.unpadded_rank = !b.batch && !b.error && !padding_batch ? s.rank + 1 : 0;
+    mine.unpadded_rank = !b.batch && !b.error ? s.rank + 1 : 0;
     Agreement all = mine;
     if (s.all_reduce_max) {
       auto values = s.all_reduce_max(
@@ -345,8 +353,8 @@ void StreamLoader::Iterator::advance() {
     return;
   }
   Built now = std::move(r.pending);
-  padding_ = !now.batch.has_value();
-  current_ = padding_ ? *r.padding_batch : std::move(*now.batch);
+  padding_ = now.padding;
+  current_ = std::move(*now.batch);
   // One step ahead: whether this batch is the epoch's last (gradient accumulation syncs on it).
   r.pending = r.take(r.index + 1);
   r.agreed = r.agree(r.pending);
