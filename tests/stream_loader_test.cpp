@@ -337,6 +337,31 @@ TEST(StreamLoaderOnRanks, KilledAndResumedRunEndsBitIdentical) {
     launch([&](int index) { return train_on_stream(paths, killed, 8, index); }, ranks(2));
   });
   EXPECT_FALSE(message.empty()) << "rank 1 was killed, so the launch must fail";
+  // The positions as another reader sees them (plain JSON, one file per rank): after step 8 rank
+  // 0 has read 32 records, the 13 of shard 0 and 19 of shard 2; rank 1 has read its 10 and pads.
+  auto position_file = [&](int rank) {
+    std::ifstream in(killed + "/checkpoints/checkpoint_1/rank_" + std::to_string(rank) +
+                     "/stream_0.json");
+    return nlohmann::json::parse(in);
+  };
+  const auto rank0 = position_file(0), rank1 = position_file(1);
+  EXPECT_EQ(rank0.at("steps_done"), 8);
+  EXPECT_EQ(rank0.at("shard"), 2);
+  EXPECT_EQ(rank0.at("records"), 19);
+  EXPECT_EQ(rank0.at("records_passed"), 32);
+  EXPECT_EQ(rank0.at("world_size"), 2);
+  {
+    std::ifstream shard(paths[2]);
+    shard.seekg(rank0.at("byte_offset").get<int64_t>());
+    std::string line;
+    std::getline(shard, line);
+    // Shard 2 holds ids 20-41: the 20th record of it is id 39.
+    EXPECT_EQ(nlohmann::json::parse(line).at("id"), 39) << "the byte offset is the next record's";
+  }
+  EXPECT_EQ(rank1.at("steps_done"), 8);
+  EXPECT_EQ(rank1.at("shard"), 4) << "past its last shard";
+  EXPECT_EQ(rank1.at("records_passed"), 10);
+  EXPECT_EQ(rank1.at("rank"), 1);
   auto resumed =
       launch([&](int index) { return train_on_stream(paths, killed, 0, index); }, ranks(2));
   ASSERT_EQ(resumed.size(), 2u);
