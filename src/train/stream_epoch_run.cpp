@@ -249,11 +249,11 @@ struct StreamLoader::EpochRun {
 
   Batch padding_batch() { return make(RawBatch(*padding_records)); }
 
-  // What every rank says about `b`, the batch of the next step (one all-reduce); throws on every
-  // rank when any rank failed.
-  Agreement agree(Built& b) {
+  // What every rank says about `b`, batch `k` of this run (one all-reduce); throws on every rank
+  // when any rank failed.
+  Agreement agree(Built& b, size_t k) {
     const Shared& s = *shared;
-    if (!b.batch && !b.error) {
+    if (!b.batch && !b.error && s.world_size > 1) {  // alone, running out ends the epoch
       try {
         read_padding();
         if (padding_records) b.batch = padding_batch();
@@ -279,8 +279,8 @@ struct StreamLoader::EpochRun {
       if (s.broadcast_text) reason = s.broadcast_text(what_of(b.error), all.failed_rank - 1);
       if (b.error) std::rethrow_exception(b.error);
       throw Error(detail::str(s.rank_prefix, "the stream's epoch ", epoch,
-                              " stops on every rank at step ", first_step + index, ": rank ",
-                              all.failed_rank - 1,
+                              " stops on every rank at step ", first_step + static_cast<int64_t>(k),
+                              " (counted from 0): rank ", all.failed_rank - 1,
                               " could not read or parse its records: ", reason));
     }
     if (all.has_batch > 0 && all.unpadded_rank > 0) {
@@ -333,7 +333,7 @@ StreamLoader::Iterator StreamLoader::begin() {
   run->depth = static_cast<size_t>(workers * shared_->options.prefetch_factor());
   for (int w = 0; w < workers; ++w) run->workers.emplace_back([raw = run.get()] { raw->work(); });
   run->pending = run->take(0);
-  run->agreed = run->agree(run->pending);
+  run->agreed = run->agree(run->pending, 0);
   return Iterator(std::move(run));
 }
 
@@ -357,7 +357,7 @@ void StreamLoader::Iterator::advance() {
   current_ = std::move(*now.batch);
   // One step ahead: whether this batch is the epoch's last (gradient accumulation syncs on it).
   r.pending = r.take(r.index + 1);
-  r.agreed = r.agree(r.pending);
+  r.agreed = r.agree(r.pending, r.index + 1);
   const bool last = r.agreed.has_batch == 0;
   ++r.index;
   // Counted when handed out: a checkpoint taken after this batch's step resumes at the next one.
