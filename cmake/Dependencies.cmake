@@ -18,5 +18,5 @@ find_package(Gloo QUIET)                     # c10d's ProcessGroupGloo headers i
 find_package(Threads REQUIRED)
 find_package(CLI11 CONFIG REQUIRED)          # the CLI and examples (libcli11-dev)
 find_package(yaml-cpp CONFIG REQUIRED)       # config files (libyaml-cpp-dev)
-find_package(nlohmann_json CONFIG REQUIRED)  # checkpoint manifests (nlohmann-json3-dev)
+find_package(nlohmann_json CONFIG REQUIRED)  # checkpoint manifests, jsonl_files (nlohmann-json3-dev)
 find_package(ZLIB REQUIRED)                  # CRC-32 of checkpoint files (zlib1g-dev)

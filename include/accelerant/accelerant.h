@@ -26,5 +26,6 @@
 #include "accelerant/process_state.h"
 #include "accelerant/static_shapes.h"
 #include "accelerant/tensor_tree.h"
+#include "accelerant/stream_loader.h"
 #include "accelerant/training_state.h"
 #include "accelerant/version.h"

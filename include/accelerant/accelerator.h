@@ -42,6 +42,7 @@
 #include "accelerant/gradient_reducer.h"
 #include "accelerant/graph_step.h"
 #include "accelerant/prepared_optimizer.h"
+#include "accelerant/stream_loader.h"
 #include "accelerant/tensor_tree.h"
 #include "accelerant/training_state.h"
 
@@ -138,6 +139,14 @@ class Accelerator {
   /// with a batch size the processes do not divide), CheckpointError when a checkpoint that
   /// auto_resume loaded already saved this loader over another number of samples.
   DataLoader prepare_data_loader(const DataLoader& loader);
+  /// The stream loader part of prepare: a copy of `loader` (at its position) that yields this
+  /// process's share of the stream (StreamLoaderOptions::sharding), agrees with the other
+  /// processes at every step so that uneven shares end together (padding batches flagged), and
+  /// moves batches to device() as prepare_data_loader does. Saved and loaded with the training
+  /// state (its position per rank); the first prepared loader of either kind arms
+  /// AcceleratorOptions::auto_resume. Throws Error when the stream cannot be divided (sharding by
+  /// shard with fewer shards than processes).
+  StreamLoader prepare_stream_loader(const StreamLoader& loader);
 
   // ---- the training step ---------------------------------------------------------------------
   /// loss.backward(), divided by the accumulation steps and scaled under fp16. Gradients of
@@ -463,6 +472,8 @@ auto Accelerator::prepare_one(T&& object) {
     return prepare_scheduler(object);
   } else if constexpr (std::is_same_v<D, DataLoader>) {
     return prepare_data_loader(object);
+  } else if constexpr (std::is_same_v<D, StreamLoader>) {
+    return prepare_stream_loader(object);
   } else if constexpr (detail::is_torch_data_loader<D>::value) {
     static_assert(detail::always_false_v<D>,
                   "prepare() cannot shard a torch::data DataLoader: it builds its batches from "
@@ -478,8 +489,9 @@ auto Accelerator::prepare_one(T&& object) {
     static_assert(
         detail::always_false_v<D>,
         "prepare() accepts std::shared_ptr<nn::Module subclass>, TORCH_MODULE holders, "
-        "torch::optim optimizers and LR schedulers (as lvalues) and accelerant::DataLoader "
-        "(make_data_loader). Fix: wrap other data sources with make_data_loader.");
+        "torch::optim optimizers and LR schedulers (as lvalues), accelerant::DataLoader "
+        "(make_data_loader) and accelerant::StreamLoader (make_stream_loader). Fix: wrap other "
+        "data sources with make_data_loader, or make_stream_loader for data without a size.");
   }
 }
 

@@ -42,7 +42,7 @@ struct CheckpointManifest {
   /// re-shards the data positions.
   int world_size = 1;
   int64_t step = 0;   ///< optimizer steps taken
-  int64_t epoch = 0;  ///< the first prepared loader's epoch in progress
+  int64_t epoch = 0;  ///< the first prepared loader's (else stream loader's) epoch
   /// Prepared models it holds (model_`<i>`.pt). load_state requires this count, and each of the
   /// four below, to match the run that loads it.
   int models = 0, optimizers = 0, schedulers = 0, data_loaders = 0, custom_objects = 0;

@@ -366,7 +366,7 @@ void Accelerator::warn_if_data_unsharded() {
   // Training of a prepared model on several processes without a prepared loader: the data most
   // likely comes from a loader every rank iterates whole, which is not an error anyone would see.
   if (warned_unsharded_data_ || num_processes_ == 1 || models_.empty() ||
-      !checkpointed_->loaders.empty()) {
+      !checkpointed_->loaders.empty() || !checkpointed_->streams.empty()) {
     return;
   }
   warned_unsharded_data_ = true;

@@ -74,10 +74,12 @@ std::vector<std::string> role_problems(const CheckpointManifest& m) {
           " registered object(s), world size ", m.world_size, ") need it"));
     }
   }
-  // Optional: a rank's accumulated gradients, present only when saved mid-accumulation.
+  // Optional: a rank's accumulated gradients, present only when saved mid-accumulation, and its
+  // positions in stream loaders, present only when the run prepared some.
   auto optional_file = [&](const std::string& path) {
     for (int r = 0; r < m.world_size; ++r) {
       if (path == detail::layout::gradients_file(r)) return true;
+      if (detail::layout::is_stream_file(path, r)) return true;
     }
     return false;
   };

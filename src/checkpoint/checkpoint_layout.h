@@ -15,6 +15,22 @@ inline std::string rng_file(int rank) { return str("rank_", rank, "/rng.pt"); }
 /// A rank's accumulated gradients, present only when it saved in the middle of gradient
 /// accumulation (each rank's differ until the synchronising micro-step averages them).
 inline std::string gradients_file(int rank) { return str("rank_", rank, "/gradients.pt"); }
+/// A rank's position in prepared stream loader `i` (checkpoint/stream_positions.h).
+inline std::string stream_file(int rank, size_t i) {
+  return str("rank_", rank, "/stream_", i, ".json");
+}
+/// Whether `path` is one of rank `rank`'s stream_file(rank, i).
+inline bool is_stream_file(const std::string& path, int rank) {
+  const std::string head = str("rank_", rank, "/stream_"), tail = ".json";
+  if (path.size() <= head.size() + tail.size() || path.compare(0, head.size(), head) != 0 ||
+      path.compare(path.size() - tail.size(), tail.size(), tail) != 0) {
+    return false;
+  }
+  for (size_t k = head.size(); k < path.size() - tail.size(); ++k) {
+    if (path[k] < '0' || path[k] > '9') return false;
+  }
+  return true;
+}
 inline const char* const kStateFile = "state.json";
 inline const char* const kScalerFile = "scaler.pt";
 inline const char* const kManifestFile = "manifest.json";

@@ -10,6 +10,7 @@
 #include "checkpoint/checkpoint_layout.h"
 #include "checkpoint/durable_files.h"
 #include "checkpoint/state_pieces.h"
+#include "checkpoint/stream_positions.h"
 #include "checkpoint/training_checkpoint.h"
 
 namespace accelerant::detail {
@@ -25,6 +26,8 @@ struct LoadedCheckpoint {
   std::string rng;  // empty: this rank did not exist when it was saved
   // This rank's gradients; empty: none pending at the save (they are left as they are).
   std::string gradients;
+  // This rank's position in each stream loader the checkpoint holds.
+  std::vector<StreamPosition> streams;
 };
 
 bool lists_file(const CheckpointManifest& m, const std::string& path) {
@@ -127,6 +130,52 @@ void check_positions(const LoadedCheckpoint& loaded, const CheckpointedState& s)
   }
 }
 
+// This rank's stream positions (checkpoint/stream_positions.h), checked against this run.
+std::vector<StreamPosition> read_stream_positions(const LoadedCheckpoint& loaded,
+                                                  const CheckpointedState& s,
+                                                  const CheckpointRanks& ranks) {
+  const CheckpointManifest& m = loaded.manifest;
+  const std::string& dir = loaded.dir;
+  size_t saved = 0;
+  while (lists_file(m, layout::stream_file(0, saved))) ++saved;
+  if (saved < s.streams.size()) {
+    throw CheckpointError(
+        str(dir, " holds the positions of ", saved, " stream loader(s), this run prepared ",
+            s.streams.size(), ". Fix: prepare the same loaders, in the same order, as the run ",
+            "that saved it."),
+        dir);
+  }
+  if (saved == 0) return {};
+  if (m.world_size != ranks.world_size) {
+    throw CheckpointError(
+        str(dir, " was saved by ", m.world_size, " process(es) with stream loaders, and this run ",
+            "has ", ranks.world_size, ". A stream's position is each rank's place in its own ",
+            "share of the shards, which another number of processes divides differently. Fix: ",
+            "resume on ", m.world_size, " process(es)."),
+        dir);
+  }
+  std::vector<StreamPosition> positions;
+  for (size_t i = 0; i < saved; ++i) {
+    const std::string where = dir + "/" + layout::stream_file(ranks.rank, i);
+    const SavedStreamPosition p = parse_stream_position(read_file(where), where);
+    if (p.rank != ranks.rank || p.world_size != ranks.world_size) {
+      throw CheckpointError(
+          str(where, " says it belongs to rank ", p.rank, " of ", p.world_size,
+              ", but this is rank ", ranks.rank, " of ", ranks.world_size,
+              ". Likely cause: the file was moved or edited. Fix: use ", "another checkpoint."),
+          where);
+    }
+    if (i < s.streams.size() && p.shards != s.streams[i].shards().size()) {
+      throw CheckpointError(str(where, ": stream loader ", i, " was saved over ", p.shards,
+                                " shard(s), this run's has ", s.streams[i].shards().size(),
+                                ". Fix: resume with the same shards, in the same order."),
+                            where);
+    }
+    positions.push_back(p.position);
+  }
+  return positions;
+}
+
 // Reads and checks everything this process will apply; nothing changes yet.
 LoadedCheckpoint read_and_check(const std::string& dir, const CheckpointedState& s,
                                 const CheckpointRanks& ranks) {
@@ -166,6 +215,7 @@ LoadedCheckpoint read_and_check(const std::string& dir, const CheckpointedState&
   }
   loaded.state = read_checkpoint_state(dir);
   check_positions(loaded, s);
+  loaded.streams = read_stream_positions(loaded, s, ranks);
   return loaded;
 }
 
@@ -184,6 +234,7 @@ LoadedCheckpoint snapshot_for_rollback(const CheckpointedState& s) {
   }
   now.rng = rng_state_bytes();
   now.gradients = gradient_bytes(s.models);
+  for (const auto& stream : s.streams) now.streams.push_back(stream.position());
   return now;
 }
 
@@ -220,6 +271,8 @@ void apply(const LoadedCheckpoint& loaded, CheckpointedState& s, int rank) {
     s.loaders[i].set_position({state.data_loaders[i].epoch, state.data_loaders[i].samples_done});
   }
   s.loaded_loaders = state.data_loaders;
+  for (size_t i = 0; i < s.streams.size(); ++i) s.streams[i].set_position(loaded.streams[i]);
+  s.loaded_streams = loaded.streams;
   if (!loaded.rng.empty()) load_rng_state(loaded.rng, loaded.dir + "/" + layout::rng_file(rank));
 }
 

@@ -12,6 +12,7 @@
 #include "checkpoint/checkpoint_layout.h"
 #include "checkpoint/durable_files.h"
 #include "checkpoint/state_pieces.h"
+#include "checkpoint/stream_positions.h"
 #include "checkpoint/training_checkpoint.h"
 
 namespace accelerant::detail {
@@ -81,6 +82,13 @@ std::vector<CheckpointFileEntry> write_own_part(const CheckpointedState& s,
   if (!gradients.empty()) {
     write(layout::gradients_file(ranks.rank), gradients, "the accumulated gradients");
   }
+  for (size_t i = 0; i < s.streams.size(); ++i) {
+    const StreamLoader& stream = s.streams[i];
+    write(layout::stream_file(ranks.rank, i),
+          format_stream_position(
+              {stream.position(), ranks.rank, ranks.world_size, stream.shards().size()}),
+          str("stream loader ", i, "'s position"));
+  }
   sync_directory(rank_dir);
   if (!ranks.is_main()) return written;
   for (size_t i = 0; i < s.models.size(); ++i) {
@@ -143,7 +151,9 @@ CheckpointManifest manifest_now(const CheckpointedState& s, const CheckpointRank
   m.created = now_utc();
   m.world_size = ranks.world_size;
   m.step = s.state->optimizer_steps;
-  m.epoch = s.loaders.empty() ? 0 : s.loaders.front().position().epoch;
+  m.epoch = !s.loaders.empty()   ? s.loaders.front().position().epoch
+            : !s.streams.empty() ? s.streams.front().position().epoch
+                                 : 0;
   m.models = static_cast<int>(s.models.size());
   m.optimizers = static_cast<int>(s.optimizers.size());
   m.schedulers = static_cast<int>(s.schedulers.size());

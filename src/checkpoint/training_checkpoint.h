@@ -28,6 +28,7 @@
 #include "accelerant/data_loader.h"
 #include "accelerant/fused_optimizer.h"
 #include "accelerant/prepared_optimizer.h"
+#include "accelerant/stream_loader.h"
 #include "accelerant/training_state.h"
 #include "checkpoint/every_process.h"
 
@@ -52,6 +53,7 @@ struct CheckpointedState {
   std::vector<CheckpointedOptimizer> optimizers;
   std::vector<PreparedScheduler> schedulers;  // copies share their counters with the user's
   std::vector<DataLoader> loaders;            // copies share their position with the user's
+  std::vector<StreamLoader> streams;          // each rank saves its own stream positions
   std::vector<RegisteredObject> objects;
   /// The step counters and the fp16 scaler (when there is one).
   std::shared_ptr<TrainingState> state;
@@ -62,6 +64,8 @@ struct CheckpointedState {
   /// The loaders of the checkpoint loaded last: one prepared after the load takes its position
   /// from here (auto_resume loads before every loader is prepared).
   std::vector<CheckpointLoaderState> loaded_loaders;
+  /// This rank's stream positions in the checkpoint loaded last, for streams prepared after it.
+  std::vector<StreamPosition> loaded_streams;
 };
 
 /// The counters and data positions now, as state.json holds them.

@@ -1,0 +1,70 @@
+// Accelerator::prepare for stream loaders: a sharded copy that agrees with the other ranks at
+// every step (the note "Uneven stream ends" in accelerant/stream_loader.h) and is saved by
+// save_state.
+#include "accelerant/accelerator.h"
+#include "accelerant/error.h"
+#include "accelerant/process_state.h"
+#include "base/text.h"
+#include "base/torch_compat.h"
+#include "checkpoint/training_checkpoint.h"
+#include "comm/collective_label.h"
+#include "graph/metrics_recording.h"
+#include "train/resume_hook.h"
+#include "train/stream_loader_internal.h"
+
+namespace accelerant {
+
+StreamLoader Accelerator::prepare_stream_loader(const StreamLoader& loader) {
+  const torch::Device device = device_;
+  const bool downcast = settings_.downcast_bf16;
+  std::function<Batch(Batch)> transform;
+  if (!device.is_cpu() || downcast) {
+    // As prepare_data_loader moves a DataLoader's batches (in the worker threads when there are).
+    const bool pin = device.is_cuda();
+    transform = [device, downcast, pin](Batch batch) {
+      auto move = [&](const torch::Tensor& t) {
+        if (!t.defined()) return t;
+        const bool cast = downcast && t.is_floating_point();
+        if (!device.is_cpu() && t.is_cpu()) detail::record_transfer(/*to_device=*/true, t.nbytes());
+        return detail::to_device_from_worker(t, device, cast ? torch::kBFloat16 : t.scalar_type(),
+                                             pin);
+      };
+      return Batch{move(batch.data), move(batch.target)};
+    };
+  }
+  std::function<torch::Tensor(const torch::Tensor&)> all_reduce_max;
+  std::function<std::string(const std::string&, int)> broadcast_text;
+  if (num_processes_ > 1) {
+    broadcast_text = [](const std::string& text, int src) {
+      detail::ScopedCollectiveLabel label("stream loader error");
+      return ProcessState::get().communicator().broadcast_bytes(text, src);
+    };
+    // The communicator in force at each step (never this Accelerator: the loader may outlive it).
+    all_reduce_max = [device](const torch::Tensor& values) {
+      detail::ScopedCollectiveLabel label("stream loader step");
+      return ProcessState::get().communicator().all_reduce(values.to(device), ReduceOp::kMax);
+    };
+  }
+  StreamLoader prepared = [&] {
+    try {
+      return detail::StreamLoaderAccess::sharded(
+          loader, {process_index_, num_processes_, rank_prefix_, state_, std::move(transform),
+                   resume_hook_, std::move(all_reduce_max), std::move(broadcast_text)});
+    } catch (const Error& e) {
+      throw Error(detail::str(rank_prefix_, "prepare(stream loader): ", e.what()));
+    }
+  }();
+  const size_t index = checkpointed_->streams.size();
+  checkpointed_->streams.push_back(prepared);
+  // A checkpoint loaded before this loader existed (auto_resume) still knows where it was.
+  if (index < checkpointed_->loaded_streams.size()) {
+    prepared.set_position(checkpointed_->loaded_streams[index]);
+  }
+  if (options_.auto_resume() && !resume_armed_) {  // armed once, by the first loader
+    resume_armed_ = true;
+    resume_hook_->arm([this] { resume_from_latest(); });
+  }
+  return prepared;
+}
+
+}  // namespace accelerant
