@@ -25,7 +25,7 @@
 #include "accelerant/prepared_optimizer.h"
 #include "accelerant/process_state.h"
 #include "accelerant/static_shapes.h"
-#include "accelerant/tensor_tree.h"
 #include "accelerant/stream_loader.h"
+#include "accelerant/tensor_tree.h"
 #include "accelerant/training_state.h"
 #include "accelerant/version.h"

@@ -185,8 +185,9 @@ bool gpu_present() {
 // group only when the workers still running (with what they started) used less than
 // kIdleCpuShare of one core and read or wrote less than kIdleIoBytes over it, and no process of
 // theirs started or ended, looking again every kEarlyExitGrace while they work: a rank writing a
-// checkpoint to a slow disk or uploading it uses little CPU but does I/O. A wait in Gloo or in the store sleeps; a busy-waiting one (a CUDA
-// synchronisation spins) is left to the collective timeout.
+// checkpoint to a slow disk or uploading it uses little CPU but does I/O. A wait in Gloo or in the
+// store sleeps; a busy-waiting one (a CUDA synchronisation spins) is left to the collective
+// timeout.
 constexpr std::chrono::seconds kEarlyExitGrace{3};
 constexpr double kIdleCpuShare = 0.05;
 constexpr long long kIdleIoBytes = 1 << 20;
@@ -451,7 +452,7 @@ class Agent {
     const auto usage = process_group_usage(running, /*with_io=*/true);
     const bool first_look = early_exit_.window_start == Clock::time_point{};
     long long busy_ticks = 0, io_bytes = 0;  // of the workers running at both looks
-    bool members_changed = false;  // a process started or ended: a script at work
+    bool members_changed = false;            // a process started or ended: a script at work
     std::map<pid_t, GroupUsage> latest;
     for (size_t i = 0; i < running.size(); ++i) {
       latest[running[i]] = usage[i];
