@@ -14,6 +14,7 @@
 #include "accelerant/error.h"
 #include "accelerant/metrics.h"
 #include "accelerant/process_state.h"
+#include "accelerator/batch_to_device.h"
 #include "base/cpu_settings.h"
 #include "base/file_io.h"
 #include "base/step_recording.h"
@@ -300,18 +301,7 @@ DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
   // To a GPU: page-locked staging and a side-stream copy in the loader's worker thread
   // (detail::to_device_from_worker), overlapping the step that runs meanwhile.
   const bool pin = device.is_cuda() && o.pin_memory().value_or(true);
-  std::function<Batch(Batch)> transform;
-  if (!device.is_cpu() || downcast) {
-    // Every tensor of the batch, named ones included (tensor_tree.h).
-    transform = [device, downcast, pin](Batch batch) {
-      return apply_to_tensors(batch, [&](const torch::Tensor& t) {
-        const bool cast = downcast && t.is_floating_point();
-        if (!device.is_cpu() && t.is_cpu()) detail::record_transfer(/*to_device=*/true, t.nbytes());
-        return detail::to_device_from_worker(t, device, cast ? torch::kBFloat16 : t.scalar_type(),
-                                             pin);
-      });
-    };
-  }
+  std::function<Batch(Batch)> transform = detail::batch_to_device(device, downcast, pin);
   // The device prefetch loader of graph mode: batches bound for a GPU are built and copied by a
   // worker thread while the current step runs, even when the loader asked for none.
   const DataLoader& source =
@@ -558,3 +548,19 @@ void Accelerator::end_training() {
 }
 
 }  // namespace accelerant
+
+namespace accelerant::detail {
+
+std::function<Batch(Batch)> batch_to_device(torch::Device device, bool downcast, bool pin) {
+  if (device.is_cpu() && !downcast) return {};
+  // Every tensor of the batch, named ones included (tensor_tree.h).
+  return [device, downcast, pin](Batch batch) {
+    return apply_to_tensors(batch, [&](const torch::Tensor& t) {
+      const bool cast = downcast && t.is_floating_point();
+      if (!device.is_cpu() && t.is_cpu()) record_transfer(/*to_device=*/true, t.nbytes());
+      return to_device_from_worker(t, device, cast ? torch::kBFloat16 : t.scalar_type(), pin);
+    });
+  };
+}
+
+}  // namespace accelerant::detail

@@ -4,6 +4,7 @@
 #include "accelerant/accelerator.h"
 #include "accelerant/error.h"
 #include "accelerant/process_state.h"
+#include "accelerator/batch_to_device.h"
 #include "base/text.h"
 #include "base/torch_compat.h"
 #include "checkpoint/training_checkpoint.h"
@@ -17,21 +18,9 @@ namespace accelerant {
 StreamLoader Accelerator::prepare_stream_loader(const StreamLoader& loader) {
   const torch::Device device = device_;
   const bool downcast = settings_.downcast_bf16;
-  std::function<Batch(Batch)> transform;
-  if (!device.is_cpu() || downcast) {
-    // As prepare_data_loader moves a DataLoader's batches (in the worker threads when there are).
-    const bool pin = device.is_cuda();
-    transform = [device, downcast, pin](Batch batch) {
-      auto move = [&](const torch::Tensor& t) {
-        if (!t.defined()) return t;
-        const bool cast = downcast && t.is_floating_point();
-        if (!device.is_cpu() && t.is_cpu()) detail::record_transfer(/*to_device=*/true, t.nbytes());
-        return detail::to_device_from_worker(t, device, cast ? torch::kBFloat16 : t.scalar_type(),
-                                             pin);
-      };
-      return Batch{move(batch.data), move(batch.target)};
-    };
-  }
+  // As prepare_data_loader moves a DataLoader's batches (in the worker threads when there are).
+  std::function<Batch(Batch)> transform =
+      detail::batch_to_device(device, downcast, /*pin=*/device.is_cuda());
   std::function<torch::Tensor(const torch::Tensor&)> all_reduce_max;
   std::function<std::string(const std::string&, int)> broadcast_text;
   if (num_processes_ > 1) {
