@@ -378,8 +378,10 @@ class Agent {
     }
   }
 
-  // Reaps exited workers; records the first failure. True when every worker has exited.
-  bool reap() {
+  // Reaps exited workers; records the first failure and, while monitoring (`note_returns`; not
+  // while stopping them, when a worker ends however its signal handler says), the first rank that
+  // returned. True when every worker has exited.
+  bool reap(bool note_returns = false) {
     bool all_done = true;
     for (auto& w : workers_) {
       if (!w.running) continue;
@@ -389,6 +391,9 @@ class Agent {
         w.wait_status = status;
         auto exit = worker_exit_from_status(w.spec.rank, w.spec.local_rank, w.pid, status);
         if (is_failure(exit) && first_failure_.rank < 0) first_failure_ = exit;
+        // The first rank that returned: the report names it even when the rank it left waiting
+        // failed in the same instant (both reaped here at once, under load).
+        if (note_returns && !is_failure(exit) && early_exit_.exit.rank < 0) early_exit_.exit = exit;
       } else {
         all_done = false;
       }
@@ -402,7 +407,7 @@ class Agent {
     while (true) {
       if (relay_.pump(interval, signals.wake_fd()) || signals.caught() != 0)
         return Outcome::kInterrupted;
-      const bool all_done = reap();
+      const bool all_done = reap(/*note_returns=*/true);
       if (first_failure_.rank < 0 && !all_done && early_exit_found_idle()) {
         first_failure_ = early_exit_.exit;
       }
@@ -435,15 +440,9 @@ class Agent {
   // have since been idle for a whole grace period (then early_exit_ says who left and who waits).
   bool early_exit_found_idle() {
     std::vector<pid_t> running;
-    for (const auto& w : workers_) {
-      if (w.running) {
-        running.push_back(w.pid);
-      } else if (early_exit_.exit.rank < 0) {
-        early_exit_.exit =
-            worker_exit_from_status(w.spec.rank, w.spec.local_rank, w.pid, w.wait_status);
-      }
-    }
-    if (early_exit_.exit.rank < 0) return false;
+    for (const auto& w : workers_)
+      if (w.running) running.push_back(w.pid);
+    if (early_exit_.exit.rank < 0) return false;  // reap() records the first rank that returned
     const auto now = Clock::now();
     if (early_exit_.window_start != Clock::time_point{} &&
         now - early_exit_.window_start < kEarlyExitGrace) {
