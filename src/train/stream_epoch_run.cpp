@@ -10,6 +10,7 @@
 
 #include "accelerant/stream_loader.h"
 #include "base/text.h"
+#include "base/uncaught_exception_recorder.h"
 #include "train/stream_loader_internal.h"
 
 namespace accelerant {
@@ -276,7 +277,9 @@ struct StreamLoader::EpochRun {
     if (all.failed_rank > 0) {
       // Every rank fails with the failing rank's reason, which launchers report from rank 0.
       std::string reason = "its own error says why";
-      if (s.broadcast_text) reason = s.broadcast_text(what_of(b.error), all.failed_rank - 1);
+      if (s.broadcast_text)
+        reason =
+            s.broadcast_text(b.error ? detail::exception_text(b.error) : "", all.failed_rank - 1);
       if (b.error) std::rethrow_exception(b.error);
       throw Error(detail::str(s.rank_prefix, "the stream's epoch ", epoch,
                               " stops on every rank at step ", first_step + static_cast<int64_t>(k),
@@ -291,17 +294,6 @@ struct StreamLoader::EpochRun {
           "every process records: more (or fuller) shards, or shard by record."));
     }
     return all;
-  }
-
-  static std::string what_of(const std::exception_ptr& error) {
-    if (!error) return "";
-    try {
-      std::rethrow_exception(error);
-    } catch (const std::exception& e) {
-      return e.what();
-    } catch (...) {
-      return "an exception that is not a std::exception";
-    }
   }
 
   ~EpochRun() {
