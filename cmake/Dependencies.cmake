@@ -20,3 +20,4 @@ find_package(CLI11 CONFIG REQUIRED)          # the CLI and examples (libcli11-de
 find_package(yaml-cpp CONFIG REQUIRED)       # config files (libyaml-cpp-dev)
 find_package(nlohmann_json CONFIG REQUIRED)  # checkpoint manifests, jsonl_files (nlohmann-json3-dev)
 find_package(ZLIB REQUIRED)                  # CRC-32 of checkpoint files (zlib1g-dev)
+find_package(Protobuf REQUIRED)              # TensorBoard event files (libprotobuf-dev, protobuf-compiler)

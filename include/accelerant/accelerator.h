@@ -44,6 +44,7 @@
 #include "accelerant/prepared_optimizer.h"
 #include "accelerant/stream_loader.h"
 #include "accelerant/tensor_tree.h"
+#include "accelerant/tracker.h"
 #include "accelerant/training_state.h"
 
 namespace accelerant {
@@ -322,7 +323,19 @@ class Accelerator {
   std::string checkpoints_dir() const;
 
   /// Waits for every process and leaves the process group; the Accelerator is done afterwards.
+  /// Flushes and closes the trackers first (as the destructor does when this is not called).
   void end_training();
+
+  // ---- trackers (docs/observability.md) -------------------------------------------------------
+  /// Starts the trackers named by AcceleratorOptions::log_with and those added with add_tracker,
+  /// in `<project_dir>/<project_name>/` (created), recording `config` (the run's
+  /// hyper-parameters). Main process only; elsewhere a no-op. Never talks to other ranks.
+  void init_trackers(const std::string& project_name, const TrackerConfig& config = {});
+  /// Adds a tracker of the user's. Before init_trackers it is started there; after, at once.
+  void add_tracker(std::shared_ptr<Tracker> tracker);
+  /// Records scalars at `step` in every tracker, e.g. `log({{"loss", l}}, step)`. Main process
+  /// only (a no-op elsewhere, never a collective); before init_trackers, throws Error.
+  void log(const TrackerScalars& values, int64_t step);
 
   // ---- state ---------------------------------------------------------------------------------
   // The process getters below were read at construction: still valid after end_training().
@@ -401,6 +414,11 @@ class Accelerator {
   bool resume_armed_ = false;
   bool warned_unsharded_data_ = false;
   void resume_from_latest();
+  /// init_trackers's result: `<project_dir>/<project_name>`; empty before it.
+  std::string tracker_dir_;
+  std::vector<std::shared_ptr<Tracker>> trackers_;
+  /// Flushes and closes the trackers (end_training, the destructor); reports no error twice.
+  void close_trackers();
 };
 
 /// What Accelerator::accumulate returns: while it lives, the models' all-reduce runs only on a

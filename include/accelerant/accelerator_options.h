@@ -14,6 +14,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "accelerant/config.h"
 #include "accelerant/environment.h"  // MixedPrecision and its parser
@@ -59,8 +60,13 @@ struct AcceleratorOptions {
   TORCH_ARG(bool, allow_unused_parameters) = false;
   /// Where automatic checkpoints go: save_state() without a directory writes
   /// `<project_dir>/checkpoints/checkpoint_<n>`, and load_state() without one reads the newest.
-  /// Default: none (save_state then needs a directory).
+  /// Trackers (log_with) write under `<project_dir>/<project_name>/`.
+  /// Default: none (save_state then needs a directory; trackers write under the current directory).
   TORCH_ARG(std::string, project_dir) = "";
+  /// The built-in trackers that Accelerator::init_trackers starts and log() writes to, on the main
+  /// process only: "tensorboard", "csv", "jsonl" (make_tracker, docs/observability.md).
+  /// Default: none (log() writes only to trackers added with add_tracker).
+  TORCH_ARG(std::vector<std::string>, log_with) = {};
   /// Automatic checkpoints kept; older ones are removed once a new one is complete. 0 keeps all.
   /// Default: 0.
   TORCH_ARG(int, checkpoint_total_limit) = 0;

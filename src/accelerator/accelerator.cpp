@@ -227,6 +227,11 @@ Accelerator::Accelerator(AcceleratorOptions options)
 
 Accelerator::~Accelerator() {
   resume_hook_->disarm();  // it points at this Accelerator; loaders may outlive it
+  try {
+    close_trackers();
+  } catch (const std::exception& e) {  // a destructor cannot throw; say what was lost
+    std::cerr << rank_prefix_ << "accelerant: closing the trackers failed: " << e.what() << "\n";
+  }
 }
 
 Communicator& Accelerator::communicator() const {
@@ -539,6 +544,7 @@ void Accelerator::save_module(const torch::nn::Module& module, const std::string
 
 void Accelerator::end_training() {
   if (ended_) return;
+  close_trackers();  // local files only: before the barrier, so a hang there loses no scalars
   detail::ScopedCollectiveLabel label("end_training");
   wait_for_everyone();
   std::fflush(stdout);

@@ -1,0 +1,72 @@
+#include "track/tracker_files.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "accelerant/error.h"
+
+namespace accelerant::detail {
+
+AppendFile::~AppendFile() {
+  try {
+    close();
+  } catch (...) {  // a destructor cannot report; close() explicitly to see the error
+  }
+}
+
+void AppendFile::open(const std::string& path) {
+  close();
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    throw Error("cannot create the tracker file " + path + ": " + std::strerror(errno) +
+                ". Check that project_dir is writable (AcceleratorOptions::project_dir).");
+  }
+  path_ = path;
+  last_flush_ = std::chrono::steady_clock::now();
+}
+
+void AppendFile::flush() {
+  last_flush_ = std::chrono::steady_clock::now();
+  if (fd_ < 0 || pending_.empty()) return;
+  size_t done = 0;
+  while (done < pending_.size()) {
+    const ssize_t n = ::write(fd_, pending_.data() + done, pending_.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      throw Error("cannot write the tracker file " + path_ + ": " + std::strerror(errno) +
+                  ". The disk may be full.");
+    }
+    done += static_cast<size_t>(n);
+  }
+  pending_.clear();
+  ::fsync(fd_);
+}
+
+void AppendFile::flush_if_due(std::chrono::steady_clock::duration interval) {
+  if (std::chrono::steady_clock::now() - last_flush_ >= interval) flush();
+}
+
+void AppendFile::close() {
+  if (fd_ < 0) return;
+  flush();
+  ::close(fd_);
+  fd_ = -1;
+}
+
+std::string format_scalar(double value) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  char text[32];
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::snprintf(text, sizeof text, "%.*g", precision, value);
+    if (std::strtod(text, nullptr) == value) break;
+  }
+  return text;
+}
+
+}  // namespace accelerant::detail

@@ -1,0 +1,166 @@
+// Trackers: CRC32C against published vectors, the CSV and JSON Lines files byte for byte, the
+// TensorBoard event file decoded by an independent reader (tests/tfevents_reader.py: Python's
+// protobuf with its own message declarations, its own CRC32C), a corrupted file rejected by that
+// reader, and on two forked processes only rank 0 writing, with no collective (the ranks call
+// log() different numbers of times).
+#include <accelerant/accelerant.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "test_support.h"
+
+using namespace accelerant;
+namespace t = accelerant::testing;
+
+namespace {
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::vector<std::string> event_files(const std::string& dir) {
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().filename().string().rfind("events.out.tfevents.", 0) == 0) {
+      files.push_back(entry.path().string());
+    }
+  }
+  return files;
+}
+
+// Runs the independent reader; returns its exit status and fills `records`.
+int read_events(const std::string& path, std::vector<nlohmann::json>& records, std::string& out) {
+  auto run = t::start_program({"/usr/bin/python3", t::test_file_path("tfevents_reader.py"), path});
+  const int status = t::finish_program(run, out, std::chrono::seconds(60));
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.empty() && line[0] == '{') records.push_back(nlohmann::json::parse(line));
+  }
+  return status;
+}
+
+TEST(Crc32c, KnownVectors) {
+  // RFC 3720 B.4 and the check value of CRC-32C.
+  EXPECT_EQ(crc32c("123456789", 9), 0xE3069283u);
+  std::string zeros(32, '\0'), ones(32, '\xff'), rising(32, '\0');
+  for (int i = 0; i < 32; ++i) rising[i] = static_cast<char>(i);
+  EXPECT_EQ(crc32c(zeros.data(), zeros.size()), 0x8A9136AAu);
+  EXPECT_EQ(crc32c(ones.data(), ones.size()), 0x62A8AB43u);
+  EXPECT_EQ(crc32c(rising.data(), rising.size()), 0x46DD794Eu);
+  EXPECT_EQ(crc32c("", 0), 0u);
+  const uint32_t crc = crc32c("123456789", 9);
+  EXPECT_EQ(masked_crc32c("123456789", 9), ((crc >> 15) | (crc << 17)) + 0xa282ead8u);
+}
+
+TEST(Trackers, CsvIsLongFormatWithConfig) {
+  t::ScratchDir dir;
+  auto csv = make_tracker("csv");
+  csv->init(dir.path, {{"lr", 0.001}, {"batch_size", 64}, {"optimizer", "adam,w"}});
+  csv->log({{"loss", 0.5}, {"accuracy", 0.25}}, 1);
+  csv->log({{"loss", 0.1}}, 2);
+  csv->close();
+  EXPECT_EQ(slurp(dir.path + "/config.csv"),
+            "name,value\nlr,0.001\nbatch_size,64\noptimizer,\"adam,w\"\n");
+  EXPECT_EQ(slurp(dir.path + "/scalars.csv"),
+            "step,tag,value\n1,loss,0.5\n1,accuracy,0.25\n2,loss,0.1\n");
+}
+
+TEST(Trackers, JsonlHasOneObjectPerLog) {
+  t::ScratchDir dir;
+  auto jsonl = make_tracker("jsonl");
+  jsonl->init(dir.path, {{"lr", 0.001}, {"optimizer", "adamw"}});
+  jsonl->log({{"loss", 0.5}, {"accuracy", 0.25}}, 1);
+  jsonl->log({{"loss", 0.1}}, 2);
+  jsonl->close();
+  EXPECT_EQ(slurp(dir.path + "/scalars.jsonl"),
+            "{\"config\":{\"lr\":0.001,\"optimizer\":\"adamw\"}}\n"
+            "{\"step\":1,\"values\":{\"loss\":0.5,\"accuracy\":0.25}}\n"
+            "{\"step\":2,\"values\":{\"loss\":0.1}}\n");
+}
+
+TEST(Trackers, UnknownNameIsRefusedWithTheChoices) {
+  const auto message = t::error_message([] { make_tracker("wandb"); });
+  EXPECT_TRUE(t::contains(message, "tensorboard")) << message;
+}
+
+TEST(Trackers, TensorBoardFileReadByAnIndependentReader) {
+  t::ScratchDir dir;
+  {
+    Accelerator acc(AcceleratorOptions().project_dir(dir.path).log_with({"tensorboard"}));
+    acc.init_trackers("run", {{"lr", 0.01}});
+    for (int64_t step = 0; step < 5; ++step) acc.log({{"train/loss", 1.0 / (1 << step)}}, step);
+    acc.log({{"eval/accuracy", 0.75}, {"eval/loss", 2.5}}, 4);
+  }  // the destructor flushes and closes
+  const auto files = event_files(dir.path + "/run");
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_TRUE(std::regex_match(std::filesystem::path(files[0]).filename().string(),
+                               std::regex(R"(events\.out\.tfevents\.\d{10}\.[^.]+.*\.\d+\.\d+)")))
+      << files[0];
+  std::vector<nlohmann::json> records;
+  std::string out;
+  ASSERT_EQ(read_events(files[0], records, out), 0) << out;
+  ASSERT_EQ(records.size(), 7u) << out;
+  EXPECT_EQ(records[0]["file_version"], "brain.Event:2");
+  for (int64_t step = 0; step < 5; ++step) {
+    const auto& record = records[1 + step];
+    EXPECT_EQ(record["step"], step);
+    EXPECT_EQ(record["values"]["train/loss"].get<double>(), 1.0 / (1 << step));
+    EXPECT_EQ(record["plugins"]["train/loss"], "scalars");
+    EXPECT_GT(record["wall_time"].get<double>(), 1.7e9);
+  }
+  EXPECT_EQ(records[6]["step"], 4);
+  EXPECT_EQ(records[6]["values"]["eval/accuracy"].get<double>(), 0.75);
+  EXPECT_EQ(records[6]["values"]["eval/loss"].get<double>(), 2.5);
+}
+
+TEST(Trackers, IndependentReaderRejectsACorruptedRecord) {
+  t::ScratchDir dir;
+  auto tb = make_tracker("tensorboard");
+  tb->init(dir.path, {});
+  tb->log({{"loss", 0.5}}, 3);
+  tb->close();
+  const auto files = event_files(dir.path);
+  ASSERT_EQ(files.size(), 1u);
+  std::string bytes = slurp(files[0]);
+  bytes[bytes.size() - 6] ^= 0x01;  // inside the last record's data
+  std::ofstream(files[0], std::ios::binary | std::ios::trunc) << bytes;
+  std::vector<nlohmann::json> records;
+  std::string out;
+  EXPECT_NE(read_events(files[0], records, out), 0) << out;
+  EXPECT_TRUE(t::contains(out, "bad data CRC")) << out;
+}
+
+TEST(Trackers, LogBeforeInitTrackersSaysHowToFix) {
+  Accelerator acc;
+  const auto message = t::error_message([&] { acc.log({{"loss", 1.0}}, 0); });
+  EXPECT_TRUE(t::contains(message, "init_trackers")) << message;
+}
+
+// Only rank 0 writes; rank 1 logs more often than rank 0 and another tag, so a log() that
+// talked to other ranks would hang or mismatch, and a rank 1 that wrote would show its tag.
+TEST(Trackers, OnlyTheMainProcessWritesAndNoCollective) {
+  t::ScratchDir dir;
+  const std::string project_dir = dir.path;
+  auto results = launch(
+      [project_dir](int index) {
+        Accelerator acc(AcceleratorOptions().project_dir(project_dir).log_with({"csv", "jsonl"}));
+        acc.init_trackers("run");
+        const int calls = index == 0 ? 2 : 50;
+        for (int step = 0; step < calls; ++step) {
+          acc.log({{index == 0 ? "rank0" : "rank1", static_cast<double>(step)}}, step);
+        }
+        acc.end_training();
+        return index;
+      },
+      LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(60)).verbose(false));
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(slurp(project_dir + "/run/scalars.csv"), "step,tag,value\n0,rank0,0\n1,rank0,1\n");
+  EXPECT_FALSE(t::contains(slurp(project_dir + "/run/scalars.jsonl"), "rank1"));
+}
+
+}  // namespace
