@@ -53,6 +53,7 @@ struct Settings {
   int64_t checkpoint_every = 0;    // optimizer steps; 0: at the end of each epoch
   int checkpoint_total_limit = 3;  // checkpoints kept
   std::string save_weights;        // safetensors of the final model
+  std::vector<std::string> log_with;  // trackers: tensorboard, csv, jsonl
 };
 
 // Percentage of test images classified correctly, counted over exactly the test set:
@@ -84,7 +85,8 @@ double train(const fashion_mnist::Split& train_split, const fashion_mnist::Split
                                   .seed(s.seed)
                                   .project_dir(s.project_dir)
                                   .checkpoint_total_limit(s.checkpoint_total_limit)
-                                  .auto_resume(!s.project_dir.empty()));
+                                  .auto_resume(!s.project_dir.empty())
+                                  .log_with(s.log_with));
   Net model;  // seeded by the Accelerator; prepare broadcasts rank 0's weights anyway
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(s.lr));
   const int64_t n = s.train_samples > 0 ? std::min(s.train_samples, train_split.images.size(0))
@@ -101,6 +103,14 @@ double train(const fashion_mnist::Split& train_split, const fashion_mnist::Split
       acc.prepare(model, optimizer, train_loader, test_loader);
   // The loop below reads the epoch before its first batch: resume now rather than at that batch.
   acc.auto_resume_now();
+  // Trackers write under <project_dir>/fashion_mnist/ from the main process only.
+  if (!s.log_with.empty()) {
+    acc.init_trackers("fashion_mnist", {{"lr", s.lr},
+                                        {"batch_size", s.batch_size},
+                                        {"epochs", s.epochs},
+                                        {"num_processes", acc.num_processes()},
+                                        {"mixed_precision", s.mixed_precision}});
+  }
   acc.print("Training on ", acc.num_processes(), " process", acc.num_processes() == 1 ? "" : "es",
             " x ", acc.threads(), " thread", acc.threads() == 1 ? "" : "s", ", mixed precision ",
             accelerant::to_string(acc.mixed_precision()), ", ", train_batches.size(),
@@ -121,8 +131,10 @@ double train(const fashion_mnist::Split& train_split, const fashion_mnist::Split
       acc.backward(loss);
       opt.step();
       opt.zero_grad();
-      progress.update(++step, loss.item<double>());
+      const double loss_value = loss.item<double>();
+      progress.update(++step, loss_value);
       const int64_t steps_done = acc.state()->optimizer_steps;
+      if (!s.log_with.empty()) acc.log({{"train/loss", loss_value}}, steps_done);
       // sync_gradients(): once per optimizer step, also under gradient accumulation.
       if (!s.project_dir.empty() && s.checkpoint_every > 0 && acc.sync_gradients() &&
           steps_done % s.checkpoint_every == 0) {
@@ -132,6 +144,10 @@ double train(const fashion_mnist::Split& train_split, const fashion_mnist::Split
     if (!s.project_dir.empty() && s.checkpoint_every == 0) acc.save_state();
     accuracy = evaluate(acc, net, test_batches);
     acc.print("epoch ", epoch, "/", s.epochs, ": test accuracy ", accuracy, "%");
+    if (!s.log_with.empty()) {
+      acc.log({{"eval/accuracy", accuracy}, {"epoch", static_cast<double>(epoch)}},
+              acc.state()->optimizer_steps);
+    }
   }
   if (!s.save_weights.empty()) acc.save_model(net, s.save_weights);
   acc.end_training();
@@ -190,6 +206,11 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   app.add_option("--save_weights", s.save_weights, "Write the final model as safetensors into DIR");
+  app.add_option("--log_with", s.log_with,
+                 "Trackers, comma-separated: tensorboard, csv, jsonl (files under "
+                 "PROJECT_DIR/fashion_mnist, or ./fashion_mnist without --project_dir)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"tensorboard", "csv", "jsonl"}));
   CLI11_PARSE(app, argc, argv);
 
   try {
