@@ -48,11 +48,11 @@ struct Settings {
   int num_workers = 1;
   std::string mixed_precision = "no";
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
-  int64_t train_samples = 0;       // 0: all 60000
-  std::string project_dir;         // checkpoints and auto-resume when set
-  int64_t checkpoint_every = 0;    // optimizer steps; 0: at the end of each epoch
-  int checkpoint_total_limit = 3;  // checkpoints kept
-  std::string save_weights;        // safetensors of the final model
+  int64_t train_samples = 0;          // 0: all 60000
+  std::string project_dir;            // checkpoints and auto-resume when set
+  int64_t checkpoint_every = 0;       // optimizer steps; 0: at the end of each epoch
+  int checkpoint_total_limit = 3;     // checkpoints kept
+  std::string save_weights;           // safetensors of the final model
   std::vector<std::string> log_with;  // trackers: tensorboard, csv, jsonl
 };
 

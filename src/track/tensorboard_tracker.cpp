@@ -41,7 +41,8 @@ std::string host_name() {
 
 class TensorBoardTracker : public Tracker {
  public:
-  void init(const std::string& run_dir, const TrackerConfig& /*config: in csv/jsonl only*/) override {
+  void init(const std::string& run_dir,
+            const TrackerConfig& /*config: in csv/jsonl only*/) override {
     // The trailing counter keeps two trackers of one process in one second apart.
     static std::atomic<int> files_opened{0};
     const double now = unix_seconds();
@@ -76,6 +77,8 @@ class TensorBoardTracker : public Tracker {
 
 }  // namespace
 
-std::shared_ptr<Tracker> make_tensorboard_tracker() { return std::make_shared<TensorBoardTracker>(); }
+std::shared_ptr<Tracker> make_tensorboard_tracker() {
+  return std::make_shared<TensorBoardTracker>();
+}
 
 }  // namespace accelerant::detail

@@ -41,7 +41,8 @@ class CsvTracker : public Tracker {
   }
   void log(const TrackerScalars& values, int64_t step) override {
     for (const auto& [tag, value] : values) {
-      scalars_.append(std::to_string(step) + "," + csv_field(tag) + "," + format_scalar(value) + "\n");
+      scalars_.append(std::to_string(step) + "," + csv_field(tag) + "," + format_scalar(value) +
+                      "\n");
     }
     scalars_.flush_if_due(kTrackerFlushInterval);
   }
