@@ -1,4 +1,5 @@
 // The CSV and JSON Lines trackers (docs/observability.md "Files").
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "track/builtin_trackers.h"
@@ -59,8 +60,11 @@ class JsonlTracker : public Tracker {
   void init(const std::string& run_dir, const TrackerConfig& config) override {
     auto object = nlohmann::ordered_json::object();
     for (const auto& [name, value] : config) {
-      if (value.is_number()) {
-        object[name] = value.number();
+      const double number = value.number();
+      if (value.is_number() && std::nearbyint(number) == number && std::abs(number) < 9.0e15) {
+        object[name] = static_cast<int64_t>(number);  // 64, not 64.0
+      } else if (value.is_number()) {
+        object[name] = number;
       } else {
         object[name] = value.text();
       }
