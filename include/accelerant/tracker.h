@@ -64,9 +64,10 @@ class Tracker {
   virtual void close() = 0;
 };
 
-/// A built-in tracker by name: "csv" (`<run_dir>/scalars.csv`, long format `step,tag,value`, and
-/// `config.csv`), "jsonl" (`<run_dir>/scalars.jsonl`, one object per log call, the config as the
-/// first line) or "tensorboard" (`<run_dir>/events.out.tfevents.*`). Throws Error for another name.
+/// A built-in tracker by name: "csv" (scalars.csv in long format, step,tag,value, and
+/// config.csv), "jsonl" (scalars.jsonl, one object per log call, the config as the first line) or
+/// "tensorboard" (an events.out.tfevents file). Each writes into the run folder init() gets.
+/// Throws Error for another name.
 std::shared_ptr<Tracker> make_tracker(const std::string& name);
 
 /// The masked CRC32C that TFRecord framing stores (exposed for tests and readers).
