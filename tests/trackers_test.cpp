@@ -70,6 +70,23 @@ TEST(Trackers, CsvIsLongFormatWithConfig) {
             "step,tag,value\n1,loss,0.5\n1,accuracy,0.25\n2,loss,0.1\n");
 }
 
+// A run resumed in the same project_dir (auto_resume) continues the files instead of emptying them.
+TEST(Trackers, ASecondRunInTheSameDirectoryAppends) {
+  t::ScratchDir dir;
+  for (int run = 0; run < 2; ++run) {
+    for (const char* name : {"csv", "jsonl"}) {
+      auto tracker = make_tracker(name);
+      tracker->init(dir.path, {{"run", run}});
+      tracker->log({{"loss", 1.0 + run}}, run);
+      tracker->close();
+    }
+  }
+  EXPECT_EQ(slurp(dir.path + "/scalars.csv"), "step,tag,value\n0,loss,1\n1,loss,2\n");
+  EXPECT_EQ(slurp(dir.path + "/scalars.jsonl"),
+            "{\"config\":{\"run\":0}}\n{\"step\":0,\"values\":{\"loss\":1.0}}\n"
+            "{\"config\":{\"run\":1}}\n{\"step\":1,\"values\":{\"loss\":2.0}}\n");
+}
+
 TEST(Trackers, JsonlHasOneObjectPerLog) {
   t::ScratchDir dir;
   auto jsonl = make_tracker("jsonl");

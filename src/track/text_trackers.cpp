@@ -36,8 +36,10 @@ class CsvTracker : public Tracker {
       config_file.append(csv_field(name) + "," + csv_field(config_text(value)) + "\n");
     }
     config_file.close();
-    scalars_.open(run_dir + "/scalars.csv");
-    scalars_.append("step,tag,value\n");
+    // Kept: a resumed run (auto_resume) continues the same file; the header only when new.
+    if (scalars_.open(run_dir + "/scalars.csv", /*keep=*/true) == 0) {
+      scalars_.append("step,tag,value\n");
+    }
     scalars_.flush();
   }
   void log(const TrackerScalars& values, int64_t step) override {
@@ -69,7 +71,7 @@ class JsonlTracker : public Tracker {
         object[name] = value.text();
       }
     }
-    file_.open(run_dir + "/scalars.jsonl");
+    file_.open(run_dir + "/scalars.jsonl", /*keep=*/true);  // a resumed run adds a config line
     file_.append(nlohmann::ordered_json{{"config", object}}.dump() + "\n");
     file_.flush();
   }

@@ -19,15 +19,18 @@ AppendFile::~AppendFile() {
   }
 }
 
-void AppendFile::open(const std::string& path) {
+long long AppendFile::open(const std::string& path, bool keep) {
   close();
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  fd_ =
+      ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (keep ? 0 : O_TRUNC), 0644);
   if (fd_ < 0) {
     throw Error("cannot create the tracker file " + path + ": " + std::strerror(errno) +
                 ". Check that project_dir is writable (AcceleratorOptions::project_dir).");
   }
   path_ = path;
   last_flush_ = std::chrono::steady_clock::now();
+  const off_t size = ::lseek(fd_, 0, SEEK_END);
+  return size > 0 ? static_cast<long long>(size) : 0;
 }
 
 void AppendFile::flush() {

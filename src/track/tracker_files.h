@@ -15,8 +15,9 @@ class AppendFile {
   AppendFile(const AppendFile&) = delete;
   AppendFile& operator=(const AppendFile&) = delete;
   ~AppendFile();
-  /// Creates (truncates) `path`; throws Error naming the path and errno on failure.
-  void open(const std::string& path);
+  /// Opens `path` for appending, creating it; `keep` false empties it first. Returns the bytes it
+  /// already held (0 when new or emptied). Throws Error naming the path and errno on failure.
+  long long open(const std::string& path, bool keep = false);
   bool is_open() const { return fd_ >= 0; }
   const std::string& path() const { return path_; }
   void append(const std::string& bytes) { pending_ += bytes; }
