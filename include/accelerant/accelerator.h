@@ -53,6 +53,7 @@ namespace detail {
 struct CheckpointRanks;
 struct CheckpointedState;
 class ResumeHook;
+class StepBreakdown;
 
 template <class T>
 struct is_shared_module : std::false_type {};
@@ -414,6 +415,9 @@ class Accelerator {
   bool resume_armed_ = false;
   bool warned_unsharded_data_ = false;
   void resume_from_latest();
+  /// Exchanges the ranks' step-time breakdown (AcceleratorOptions::step_breakdown_every).
+  std::unique_ptr<detail::StepBreakdown> step_breakdown_;
+  void start_step_breakdown();
   /// init_trackers's result: `<project_dir>/<project_name>`; empty before it.
   std::string tracker_dir_;
   std::vector<std::shared_ptr<Tracker>> trackers_;

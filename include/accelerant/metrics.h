@@ -54,12 +54,42 @@ struct TransferMetrics {
   int64_t device_to_host_bytes = 0;
 };
 
+/// Where optimizer steps spend their time (docs/observability.md "Step-time breakdown"): the
+/// median of each phase over a window of steps, in seconds. The phases' medians need not add up
+/// to the step's median exactly.
+struct StepTimeMetrics {
+  /// Waiting for a prepared loader's next batch.
+  double data = 0;
+  /// The rest of the step: the model's forward, the loss, backward's computation.
+  double forward_backward = 0;
+  /// Waiting at the end of backward for the gradient all-reduces computation did not hide.
+  double all_reduce = 0;
+  /// The prepared optimizer's step.
+  double optimizer = 0;
+  /// The program's own code between the end of a step and the next batch's request.
+  double other = 0;
+  /// The whole step, from the end of the previous optimizer step to the end of this one.
+  double step = 0;
+};
+
 /// Everything metrics() reports: a copy, unaffected by steps run after it was taken.
 struct MetricsSnapshot {
   /// One entry per compiled step, in the order the steps were first run.
   std::vector<GraphStepMetrics> steps;
   /// Host <-> device copies made by Accelerant.
   TransferMetrics transfers;
+  /// This process's step-time breakdown over its last timed steps (up to 4096).
+  StepTimeMetrics step_time;
+  /// The optimizer steps step_time is taken over; 0 when none were timed.
+  int64_t timed_optimizer_steps = 0;
+  /// Every process's breakdown (by rank) from the last exchange between the processes
+  /// (AcceleratorOptions::step_breakdown_every); empty before the first.
+  std::vector<StepTimeMetrics> step_time_by_rank;
+  /// The optimizer step at which step_time_by_rank was exchanged.
+  int64_t step_time_by_rank_at = 0;
+  /// The rank named slow in that exchange (at least 20 % busier per step than the median of
+  /// ranks), or -1.
+  int straggler = -1;
 };
 
 /// The metrics of this process so far.

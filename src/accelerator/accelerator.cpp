@@ -15,6 +15,7 @@
 #include "accelerant/metrics.h"
 #include "accelerant/process_state.h"
 #include "accelerator/batch_to_device.h"
+#include "accelerator/step_breakdown.h"
 #include "base/cpu_settings.h"
 #include "base/file_io.h"
 #include "base/step_recording.h"
@@ -223,10 +224,34 @@ Accelerator::Accelerator(AcceleratorOptions options)
   checkpointed_->state = state_;
   checkpointed_->device = device_;
   checkpointed_->mixed_precision = settings_.mixed_precision;
+  start_step_breakdown();
+}
+
+void Accelerator::start_step_breakdown() {
+  const int64_t every = options_.step_breakdown_every();
+  if (every < 0) {
+    throw Error(detail::str("step_breakdown_every is ", every,
+                            "; it must be a number of optimizer steps, or 0 to turn the "
+                            "step-time breakdown off. Fix: e.g. step_breakdown_every(100)."));
+  }
+  detail::set_step_timing(every > 0);
+  if (every == 0) return;
+  detail::arm_metrics_report();
+  detail::StepBreakdown::Hooks hooks;
+  hooks.communicator = [this]() -> Communicator& { return communicator(); };
+  hooks.log = [this](const TrackerScalars& values, int64_t step) {
+    if (!tracker_dir_.empty()) log(values, step);
+  };
+  hooks.optimizer_step = [state = state_] { return state->optimizer_steps; };
+  hooks.rank = process_index_;
+  hooks.world = num_processes_;
+  hooks.rank_prefix = rank_prefix_;
+  step_breakdown_ = std::make_unique<detail::StepBreakdown>(every, std::move(hooks));
 }
 
 Accelerator::~Accelerator() {
-  resume_hook_->disarm();  // it points at this Accelerator; loaders may outlive it
+  resume_hook_->disarm();   // it points at this Accelerator; loaders may outlive it
+  step_breakdown_.reset();  // so do the optimizers that end the steps it listens to
   try {
     close_trackers();
   } catch (const std::exception& e) {  // a destructor cannot throw; say what was lost
@@ -544,6 +569,7 @@ void Accelerator::save_module(const torch::nn::Module& module, const std::string
 
 void Accelerator::end_training() {
   if (ended_) return;
+  step_breakdown_.reset();  // its exchange is a collective: none after this point
   close_trackers();  // local files only: before the barrier, so a hang there loses no scalars
   detail::ScopedCollectiveLabel label("end_training");
   wait_for_everyone();

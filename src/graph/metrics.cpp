@@ -9,6 +9,7 @@
 
 #include "accelerant/environment.h"
 #include "base/exit_hooks.h"
+#include "base/step_timing.h"
 #include "base/text.h"
 #include "graph/metrics_recording.h"
 
@@ -67,13 +68,45 @@ std::string bytes_text(int64_t bytes) {
   return detail::str(bytes, " B");
 }
 
+StepTimeMetrics step_time_metrics(const detail::StepTime& t) {
+  using detail::StepPhase;
+  auto phase = [&](StepPhase p) { return t.phase[static_cast<int>(p)]; };
+  StepTimeMetrics m;
+  m.data = phase(StepPhase::data);
+  m.forward_backward = phase(StepPhase::forward_backward);
+  m.all_reduce = phase(StepPhase::all_reduce);
+  m.optimizer = phase(StepPhase::optimizer);
+  m.other = phase(StepPhase::other);
+  m.step = t.step;
+  return m;
+}
+
+std::string step_time_text(const StepTimeMetrics& t) {
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "step %.2f ms: data %.2f, forward+backward %.2f, all-reduce wait %.2f, optimizer "
+                "%.2f, other %.2f",
+                t.step * 1e3, t.data * 1e3, t.forward_backward * 1e3, t.all_reduce * 1e3,
+                t.optimizer * 1e3, t.other * 1e3);
+  return line;
+}
+
 }  // namespace
 
 MetricsSnapshot metrics() {
+  // The step-time breakdown has its own lock (base/step_timing.h); read it first.
+  const std::vector<detail::StepTime> recent = detail::recent_step_times();
+  const detail::RankStepTimes ranks = detail::rank_step_times();
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   MetricsSnapshot snapshot;
   snapshot.transfers = r.transfers;
+  snapshot.step_time = step_time_metrics(detail::median_step_time(recent));
+  snapshot.timed_optimizer_steps = static_cast<int64_t>(recent.size());
+  for (const auto& rank : ranks.ranks)
+    snapshot.step_time_by_rank.push_back(step_time_metrics(rank));
+  snapshot.step_time_by_rank_at = ranks.at_step;
+  snapshot.straggler = ranks.straggler;
   for (const auto& s : r.steps) {
     GraphStepMetrics m = s.counts;
     m.timed_steps = static_cast<int64_t>(s.times.size());
@@ -111,6 +144,17 @@ std::string metrics_report() {
       << bytes_text(m.transfers.host_to_device_bytes) << "), device->host "
       << m.transfers.device_to_host << " (" << bytes_text(m.transfers.device_to_host_bytes)
       << ")\n";
+  if (m.timed_optimizer_steps > 0) {
+    out << "  step time, median of the last " << m.timed_optimizer_steps
+        << " optimizer steps: " << step_time_text(m.step_time) << "\n";
+  }
+  if (!m.step_time_by_rank.empty()) {
+    out << "  step time by rank, exchanged at optimizer step " << m.step_time_by_rank_at << ":\n";
+    for (size_t r = 0; r < m.step_time_by_rank.size(); ++r) {
+      out << "    rank " << r << ": " << step_time_text(m.step_time_by_rank[r])
+          << (static_cast<int>(r) == m.straggler ? "  <- straggler" : "") << "\n";
+    }
+  }
   return out.str();
 }
 
@@ -119,6 +163,7 @@ void reset_metrics() {
   std::lock_guard<std::mutex> lock(r.mutex);
   r.steps.clear();
   r.transfers = {};
+  detail::reset_step_times();
 }
 
 namespace detail {
@@ -163,6 +208,8 @@ void record_transfer(bool to_device, int64_t bytes) {
     r.transfers.device_to_host_bytes += bytes;
   }
 }
+
+void arm_metrics_report() { install_exit_hook(); }
 
 void print_metrics_if_requested() {
   static std::atomic<bool> printed{false};

@@ -13,6 +13,9 @@ void record_capture(const std::string& step, const std::string& mode, const std:
 void record_step(const std::string& step, bool cache_hit, bool replayed, double seconds);
 /// A copy Accelerant made between the host and a device.
 void record_transfer(bool to_device, int64_t bytes);
+/// Makes sure the report is printed at exit when requested, even if nothing else records (a
+/// training loop without graph steps, whose breakdown the report shows).
+void arm_metrics_report();
 /// Prints the report to stderr when ACCELERANT_METRICS is true (parse_bool), once per process
 /// (an exit hook).
 void print_metrics_if_requested();

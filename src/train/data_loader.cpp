@@ -5,6 +5,7 @@
 #include <mutex>
 #include <thread>
 
+#include "base/step_timing.h"
 #include "base/text.h"
 #include "train/data_loader_internal.h"
 
@@ -206,7 +207,10 @@ DataLoader::Iterator DataLoader::end() { return Iterator(); }
 DataLoader::Iterator::Iterator(std::shared_ptr<EpochRun> run) : run_(std::move(run)) { fetch(); }
 
 void DataLoader::Iterator::fetch() {
-  current_ = run_->take(index_);
+  {
+    detail::PhaseTimer waiting(detail::StepPhase::data, "data wait");
+    current_ = run_->take(index_);
+  }
   // Counted when handed out: a checkpoint taken after this batch's step resumes at the next one.
   const bool last = index_ + 1 == run_->shard.batches.size();
   const int64_t done =

@@ -9,6 +9,7 @@
 
 #include "accelerant/error.h"
 #include "accelerant/gradient_buckets.h"
+#include "base/step_timing.h"
 #include "base/tensor_alias.h"
 #include "base/text.h"
 #include "comm/collective_label.h"
@@ -158,7 +159,10 @@ struct GradientReducer::State {
     }
     start_full_buckets();
     const auto wait_start = std::chrono::steady_clock::now();
-    for (auto& pending : in_flight) pending.wait();
+    {
+      detail::PhaseTimer waiting(detail::StepPhase::all_reduce, "all-reduce wait");
+      for (auto& pending : in_flight) pending.wait();
+    }
     stats.exposed_wait_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
     torch::NoGradGuard no_grad;

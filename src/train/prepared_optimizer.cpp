@@ -2,6 +2,7 @@
 
 #include "accelerant/error.h"
 #include "base/step_recording.h"
+#include "base/step_timing.h"
 #include "base/text.h"
 
 namespace accelerant {
@@ -28,16 +29,20 @@ bool PreparedOptimizer::step() {
   if (!state_->sync_gradients) return false;
   if (detail::recording_step()) return step_in_graph();
   bool stepped = true;
-  if (state_->scaler && state_->scaler->enabled()) {
-    stepped = updater_ ? state_->scaler->step(*updater_) : state_->scaler->step(*optimizer_);
-    state_->scaler->update();
-  } else if (updater_) {
-    updater_->step();
-  } else {
-    optimizer_->step();
+  {
+    detail::PhaseTimer updating(detail::StepPhase::optimizer, "optimizer");
+    if (state_->scaler && state_->scaler->enabled()) {
+      stepped = updater_ ? state_->scaler->step(*updater_) : state_->scaler->step(*optimizer_);
+      state_->scaler->update();
+    } else if (updater_) {
+      updater_->step();
+    } else {
+      optimizer_->step();
+    }
   }
   state_->last_step_skipped = !stepped;
   if (stepped) ++state_->optimizer_steps;
+  detail::end_timed_step(optimizer_, state_->optimizer_steps);
   return stepped;
 }
 
@@ -62,15 +67,17 @@ bool PreparedOptimizer::step_in_graph() {
     if (!skip_flag_->defined()) *skip_flag_ = torch::empty_like(scaler.found_inf());
     skip_flag_->copy_(scaler.found_inf());
     scaler.update();
-    detail::host_effect([state, flag = skip_flag_] {
+    detail::host_effect([state, flag = skip_flag_, owner = optimizer_] {
       state->last_step_skipped = flag->item<float>() != 0.0f;
       if (!state->last_step_skipped) ++state->optimizer_steps;
+      detail::end_timed_step(owner, state->optimizer_steps);
     });
   } else {
     updater_->step();
-    detail::host_effect([state] {
+    detail::host_effect([state, owner = optimizer_] {
       state->last_step_skipped = false;
       ++state->optimizer_steps;
+      detail::end_timed_step(owner, state->optimizer_steps);
     });
   }
   return true;  // queued; whether it was skipped is known after the step (step_was_skipped)

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "accelerant/stream_loader.h"
+#include "base/step_timing.h"
 #include "base/text.h"
 #include "base/uncaught_exception_recorder.h"
 #include "train/stream_loader_internal.h"
@@ -334,6 +335,8 @@ StreamLoader::Iterator::Iterator(std::shared_ptr<EpochRun> run) : run_(std::move
 }
 
 void StreamLoader::Iterator::advance() {
+  // The wait for the next batch, and the ranks' agreement on whether each has one.
+  detail::PhaseTimer waiting(detail::StepPhase::data, "data wait");
   EpochRun& r = *run_;
   Shared& s = *r.shared;
   if (r.agreed.has_batch == 0) {  // no rank has a record left: the epoch ends everywhere

@@ -1,0 +1,126 @@
+#include "accelerator/step_breakdown.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+
+#include "accelerant/communicator.h"
+#include "base/text.h"
+#include "comm/collective_label.h"
+
+namespace accelerant::detail {
+namespace {
+
+double ms(double seconds) { return seconds * 1e3; }
+
+std::string fixed1(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f", value);
+  return text;
+}
+
+}  // namespace
+
+int find_straggler(const std::vector<StepTime>& ranks) {
+  if (ranks.size() < 2) return -1;
+  std::vector<double> busy;
+  for (const StepTime& t : ranks) busy.push_back(t.busy());
+  const double typical = median_of(busy);
+  const auto slowest = std::max_element(busy.begin(), busy.end());
+  if (typical <= 0 || *slowest < typical * (1 + kStragglerThreshold)) return -1;
+  return static_cast<int>(slowest - busy.begin());
+}
+
+std::string describe_straggler(const std::vector<StepTime>& ranks, int straggler) {
+  const StepTime& slow = ranks[straggler];
+  std::vector<double> busy;
+  for (const StepTime& t : ranks) busy.push_back(t.busy());
+  const double typical_busy = median_of(busy);
+  // The phase where the straggler spends the most time beyond the ranks' median of that phase.
+  struct Part {
+    StepPhase phase;
+    const char* what;
+  };
+  const Part parts[] = {{StepPhase::data, "waiting for data (its loader is slower)"},
+                        {StepPhase::forward_backward, "compute (forward and backward)"},
+                        {StepPhase::optimizer, "the optimizer step"},
+                        {StepPhase::other, "its own code between steps"}};
+  const Part* worst = &parts[1];
+  double worst_excess = -1, worst_median = 0;
+  for (const Part& part : parts) {
+    std::vector<double> values;
+    for (const StepTime& t : ranks) values.push_back(t.phase[static_cast<int>(part.phase)]);
+    const double typical = median_of(values);
+    const double excess = slow.phase[static_cast<int>(part.phase)] - typical;
+    if (excess > worst_excess) {
+      worst = &part;
+      worst_excess = excess;
+      worst_median = typical;
+    }
+  }
+  return str("rank ", straggler, " is ",
+             static_cast<int>((slow.busy() / typical_busy - 1) * 100 + 0.5),
+             "% slower than the median of ranks (busy ", fixed1(ms(slow.busy())),
+             " ms per step vs ", fixed1(ms(typical_busy)),
+             " ms; the others wait for it in the all-reduce). Most of the difference is ",
+             worst->what, ": ", fixed1(ms(slow.phase[static_cast<int>(worst->phase)])), " ms vs ",
+             fixed1(ms(worst_median)), " ms.");
+}
+
+TrackerScalars step_time_scalars(const std::vector<StepTime>& ranks) {
+  TrackerScalars scalars;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const std::string prefix = str("step_time/rank_", r, "/");
+    for (int p = 0; p < kStepPhases; ++p) {
+      scalars.emplace_back(prefix + step_phase_name(static_cast<StepPhase>(p)) + "_ms",
+                           ms(ranks[r].phase[p]));
+    }
+    scalars.emplace_back(prefix + "step_ms", ms(ranks[r].step));
+  }
+  return scalars;
+}
+
+StepBreakdown::StepBreakdown(int64_t every, Hooks hooks) : every_(every), hooks_(std::move(hooks)) {
+  window_.reserve(static_cast<size_t>(every_));
+  set_step_time_listener([this](const StepTime& step) { on_step(step); });
+}
+
+StepBreakdown::~StepBreakdown() { set_step_time_listener({}); }
+
+void StepBreakdown::on_step(const StepTime& step) {
+  window_.push_back(step);
+  if (static_cast<int64_t>(window_.size()) >= every_) exchange();
+}
+
+void StepBreakdown::exchange() {
+  const StepTime mine = median_step_time(window_);
+  const int64_t steps = static_cast<int64_t>(window_.size());
+  window_.clear();
+  std::vector<StepTime> ranks(static_cast<size_t>(hooks_.world));
+  if (hooks_.world > 1) {
+    // Every rank fills its own row; a sum of the rows is the table (an all-gather of 6 numbers
+    // per rank, through the collective every backend has).
+    torch::Tensor table = torch::zeros({hooks_.world, kStepTimeFields}, torch::kFloat64);
+    auto row = table.accessor<double, 2>()[hooks_.rank];
+    for (int f = 0; f < kStepTimeFields; ++f) row[f] = step_time_field(mine, f);
+    ScopedCollectiveLabel label("step-time breakdown");
+    hooks_.communicator().all_reduce_(table);
+    auto rows = table.accessor<double, 2>();
+    for (int r = 0; r < hooks_.world; ++r)
+      for (int f = 0; f < kStepTimeFields; ++f) set_step_time_field(ranks[r], f, rows[r][f]);
+  } else {
+    ranks[0] = mine;
+  }
+  const int64_t at = hooks_.optimizer_step();
+  const int straggler = find_straggler(ranks);
+  if (straggler >= 0 && hooks_.rank == 0 && named_.insert(straggler).second) {
+    std::cerr << hooks_.rank_prefix
+              << "accelerant: warning: " << describe_straggler(ranks, straggler)
+              << " (step-time breakdown over steps " << at - steps + 1 << "-" << at
+              << "; reported once per rank; docs/observability.md)\n";
+  }
+  set_rank_step_times({at, steps, ranks, straggler});
+  hooks_.log(step_time_scalars(ranks), at);
+}
+
+}  // namespace accelerant::detail

@@ -1,0 +1,69 @@
+// The cross-rank half of the step-time breakdown (base/step_timing.h measures each rank's
+// steps): every `every` steps the ranks exchange their medians over the window, the main
+// process logs them to the trackers, and a rank whose busy time is well above the others' is
+// named once, with the phase it loses its time in.
+//
+// Why busy time rather than step time: the ranks meet at every all-reduce, so a slow rank makes
+// every other rank's step as long as its own; they spend the difference waiting in the
+// all-reduce. Step time minus that wait is what tells the straggler apart.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "accelerant/tracker.h"
+#include "base/step_timing.h"
+
+namespace accelerant {
+class Communicator;
+}
+
+namespace accelerant::detail {
+
+/// A rank is a straggler when its busy time is at least this much above the median of ranks.
+constexpr double kStragglerThreshold = 0.20;
+
+/// The rank slowest by busy time if it is kStragglerThreshold or more above the ranks' median
+/// busy time, else -1. Needs 2 or more ranks.
+int find_straggler(const std::vector<StepTime>& ranks);
+
+/// What the straggler loses its time in, against the median of ranks: "data loading",
+/// "compute (forward and backward)", "the optimizer" or "its own code between steps", with the
+/// numbers, for the warning.
+std::string describe_straggler(const std::vector<StepTime>& ranks, int straggler);
+
+/// The tracker scalars of one exchange: `step_time/rank_<r>/<phase>_ms` and `.../step_ms`.
+TrackerScalars step_time_scalars(const std::vector<StepTime>& ranks);
+
+class StepBreakdown {
+ public:
+  struct Hooks {
+    /// The ranks' communicator (looked up at each exchange: it may be gone after end_training).
+    std::function<Communicator&()> communicator;
+    /// Logs scalars at a step to the trackers, when they are started (main process only).
+    std::function<void(const TrackerScalars&, int64_t)> log;
+    /// The optimizer step count, the step the scalars are logged at.
+    std::function<int64_t()> optimizer_step;
+    int rank = 0;
+    int world = 1;
+    std::string rank_prefix;
+  };
+  /// Listens to every timed step of this process from now on, until destroyed.
+  StepBreakdown(int64_t every, Hooks hooks);
+  ~StepBreakdown();
+  StepBreakdown(const StepBreakdown&) = delete;
+  StepBreakdown& operator=(const StepBreakdown&) = delete;
+
+ private:
+  void on_step(const StepTime& step);
+  void exchange();
+
+  int64_t every_;
+  Hooks hooks_;
+  std::vector<StepTime> window_;
+  std::set<int> named_;  // stragglers already named: each once
+};
+
+}  // namespace accelerant::detail
