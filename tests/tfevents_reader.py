@@ -31,18 +31,25 @@ def masked(data):
 def event_class():
     f = descriptor_pb2.FileDescriptorProto(name="reader_event.proto", package="reader", syntax="proto3")
 
-    def message(name, fields):
+    def message(name, fields, oneofs=()):
         m = f.message_type.add(name=name)
-        for field_name, number, kind, type_name, label in fields:
+        for oneof in oneofs:
+            m.oneof_decl.add(name=oneof)
+        for field_name, number, kind, type_name, label, *oneof in fields:
             field = m.field.add(name=field_name, number=number, type=kind, label=label)
             if type_name:
                 field.type_name = ".reader." + type_name
+            if oneof:
+                field.oneof_index = oneofs.index(oneof[0])
 
     one, many = F.LABEL_OPTIONAL, F.LABEL_REPEATED
     message("Plugin", [("plugin_name", 1, F.TYPE_STRING, None, one)])
     message("Meta", [("plugin_data", 1, F.TYPE_MESSAGE, "Plugin", one)])
-    message("Val", [("tag", 1, F.TYPE_STRING, None, one), ("simple_value", 2, F.TYPE_FLOAT, None, one),
-                    ("metadata", 9, F.TYPE_MESSAGE, "Meta", one)])
+    # simple_value in a oneof, as in the public format, so that a value written as 0 is told apart
+    # from one not written at all.
+    message("Val", [("tag", 1, F.TYPE_STRING, None, one),
+                    ("simple_value", 2, F.TYPE_FLOAT, None, one, "value"),
+                    ("metadata", 9, F.TYPE_MESSAGE, "Meta", one)], oneofs=("value",))
     message("Summ", [("value", 1, F.TYPE_MESSAGE, "Val", many)])
     message("Ev", [("wall_time", 1, F.TYPE_DOUBLE, None, one), ("step", 2, F.TYPE_INT64, None, one),
                    ("file_version", 3, F.TYPE_STRING, None, one),
@@ -78,7 +85,7 @@ def main(path):
         event.ParseFromString(body)
         print(json.dumps({
             "step": event.step, "wall_time": event.wall_time, "file_version": event.file_version,
-            "values": {v.tag: v.simple_value for v in event.summary.value},
+            "values": {v.tag: v.simple_value for v in event.summary.value if v.HasField("simple_value")},
             "plugins": {v.tag: v.metadata.plugin_data.plugin_name for v in event.summary.value}}))
 
 

@@ -135,6 +135,20 @@ TEST(Trackers, TensorBoardFileReadByAnIndependentReader) {
   EXPECT_EQ(records[6]["values"]["eval/loss"].get<double>(), 2.5);
 }
 
+// A scalar of exactly 0 is written as a value (the public format's simple_value is in a oneof).
+TEST(Trackers, TensorBoardWritesAZeroScalar) {
+  t::ScratchDir dir;
+  auto tb = make_tracker("tensorboard");
+  tb->init(dir.path, {});
+  tb->log({{"loss", 0.0}, {"accuracy", -0.0}}, 0);
+  tb->close();
+  std::vector<nlohmann::json> records;
+  std::string out;
+  ASSERT_EQ(read_events(event_files(dir.path).at(0), records, out), 0) << out;
+  ASSERT_EQ(records.size(), 2u) << out;
+  EXPECT_EQ(records[1]["values"], nlohmann::json({{"loss", 0.0}, {"accuracy", -0.0}})) << out;
+}
+
 TEST(Trackers, IndependentReaderRejectsACorruptedRecord) {
   t::ScratchDir dir;
   auto tb = make_tracker("tensorboard");
