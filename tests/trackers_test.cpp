@@ -1,8 +1,8 @@
 // Trackers: CRC32C against published vectors, the CSV and JSON Lines files byte for byte, the
-// TensorBoard event file decoded by an independent reader (tests/tfevents_reader.py: Python's
-// protobuf with its own message declarations, its own CRC32C), a corrupted file rejected by that
-// reader, and on two forked processes only rank 0 writing, with no collective (the ranks call
-// log() different numbers of times).
+// TensorBoard event file (scalars and the config as hparams) decoded by an independent reader
+// (tests/tfevents_reader.py: Python's protobuf with its own message declarations, its own CRC32C),
+// a corrupted file rejected by that reader, and on two forked processes only rank 0
+// writing, with no collective (the ranks call log() different numbers of times).
 #include <accelerant/accelerant.h>
 #include <gtest/gtest.h>
 
@@ -121,21 +121,68 @@ TEST(Trackers, TensorBoardFileReadByAnIndependentReader) {
   std::vector<nlohmann::json> records;
   std::string out;
   ASSERT_EQ(read_events(files[0], records, out), 0) << out;
-  ASSERT_EQ(records.size(), 7u) << out;
+  ASSERT_EQ(records.size(), 8u) << out;
   EXPECT_EQ(records[0]["file_version"], "brain.Event:2");
+  EXPECT_EQ(records[1]["hparams"], nlohmann::json({{"lr", 0.01}})) << out;
   for (int64_t step = 0; step < 5; ++step) {
-    const auto& record = records[1 + step];
+    const auto& record = records[2 + step];
     EXPECT_EQ(record["step"], step);
     EXPECT_EQ(record["values"]["train/loss"].get<double>(), 1.0 / (1 << step));
     EXPECT_EQ(record["plugins"]["train/loss"], "scalars");
     EXPECT_GT(record["wall_time"].get<double>(), 1.7e9);
   }
-  EXPECT_EQ(records[6]["step"], 4);
-  EXPECT_EQ(records[6]["values"]["eval/accuracy"].get<double>(), 0.75);
-  EXPECT_EQ(records[6]["values"]["eval/loss"].get<double>(), 2.5);
+  EXPECT_EQ(records[7]["step"], 4);
+  EXPECT_EQ(records[7]["values"]["eval/accuracy"].get<double>(), 0.75);
+  EXPECT_EQ(records[7]["values"]["eval/loss"].get<double>(), 2.5);
 }
 
-// A scalar of exactly 0 is written as a value (the public format's simple_value is in a oneof).
+// The config as the hparams plugin's session start, every name and value exactly: numbers as
+// number_value (bools are numbers), texts as string_value, a 0 and an empty text included (a plain
+// proto3 field would drop them on the wire).
+TEST(Trackers, TensorBoardHasTheConfigAsHparams) {
+  t::ScratchDir dir;
+  const TrackerConfig config = {{"lr", 0.001},
+                                {"batch_size", 64},
+                                {"dropout", 0},
+                                {"amp", true},
+                                {"optimizer", "adamw"},
+                                {"note", ""},
+                                {"model/depth", -12},
+                                {"seed", int64_t{9007199254740993}},
+                                {"weight_decay", 1e-300},
+                                {"name with spaces, \"quotes\"", "ü,√"}};
+  auto tb = make_tracker("tensorboard");
+  tb->init(dir.path, config);
+  tb->log({{"loss", 0.5}}, 1);
+  tb->close();
+  const auto files = event_files(dir.path);
+  ASSERT_EQ(files.size(), 1u);
+  std::vector<nlohmann::json> records;
+  std::string out;
+  ASSERT_EQ(read_events(files[0], records, out), 0) << out;
+  ASSERT_EQ(records.size(), 3u) << out;
+  const auto& hparams = records[1];
+  EXPECT_EQ(hparams["plugins"], nlohmann::json({{"_hparams_/session_start_info", "hparams"}}));
+  EXPECT_EQ(hparams["values"], nlohmann::json::object());  // no scalar in it
+  EXPECT_EQ(hparams["hparams_version"], 0);
+  EXPECT_GT(hparams["start_time_secs"].get<double>(), 1.7e9);
+  ASSERT_EQ(hparams["hparams"].size(), config.size()) << out;
+  for (const auto& [name, value] : config) {
+    SCOPED_TRACE(name);
+    const auto& read = hparams["hparams"][name];
+    if (value.is_number()) {
+      EXPECT_EQ(hparams["hparam_kinds"][name], "number_value");
+      EXPECT_EQ(read.get<double>(), value.number());
+    } else {
+      EXPECT_EQ(hparams["hparam_kinds"][name], "string_value");
+      EXPECT_EQ(read.get<std::string>(), value.text());
+    }
+  }
+  EXPECT_EQ(records[2]["values"]["loss"], 0.5);
+}
+
+// A scalar of exactly 0 is written as a value (the public format's simple_value is in a oneof);
+// an empty config writes no hparams record.
 TEST(Trackers, TensorBoardWritesAZeroScalar) {
   t::ScratchDir dir;
   auto tb = make_tracker("tensorboard");
