@@ -6,7 +6,9 @@ as protobuf's own google.protobuf.Value. Prints one JSON object per record:
 {"step", "wall_time", "file_version", "values": {tag: simple_value}, "plugins": {tag: plugin}}, and
 for the hparams plugin's session start also "hparams": {name: number or text}, "hparam_kinds":
 {name: "number_value" | "string_value" | ...}, "hparams_version" and "start_time_secs".
-Exits 1 on a bad CRC, a truncated record or an unparsable message.
+A record cut off by the end of the file (what a writer killed in the middle of a write leaves) is
+not an error: TensorBoard too reads it as not yet written. It is reported as {"truncated_at": byte}
+after the whole records. Exits 1 on a bad CRC or an unparsable message.
 Usage: tfevents_reader.py FILE"""
 import json
 import struct
@@ -99,14 +101,14 @@ def main(path):
     at = 0
     while at < len(data):
         if at + 12 > len(data):
-            sys.exit("truncated header at byte %d" % at)
+            break
         header = data[at:at + 8]
         (length,) = struct.unpack("<Q", header)
         (header_crc,) = struct.unpack("<I", data[at + 8:at + 12])
         if header_crc != masked(header):
             sys.exit("bad length CRC at byte %d" % at)
         if at + 16 + length > len(data):
-            sys.exit("truncated record at byte %d" % at)
+            break
         body = data[at + 12:at + 12 + length]
         (body_crc,) = struct.unpack("<I", data[at + 12 + length:at + 16 + length])
         if body_crc != masked(body):
@@ -121,6 +123,8 @@ def main(path):
             if v.metadata.plugin_data.plugin_name == "hparams":
                 record.update(hparams_of(v, HPluginData))
         print(json.dumps(record))
+    if at < len(data):
+        print(json.dumps({"truncated_at": at}))
 
 
 if __name__ == "__main__":
