@@ -1,17 +1,25 @@
 // Trackers: CRC32C against published vectors, the CSV and JSON Lines files byte for byte, the
-// TensorBoard event file decoded by an independent reader (tests/tfevents_reader.py: Python's
-// protobuf with its own message declarations, its own CRC32C), a corrupted file rejected by that
-// reader, and on two forked processes only rank 0 writing, with no collective (the ranks call
-// log() different numbers of times).
+// TensorBoard event file (scalars and the config as hparams) decoded by an independent reader
+// (tests/tfevents_reader.py: Python's protobuf with its own message declarations, its own CRC32C),
+// a corrupted file rejected and a cut-off one read up to the cut by that reader, a process killed
+// with SIGKILL leaving everything up to its last flush, and on two forked processes only rank 0
+// writing, with no collective (the ranks call log() different numbers of times).
 #include <accelerant/accelerant.h>
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <thread>
 
 #include "test_support.h"
+#include "track/builtin_trackers.h"  // kTrackerFlushInterval, to wait for a timed flush
 
 using namespace accelerant;
 namespace t = accelerant::testing;
@@ -42,6 +50,13 @@ int read_events(const std::string& path, std::vector<nlohmann::json>& records, s
     if (!line.empty() && line[0] == '{') records.push_back(nlohmann::json::parse(line));
   }
   return status;
+}
+
+std::vector<std::string> lines_of(const std::string& path) {
+  std::vector<std::string> lines;
+  std::istringstream in(slurp(path));
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
 }
 
 TEST(Crc32c, KnownVectors) {
@@ -121,18 +136,128 @@ TEST(Trackers, TensorBoardFileReadByAnIndependentReader) {
   std::vector<nlohmann::json> records;
   std::string out;
   ASSERT_EQ(read_events(files[0], records, out), 0) << out;
-  ASSERT_EQ(records.size(), 7u) << out;
+  ASSERT_EQ(records.size(), 8u) << out;
   EXPECT_EQ(records[0]["file_version"], "brain.Event:2");
+  EXPECT_EQ(records[1]["hparams"], nlohmann::json({{"lr", 0.01}})) << out;
   for (int64_t step = 0; step < 5; ++step) {
-    const auto& record = records[1 + step];
+    const auto& record = records[2 + step];
     EXPECT_EQ(record["step"], step);
     EXPECT_EQ(record["values"]["train/loss"].get<double>(), 1.0 / (1 << step));
     EXPECT_EQ(record["plugins"]["train/loss"], "scalars");
     EXPECT_GT(record["wall_time"].get<double>(), 1.7e9);
   }
-  EXPECT_EQ(records[6]["step"], 4);
-  EXPECT_EQ(records[6]["values"]["eval/accuracy"].get<double>(), 0.75);
-  EXPECT_EQ(records[6]["values"]["eval/loss"].get<double>(), 2.5);
+  EXPECT_EQ(records[7]["step"], 4);
+  EXPECT_EQ(records[7]["values"]["eval/accuracy"].get<double>(), 0.75);
+  EXPECT_EQ(records[7]["values"]["eval/loss"].get<double>(), 2.5);
+}
+
+// The config as the hparams plugin's session start, every name and value exactly: numbers as
+// number_value (bools are numbers), texts as string_value, a 0 and an empty text included (a plain
+// proto3 field would drop them on the wire).
+TEST(Trackers, TensorBoardHasTheConfigAsHparams) {
+  t::ScratchDir dir;
+  const TrackerConfig config = {{"lr", 0.001},
+                                {"batch_size", 64},
+                                {"dropout", 0},
+                                {"amp", true},
+                                {"optimizer", "adamw"},
+                                {"note", ""},
+                                {"model/depth", -12},
+                                {"seed", int64_t{9007199254740993}},
+                                {"weight_decay", 1e-300},
+                                {"name with spaces, \"quotes\"", "ü,√"}};
+  auto tb = make_tracker("tensorboard");
+  tb->init(dir.path, config);
+  tb->log({{"loss", 0.5}}, 1);
+  tb->close();
+  const auto files = event_files(dir.path);
+  ASSERT_EQ(files.size(), 1u);
+  std::vector<nlohmann::json> records;
+  std::string out;
+  ASSERT_EQ(read_events(files[0], records, out), 0) << out;
+  ASSERT_EQ(records.size(), 3u) << out;
+  const auto& hparams = records[1];
+  EXPECT_EQ(hparams["plugins"], nlohmann::json({{"_hparams_/session_start_info", "hparams"}}));
+  EXPECT_EQ(hparams["values"], nlohmann::json::object());  // no scalar in it
+  EXPECT_EQ(hparams["hparams_version"], 0);
+  EXPECT_GT(hparams["start_time_secs"].get<double>(), 1.7e9);
+  ASSERT_EQ(hparams["hparams"].size(), config.size()) << out;
+  for (const auto& [name, value] : config) {
+    SCOPED_TRACE(name);
+    const auto& read = hparams["hparams"][name];
+    if (value.is_number()) {
+      EXPECT_EQ(hparams["hparam_kinds"][name], "number_value");
+      EXPECT_EQ(read.get<double>(), value.number());
+    } else {
+      EXPECT_EQ(hparams["hparam_kinds"][name], "string_value");
+      EXPECT_EQ(read.get<std::string>(), value.text());
+    }
+  }
+  EXPECT_EQ(records[2]["values"]["loss"], 0.5);
+}
+
+// A scalar of exactly 0 is written as a value (the public format's simple_value is in a oneof);
+// an empty config writes no hparams record.
+TEST(Trackers, TensorBoardWritesAZeroScalar) {
+  t::ScratchDir dir;
+  auto tb = make_tracker("tensorboard");
+  tb->init(dir.path, {});
+  tb->log({{"loss", 0.0}, {"accuracy", -0.0}}, 0);
+  tb->close();
+  std::vector<nlohmann::json> records;
+  std::string out;
+  ASSERT_EQ(read_events(event_files(dir.path).at(0), records, out), 0) << out;
+  ASSERT_EQ(records.size(), 2u) << out;
+  EXPECT_EQ(records[1]["values"], nlohmann::json({{"loss", 0.0}, {"accuracy", -0.0}})) << out;
+}
+
+// What a writer killed in the middle of a flush can leave: a last record cut anywhere. The
+// reader returns the whole records before it and reports the cut, as TensorBoard does.
+TEST(Trackers, IndependentReaderStopsAtACutOffLastRecord) {
+  t::ScratchDir dir;
+  auto tb = make_tracker("tensorboard");
+  tb->init(dir.path, {{"lr", 0.5}});
+  tb->log({{"loss", 0.5}}, 3);
+  tb->flush();
+  const auto whole = std::filesystem::file_size(event_files(dir.path).at(0));
+  tb->log({{"loss", 0.25}}, 4);
+  tb->close();
+  const auto file = event_files(dir.path).at(0);
+  const std::string bytes = slurp(file);
+  ASSERT_GT(bytes.size(), whole + 16);
+  // Every cut inside the last record's header, data and CRC.
+  for (size_t size = whole + 1; size < bytes.size(); size += 3) {
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes.substr(0, size);
+    std::vector<nlohmann::json> records;
+    std::string out;
+    ASSERT_EQ(read_events(file, records, out), 0) << "cut at " << size << ": " << out;
+    ASSERT_EQ(records.size(), 4u) << "cut at " << size << ": " << out;
+    EXPECT_EQ(records[2]["values"]["loss"], 0.5);
+    EXPECT_EQ(records[3]["truncated_at"], whole);
+  }
+}
+
+// A run resumed after a crash that cut the last line of scalars.csv or scalars.jsonl drops that
+// fragment instead of gluing its first line onto it.
+TEST(Trackers, AResumedRunDropsATornLastLine) {
+  t::ScratchDir dir;
+  std::ofstream(dir.path + "/scalars.csv") << "step,tag,value\n0,loss,1\n1,lo";
+  std::ofstream(dir.path + "/scalars.jsonl") << "{\"config\":{}}\n{\"step\":1,\"val";
+  for (const char* name : {"csv", "jsonl"}) {
+    auto tracker = make_tracker(name);
+    tracker->init(dir.path, {});
+    tracker->log({{"loss", 2.0}}, 1);
+    tracker->close();
+  }
+  EXPECT_EQ(slurp(dir.path + "/scalars.csv"), "step,tag,value\n0,loss,1\n1,loss,2\n");
+  EXPECT_EQ(slurp(dir.path + "/scalars.jsonl"),
+            "{\"config\":{}}\n{\"config\":{}}\n{\"step\":1,\"values\":{\"loss\":2.0}}\n");
+  // Not even the header whole: the file starts again.
+  std::ofstream(dir.path + "/scalars.csv", std::ios::trunc) << "step,ta";
+  auto csv = make_tracker("csv");
+  csv->init(dir.path, {});
+  csv->close();
+  EXPECT_EQ(slurp(dir.path + "/scalars.csv"), "step,tag,value\n");
 }
 
 TEST(Trackers, IndependentReaderRejectsACorruptedRecord) {
@@ -150,6 +275,86 @@ TEST(Trackers, IndependentReaderRejectsACorruptedRecord) {
   std::string out;
   EXPECT_NE(read_events(files[0], records, out), 0) << out;
   EXPECT_TRUE(t::contains(out, "bad data CRC")) << out;
+}
+
+// The child of the kill test: logs "loss" at steps 0-2 and flushes, logs 3-4, waits out the flush
+// interval so that log() of step 5 flushes 3-5, logs 6-9 (left in memory), then tells the parent
+// to kill it and waits for that. Exits 3 without telling when anything throws.
+[[noreturn]] void log_until_killed(const std::string& dir, int ready_fd) {
+  try {
+    std::vector<std::shared_ptr<Tracker>> trackers;
+    for (const char* name : {"csv", "jsonl", "tensorboard"}) {
+      trackers.push_back(make_tracker(name));
+      trackers.back()->init(dir, {{"lr", 0.5}});
+    }
+    auto log_steps = [&](int64_t first, int64_t last) {
+      for (int64_t step = first; step <= last; ++step) {
+        for (auto& tracker : trackers) tracker->log({{"loss", static_cast<double>(step)}}, step);
+      }
+    };
+    log_steps(0, 2);
+    for (auto& tracker : trackers) tracker->flush();
+    log_steps(3, 4);
+    std::this_thread::sleep_for(accelerant::detail::kTrackerFlushInterval +
+                                std::chrono::milliseconds(200));
+    log_steps(5, 5);
+    log_steps(6, 9);
+    if (::write(ready_fd, "k", 1) != 1) ::_exit(4);
+    for (;;) ::pause();  // in scope: leaving it would destroy the trackers, which flushes them
+  } catch (...) {
+    ::_exit(3);
+  }
+}
+
+// Whether a byte arrives on `fd` within `limit` (false at EOF: the child died without writing).
+bool byte_arrives(int fd, std::chrono::milliseconds limit) {
+  pollfd ready{fd, POLLIN, 0};
+  char byte = 0;
+  return ::poll(&ready, 1, static_cast<int>(limit.count())) == 1 && ::read(fd, &byte, 1) == 1;
+}
+
+// SIGKILL, so no flush at exit: every file holds exactly the steps up to the last flush (an
+// explicit flush() and then log()'s own after the interval), nothing logged after it, and reads
+// cleanly. The kill comes between flushes, so no record is cut off (a cut one: the test above).
+TEST(Trackers, SigkillLeavesEverythingUpToTheLastFlush) {
+  t::ScratchDir dir;
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(ready[0]);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphan if the test process dies first
+    log_until_killed(dir.path, ready[1]);
+  }
+  ::close(ready[1]);
+  const bool logged = byte_arrives(ready[0], std::chrono::seconds(60));
+  ::kill(child, SIGKILL);  // also when it is stuck: bounded either way
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ::close(ready[0]);
+  ASSERT_TRUE(logged) << "the child did not log within 60 s; wait status " << status;
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+
+  std::vector<std::string> csv = {"step,tag,value"}, jsonl = {R"({"config":{"lr":0.5}})"};
+  for (int step = 0; step <= 5; ++step) {
+    csv.push_back(std::to_string(step) + ",loss," + std::to_string(step));
+    jsonl.push_back(R"({"step":)" + std::to_string(step) + R"(,"values":{"loss":)" +
+                    std::to_string(step) + ".0}}");
+  }
+  EXPECT_EQ(lines_of(dir.path + "/scalars.csv"), csv);
+  EXPECT_EQ(lines_of(dir.path + "/scalars.jsonl"), jsonl);
+  const auto files = event_files(dir.path);
+  ASSERT_EQ(files.size(), 1u);
+  std::vector<nlohmann::json> records;
+  std::string out;
+  ASSERT_EQ(read_events(files[0], records, out), 0) << out;
+  ASSERT_EQ(records.size(), 2u + 6u) << out;  // file_version, hparams, steps 0-5; no cut
+  EXPECT_EQ(records[1]["hparams"], nlohmann::json({{"lr", 0.5}}));
+  for (int step = 0; step <= 5; ++step) {
+    EXPECT_EQ(records[2 + step]["step"], step);
+    EXPECT_EQ(records[2 + step]["values"]["loss"], step);
+  }
 }
 
 TEST(Trackers, LogBeforeInitTrackersSaysHowToFix) {

@@ -1,5 +1,6 @@
 // TensorBoard event files (docs/observability.md "TensorBoard"): serialized Event messages in
-// TFRecord framing, scalars as Summary.Value.simple_value with the "scalars" plugin named.
+// TFRecord framing, scalars as Summary.Value.simple_value with the "scalars" plugin named, the
+// config as the hparams plugin's session start.
 #include <unistd.h>
 
 #include <atomic>
@@ -39,10 +40,37 @@ std::string host_name() {
   return name;
 }
 
+// The hparams plugin's session start: what makes TensorBoard's HPARAMS tab list the run with its
+// hyper-parameters. No experiment summary (hparam and metric infos) is written: the metrics are
+// not known at init, and without one TensorBoard derives the experiment from the session starts
+// and every scalar tag of the run, so that the tab shows all of them.
+tensorboard::Event hparams_event(const TrackerConfig& config, double now) {
+  tensorboard::HParamsPluginData plugin_data;
+  plugin_data.set_version(0);
+  auto* start = plugin_data.mutable_session_start_info();
+  start->set_start_time_secs(now);
+  for (const auto& [name, value] : config) {
+    auto& hparam = (*start->mutable_hparams())[name];  // a repeated name: the last one wins
+    if (value.is_number()) {
+      hparam.set_number_value(value.number());
+    } else {
+      hparam.set_string_value(value.text());
+    }
+  }
+  tensorboard::Event event;
+  event.set_wall_time(now);
+  // No data (tensor) in the value: TensorBoard's readers give metadata-only values a null tensor.
+  auto* summary_value = event.mutable_summary()->add_value();
+  summary_value->set_tag("_hparams_/session_start_info");
+  auto* plugin = summary_value->mutable_metadata()->mutable_plugin_data();
+  plugin->set_plugin_name("hparams");
+  plugin->set_content(plugin_data.SerializeAsString());
+  return event;
+}
+
 class TensorBoardTracker : public Tracker {
  public:
-  void init(const std::string& run_dir,
-            const TrackerConfig& /*config: in csv/jsonl only*/) override {
+  void init(const std::string& run_dir, const TrackerConfig& config) override {
     // The trailing counter keeps two trackers of one process in one second apart.
     static std::atomic<int> files_opened{0};
     const double now = unix_seconds();
@@ -53,6 +81,7 @@ class TensorBoardTracker : public Tracker {
     event.set_wall_time(now);
     event.set_file_version("brain.Event:2");
     file_.append(tfrecord(event.SerializeAsString()));
+    if (!config.empty()) file_.append(tfrecord(hparams_event(config, now).SerializeAsString()));
     file_.flush();
   }
   void log(const TrackerScalars& values, int64_t step) override {

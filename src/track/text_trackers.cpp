@@ -37,6 +37,7 @@ class CsvTracker : public Tracker {
     }
     config_file.close();
     // Kept: a resumed run (auto_resume) continues the same file; the header only when new.
+    drop_torn_last_line(run_dir + "/scalars.csv");
     if (scalars_.open(run_dir + "/scalars.csv", /*keep=*/true) == 0) {
       scalars_.append("step,tag,value\n");
     }
@@ -71,6 +72,7 @@ class JsonlTracker : public Tracker {
         object[name] = value.text();
       }
     }
+    drop_torn_last_line(run_dir + "/scalars.jsonl");
     file_.open(run_dir + "/scalars.jsonl", /*keep=*/true);  // a resumed run adds a config line
     file_.append(nlohmann::ordered_json{{"config", object}}.dump() + "\n");
     file_.flush();

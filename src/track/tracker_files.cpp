@@ -61,6 +61,30 @@ void AppendFile::close() {
   fd_ = -1;
 }
 
+void drop_torn_last_line(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return;  // missing (a new run); AppendFile::open reports any other failure
+  const off_t end = ::lseek(fd, 0, SEEK_END);
+  off_t keep = -1;  // the size to cut to; -1 while unknown
+  char block[4096];
+  for (off_t at = end; at > 0 && keep < 0;) {
+    const off_t start = at > static_cast<off_t>(sizeof block) ? at - sizeof block : 0;
+    if (::pread(fd, block, at - start, start) != at - start) break;  // unreadable: leave it
+    for (off_t i = at - start; i > 0 && keep < 0; --i) {
+      if (block[i - 1] == '\n') keep = start + i;
+    }
+    at = start;
+    if (at == 0 && keep < 0) keep = 0;  // not one whole line
+  }
+  const bool cut = keep >= 0 && keep < end && ::ftruncate(fd, keep) != 0;
+  const int cut_errno = errno;
+  ::close(fd);
+  if (cut) {
+    throw Error("cannot cut the torn last line off the tracker file " + path + ": " +
+                std::strerror(cut_errno) + ". Check that the file is writable.");
+  }
+}
+
 std::string format_scalar(double value) {
   if (std::isnan(value)) return "nan";
   if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
