@@ -2,7 +2,7 @@
 """Checks what `fashion_mnist --log_with tensorboard,csv` wrote on 2 processes, reading the event
 file with the independent reader (tfevents_reader.py) and the CSV with Python's csv module:
 the loss at every optimizer step, the accuracy after each epoch, both ranks' step-time breakdown,
-and the same numbers in both files (TensorBoard keeps scalars in single precision).
+the hyper-parameters (TensorBoard's hparams summary), and the same numbers in both files (TensorBoard keeps scalars in single precision).
 Usage: run_files_check.py RUN_DIR EPOCHS"""
 import csv
 import glob
@@ -32,10 +32,18 @@ def main(run_dir, epochs):
     if out.returncode != 0:
         fail("the reader refused %s: %s" % (events[0], out.stderr))
     tb = {}  # (step, tag) -> value
+    hparams = None
     for line in out.stdout.splitlines():
         record = json.loads(line)
+        if "truncated_at" in record:
+            fail("the event file of a finished run ends in a cut-off record: %s" % record)
+        if "hparams" in record:
+            hparams = record["hparams"]
         for tag, value in record.get("values", {}).items():
             tb[(record["step"], tag)] = value
+
+    if hparams is None or hparams.get("num_processes") != 2 or "lr" not in hparams:
+        fail("the event file's hyper-parameters should hold lr and num_processes 2; got %s" % hparams)
 
     with open(os.path.join(run_dir, "scalars.csv"), newline="") as f:
         rows = list(csv.DictReader(f))
