@@ -157,12 +157,19 @@ TEST(Straggler, RanksWithinTheThresholdOrAloneHaveNone) {
           {step_time(0, 100, 0, 0, 0), step_time(0, 100, 0, 0, 0), step_time(0, 121, 0, 0, 0)}),
       2);
   EXPECT_EQ(accelerant::detail::find_straggler({step_time(50, 10, 0, 0, 0)}), -1);
+  // Of two ranks, against the other one: 25 % slower is named, 15 % is not.
+  EXPECT_EQ(
+      accelerant::detail::find_straggler({step_time(0, 100, 25, 0, 0), step_time(0, 125, 0, 0, 0)}),
+      1);
+  EXPECT_EQ(
+      accelerant::detail::find_straggler({step_time(0, 115, 0, 0, 0), step_time(0, 100, 15, 0, 0)}),
+      -1);
 }
 
 TEST(Straggler, TheScalarsNameEachRankAndPhaseInMilliseconds) {
   const TrackerScalars s =
-      accelerant::detail::step_time_scalars({step_time(1, 2, 0, 0.5, 0), step_time(0, 0, 0, 0, 0)});
-  ASSERT_EQ(s.size(), 12u);
+      accelerant::detail::step_time_scalars({step_time(1, 2, 0, 0.5, 0), step_time(0, 0, 0, 0, 0)}, -1);
+  ASSERT_EQ(s.size(), 13u);
   EXPECT_EQ(s[0].first, "step_time/rank_0/data_ms");
   EXPECT_DOUBLE_EQ(s[0].second, 1.0);
   EXPECT_EQ(s[1].first, "step_time/rank_0/forward_backward_ms");
@@ -171,6 +178,8 @@ TEST(Straggler, TheScalarsNameEachRankAndPhaseInMilliseconds) {
   EXPECT_EQ(s[5].first, "step_time/rank_0/step_ms");
   EXPECT_DOUBLE_EQ(s[5].second, 3.5);
   EXPECT_EQ(s[11].first, "step_time/rank_1/step_ms");
+  EXPECT_EQ(s[12].first, "step_time/straggler");
+  EXPECT_EQ(s[12].second, -1);
 }
 
 TEST(StepBreakdown, TwoRanksLogBothBreakdownsAndNameTheRankSlowAtLoadingData) {
@@ -218,6 +227,7 @@ TEST(StepBreakdown, TwoRanksLogBothBreakdownsAndNameTheRankSlowAtLoadingData) {
     steps.push_back(record.at("step").get<int64_t>());
     EXPECT_GE(values.at("step_time/rank_1/data_ms").get<double>(), 20);
     EXPECT_GE(values.at("step_time/rank_0/all_reduce_ms").get<double>(), 10);
+    EXPECT_EQ(values.at("step_time/straggler").get<double>(), 1);
     for (const char* tag : {"step_time/rank_0/forward_backward_ms", "step_time/rank_0/optimizer_ms",
                             "step_time/rank_0/other_ms", "step_time/rank_1/step_ms"})
       EXPECT_TRUE(values.contains(tag)) << tag;

@@ -71,7 +71,7 @@ struct AcceleratorOptions {
   /// waiting for data, forward+backward, the all-reduce wait, the optimizer and the code between
   /// steps. Every this many optimizer steps the processes exchange their medians (one small
   /// all-reduce), the main process logs them to the trackers as `step_time/rank_<r>/<phase>_ms`,
-  /// and a process at least 20 % busier per step than the median of processes is named once,
+  /// and a process at least 20 % busier per step than the median of the others is named once,
   /// with the phase it is slow in. metrics_report() shows the breakdown too. 0 turns it off,
   /// timers included (they cost well under 1 % of a step; docs/benchmarks.md). Default: 100.
   TORCH_ARG(int64_t, step_breakdown_every) = 100;

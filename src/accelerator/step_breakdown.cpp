@@ -21,22 +21,36 @@ std::string fixed1(double value) {
 
 }  // namespace
 
+namespace {
+
+// The median of every rank's value but `rank`'s: what the others take. Against the median of all
+// ranks, a rank of two would have to be 50 % slower than the other to be 20 % above.
+double others_median(const std::vector<StepTime>& ranks, int rank,
+                     const std::function<double(const StepTime&)>& value) {
+  std::vector<double> values;
+  for (size_t r = 0; r < ranks.size(); ++r)
+    if (static_cast<int>(r) != rank) values.push_back(value(ranks[r]));
+  return median_of(std::move(values));
+}
+
+double busy(const StepTime& t) { return t.busy(); }
+
+}  // namespace
+
 int find_straggler(const std::vector<StepTime>& ranks) {
   if (ranks.size() < 2) return -1;
-  std::vector<double> busy;
-  for (const StepTime& t : ranks) busy.push_back(t.busy());
-  const double typical = median_of(busy);
-  const auto slowest = std::max_element(busy.begin(), busy.end());
-  if (typical <= 0 || *slowest < typical * (1 + kStragglerThreshold)) return -1;
-  return static_cast<int>(slowest - busy.begin());
+  int slowest = 0;
+  for (size_t r = 1; r < ranks.size(); ++r)
+    if (ranks[r].busy() > ranks[slowest].busy()) slowest = static_cast<int>(r);
+  const double typical = others_median(ranks, slowest, busy);
+  if (typical <= 0 || ranks[slowest].busy() < typical * (1 + kStragglerThreshold)) return -1;
+  return slowest;
 }
 
 std::string describe_straggler(const std::vector<StepTime>& ranks, int straggler) {
   const StepTime& slow = ranks[straggler];
-  std::vector<double> busy;
-  for (const StepTime& t : ranks) busy.push_back(t.busy());
-  const double typical_busy = median_of(busy);
-  // The phase where the straggler spends the most time beyond the ranks' median of that phase.
+  const double typical_busy = others_median(ranks, straggler, busy);
+  // The phase where the straggler spends the most time beyond the others' median of that phase.
   struct Part {
     StepPhase phase;
     const char* what;
@@ -48,10 +62,10 @@ std::string describe_straggler(const std::vector<StepTime>& ranks, int straggler
   const Part* worst = &parts[1];
   double worst_excess = -1, worst_median = 0;
   for (const Part& part : parts) {
-    std::vector<double> values;
-    for (const StepTime& t : ranks) values.push_back(t.phase[static_cast<int>(part.phase)]);
-    const double typical = median_of(values);
-    const double excess = slow.phase[static_cast<int>(part.phase)] - typical;
+    const int p = static_cast<int>(part.phase);
+    const double typical =
+        others_median(ranks, straggler, [p](const StepTime& t) { return t.phase[p]; });
+    const double excess = slow.phase[p] - typical;
     if (excess > worst_excess) {
       worst = &part;
       worst_excess = excess;
@@ -60,14 +74,14 @@ std::string describe_straggler(const std::vector<StepTime>& ranks, int straggler
   }
   return str("rank ", straggler, " is ",
              static_cast<int>((slow.busy() / typical_busy - 1) * 100 + 0.5),
-             "% slower than the median of ranks (busy ", fixed1(ms(slow.busy())),
+             "% slower than the median of the other ranks (busy ", fixed1(ms(slow.busy())),
              " ms per step vs ", fixed1(ms(typical_busy)),
-             " ms; the others wait for it in the all-reduce). Most of the difference is ",
-             worst->what, ": ", fixed1(ms(slow.phase[static_cast<int>(worst->phase)])), " ms vs ",
+             " ms; they wait for it in the all-reduce). Most of the difference is ", worst->what,
+             ": ", fixed1(ms(slow.phase[static_cast<int>(worst->phase)])), " ms vs ",
              fixed1(ms(worst_median)), " ms.");
 }
 
-TrackerScalars step_time_scalars(const std::vector<StepTime>& ranks) {
+TrackerScalars step_time_scalars(const std::vector<StepTime>& ranks, int straggler) {
   TrackerScalars scalars;
   for (size_t r = 0; r < ranks.size(); ++r) {
     const std::string prefix = str("step_time/rank_", r, "/");
@@ -77,6 +91,7 @@ TrackerScalars step_time_scalars(const std::vector<StepTime>& ranks) {
     }
     scalars.emplace_back(prefix + "step_ms", ms(ranks[r].step));
   }
+  scalars.emplace_back("step_time/straggler", straggler);
   return scalars;
 }
 
@@ -120,7 +135,7 @@ void StepBreakdown::exchange() {
               << "; reported once per rank; docs/observability.md)\n";
   }
   set_rank_step_times({at, steps, ranks, straggler});
-  hooks_.log(step_time_scalars(ranks), at);
+  hooks_.log(step_time_scalars(ranks, straggler), at);
 }
 
 }  // namespace accelerant::detail

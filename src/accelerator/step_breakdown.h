@@ -22,20 +22,22 @@ class Communicator;
 
 namespace accelerant::detail {
 
-/// A rank is a straggler when its busy time is at least this much above the median of ranks.
+/// A rank is a straggler when its busy time is at least this much above the median of the
+/// other ranks' busy time.
 constexpr double kStragglerThreshold = 0.20;
 
-/// The rank slowest by busy time if it is kStragglerThreshold or more above the ranks' median
-/// busy time, else -1. Needs 2 or more ranks.
+/// The rank slowest by busy time if it is kStragglerThreshold or more above the median of the
+/// other ranks' busy time, else -1. Needs 2 or more ranks.
 int find_straggler(const std::vector<StepTime>& ranks);
 
-/// What the straggler loses its time in, against the median of ranks: "data loading",
+/// What the straggler loses its time in, against the median of the other ranks: "data loading",
 /// "compute (forward and backward)", "the optimizer" or "its own code between steps", with the
 /// numbers, for the warning.
 std::string describe_straggler(const std::vector<StepTime>& ranks, int straggler);
 
-/// The tracker scalars of one exchange: `step_time/rank_<r>/<phase>_ms` and `.../step_ms`.
-TrackerScalars step_time_scalars(const std::vector<StepTime>& ranks);
+/// The tracker scalars of one exchange: `step_time/rank_<r>/<phase>_ms`, `.../step_ms`, and
+/// `step_time/straggler`, the straggler's rank or -1.
+TrackerScalars step_time_scalars(const std::vector<StepTime>& ranks, int straggler);
 
 class StepBreakdown {
  public:
