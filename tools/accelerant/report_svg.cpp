@@ -18,7 +18,7 @@ struct Frame {
   double plot_height() const { return height - top - bottom; }
 };
 
-constexpr Frame kLineFrame{380, 230, 62, 14, 12, 40};  // three abreast in a 1280-pixel window
+constexpr Frame kLineFrame{380, 230, 62, 22, 12, 40};  // three abreast in a 1280-pixel window
 
 std::string num(double v) {  // SVG coordinates: short, and never in a locale's format
   char text[32];
@@ -49,6 +49,13 @@ void widen(double& lo, double& hi) {
   const double pad = lo == 0 ? 1 : std::abs(lo) * 0.1;
   lo -= pad;
   hi += pad;
+}
+
+// Step ticks of long runs as 150k, so that five fit under a small chart.
+std::string step_text(double step) {
+  if (std::abs(step) >= 10000 && std::fmod(step, 1000) == 0)
+    return short_number(step / 1000, 6) + "k";
+  return short_number(step, 6);
 }
 
 }  // namespace
@@ -114,7 +121,7 @@ std::string line_chart_svg(const std::string& tag, const ScalarSeries& series,
     svg << "<line x1=\"" << num(x_of(t)) << "\" x2=\"" << num(x_of(t)) << "\" y1=\""
         << num(f.height - f.bottom) << "\" y2=\"" << num(f.height - f.bottom + 4)
         << "\" stroke=\"#333\"/><text x=\"" << num(x_of(t)) << "\" y=\""
-        << num(f.height - f.bottom + 16) << "\" text-anchor=\"middle\">" << short_number(t, 6)
+        << num(f.height - f.bottom + 16) << "\" text-anchor=\"middle\">" << step_text(t)
         << "</text>";
   }
   svg << "<line x1=\"" << num(f.left) << "\" x2=\"" << num(f.width - f.right) << "\" y1=\""
@@ -134,17 +141,47 @@ std::string line_chart_svg(const std::string& tag, const ScalarSeries& series,
         << "\" stroke=\"#999\" stroke-dasharray=\"3 3\"><title>checkpoint at step " << step
         << "</title></line>";
   }
-  // NaN (logged as null) breaks the line instead of being drawn as a number.
+  // NaN (logged as null) breaks the line instead of being drawn as a number. A run logged at
+  // every one of 100,000 steps would make a page of megabytes: per half-pixel column only the
+  // first, lowest, highest and last points are drawn, which looks the same.
   std::string path;
   bool pen_down = false;
+  struct Point {
+    int64_t step;
+    double value;
+  };
+  std::vector<Point> column;  // the current column's points, in step order
+  long column_index = -1;
+  auto flush = [&] {
+    if (column.empty()) return;
+    std::vector<Point> kept = {column.front(), column.back()};
+    kept.push_back(*std::min_element(column.begin(), column.end(),
+                                     [](Point a, Point b) { return a.value < b.value; }));
+    kept.push_back(*std::max_element(column.begin(), column.end(),
+                                     [](Point a, Point b) { return a.value < b.value; }));
+    std::sort(kept.begin(), kept.end(), [](Point a, Point b) { return a.step < b.step; });
+    int64_t previous = kept.front().step - 1;
+    for (const Point& p : kept) {
+      if (p.step == previous) continue;
+      previous = p.step;
+      path += (pen_down ? "L" : "M") + num(x_of(static_cast<double>(p.step))) + " " +
+              num(y_of(p.value));
+      pen_down = true;
+    }
+    column.clear();
+  };
   for (const auto& [step, value] : series) {
     if (!std::isfinite(value)) {
+      flush();
       pen_down = false;
       continue;
     }
-    path += (pen_down ? "L" : "M") + num(x_of(static_cast<double>(step))) + " " + num(y_of(value));
-    pen_down = true;
+    const long index = std::lround(std::floor(x_of(static_cast<double>(step)) * 2));
+    if (index != column_index) flush();
+    column_index = index;
+    column.push_back({step, value});
   }
+  flush();
   svg << "<path class=\"series\" d=\"" << path
       << "\" fill=\"none\" stroke=\"#1f5fa8\" stroke-width=\"1.8\"/>\n";
   // Few points (an evaluation per epoch) are shown as dots, each telling its value on hover.
