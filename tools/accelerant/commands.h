@@ -21,6 +21,8 @@ void add_config_command(CLI::App& app, Action& action);
 void add_launch_command(CLI::App& app, Action& action);
 /// `accelerant checkpoint inspect|verify DIR`.
 void add_checkpoint_command(CLI::App& app, Action& action);
+/// `accelerant report RUN_DIR [-o FILE] [--log_dir DIR] [--checkpoints DIR]`.
+void add_report_command(CLI::App& app, Action& action);
 /// `accelerant test` (in the helper).
 void add_test_command(CLI::App& app, Action& action);
 
