@@ -198,7 +198,7 @@ TEST(OutputRelay, AProgressUpdateIsRelayedBeforeItsLineEnds) {
   ASSERT_EQ(::mkfifo(go.c_str(), 0600), 0);
   auto program = start_launch(
       {"-n", "1", "--prefix_output", "/bin/sh", "-c",
-       "printf 'progress 10%%\\r'; read x < '" + go + "'; printf 'progress 100%%\\n'"});
+       "printf '\\rprogress 10%%\\r'; read x < '" + go + "'; printf 'progress 100%%\\n'"});
   std::string out;
   const bool seen = read_until(program, "[rank 0/1] progress 10%\r", out, std::chrono::seconds(20));
   EXPECT_TRUE(seen) << out;
@@ -215,6 +215,8 @@ TEST(OutputRelay, AProgressUpdateIsRelayedBeforeItsLineEnds) {
   EXPECT_EQ(exit_code(finish_program(program, rest, std::chrono::seconds(30))), seen ? 0 : 1);
   out += rest;
   EXPECT_TRUE(contains(out, "[rank 0/1] progress 10%\r[rank 0/1] progress 100%\n")) << out;
+  // The empty segment before the first '\r' moves nothing, so nothing shows for it.
+  EXPECT_FALSE(contains(out, "[rank 0/1] \r")) << out;
 }
 
 // A log file keeps lines, not redraws: of the redraws before a line's end, the last (what a

@@ -136,18 +136,16 @@ void ProgressBar::draw(int64_t done, const std::string& postfix,
   std::string line = format(done, now - start_, postfix);
   std::string out;
   if (terminal_) {
-    // '\r' returns to the start of the line; blanks cover what a longer previous redraw left.
+    // Blanks cover what a longer previous redraw left. The '\r' comes after the text, not
+    // before: a relay that forwards output a segment at a time (accelerant launch's) then
+    // forwards each redraw as it is drawn, not when the next one begins; and the cursor waits at
+    // the line's start, so the next redraw, or close()'s '\n', leaves this text whole.
     const size_t width = line.size();
     if (width < drawn_width_) line.append(drawn_width_ - width, ' ');
     drawn_width_ = width;
-    out = "\r" + line;
     // The run is complete: end the line, so that what is printed next starts on its own.
-    if (options_.total() > 0 && done == options_.total()) {
-      out += '\n';
-      line_ended_ = true;
-    } else {
-      line_ended_ = false;
-    }
+    line_ended_ = options_.total() > 0 && done == options_.total();
+    out = line + (line_ended_ ? '\n' : '\r');
   } else {
     out = line + "\n";
   }

@@ -97,7 +97,10 @@ bool OutputRelay::to_console(const Stream& s) const {
 // terminal shows at that moment.
 void OutputRelay::emit(Stream& s, const std::string& text, char end) {
   if (end == '\r') {
-    if (to_console(s)) write_to_console(s, text, end);
+    // An empty segment moves nothing: the console's cursor is at a line's start after every
+    // segment the relay writes. Written, it would show a bare rank prefix ("[rank 0/2] \r")
+    // before each redraw of a display that starts its redraws with '\r'.
+    if (to_console(s) && !text.empty()) write_to_console(s, text, end);
     if (!text.empty()) s.last_update = text;
     s.after_cr = true;
     return;
