@@ -61,7 +61,7 @@ struct ProgressBarOptions {
   ACCELERANT_PROGRESS_OPTION(bool, enabled) = true;
   /// Where the bar goes: stderr, so that a program's results on stdout stay clean. Default: stderr.
   ACCELERANT_PROGRESS_OPTION(CStream, stream) = stderr;
-  /// Redraw with '\r' (true) or print plain lines (false). Default: unset, meaning redraw when
+  /// Redraw one line (true) or print plain lines (false). Default: unset, meaning redraw when
   /// `stream` is a terminal, or a pipe that the launcher relays to one
   /// (ACCELERANT_CONSOLE_TERMINAL).
   ACCELERANT_PROGRESS_OPTION(std::optional<bool>, terminal) = std::nullopt;
@@ -99,8 +99,8 @@ class ProgressBar {
   /// updates print nothing. Called by the destructor; calling it twice is harmless.
   void close();
 
-  /// The line for `done` steps after `elapsed` (without '\r' or '\n'): what the bar prints,
-  /// exposed so that its format can be tested without a clock.
+  /// The line for `done` steps after `elapsed` (without the carriage return or newline): what the
+  /// bar prints, exposed so that its format can be tested without a clock.
   std::string format(int64_t done, std::chrono::duration<double> elapsed,
                      const std::string& postfix) const;
 
