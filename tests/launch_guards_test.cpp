@@ -8,12 +8,14 @@
 #include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <csignal>
 #include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "test_support.h"
@@ -186,15 +188,53 @@ TEST(OutputRelay, AHugeLineWithoutNewlineIsRelayedInBoundedTimeAndMemory) {
   EXPECT_LT(usage.ru_maxrss, 100 * 1024) << "KiB";
 }
 
-// Before: "10%\r" waited for a '\n' that a progress display writes only at its end.
-TEST(OutputRelay, ProgressEndedByACarriageReturnIsRelayedAtOnce) {
+// Before: "10%\r" waited for a '\n' that a progress display writes only at its end. The worker
+// writes its "100%" line only once the test has seen the "10%\r" update on the launcher's output
+// (it blocks reading a FIFO that the test writes to then), so the update must have been relayed
+// before its line ended: ordering, not timing.
+TEST(OutputRelay, AProgressUpdateIsRelayedBeforeItsLineEnds) {
+  ScratchDir dir;
+  const std::string go = dir.path + "/go";
+  ASSERT_EQ(::mkfifo(go.c_str(), 0600), 0);
   auto program = start_launch(
-      {"-n", "1", "--prefix_output", "/bin/sh", "-c", "printf 'progress 10%%\\r'; exec sleep 60"});
+      {"-n", "1", "--prefix_output", "/bin/sh", "-c",
+       "printf '\\rprogress 10%%\\r'; read x < '" + go + "'; printf 'progress 100%%\\n'"});
   std::string out;
-  EXPECT_TRUE(read_until(program, "[rank 0/1] progress 10%\r", out, std::chrono::seconds(20)))
+  const bool seen = read_until(program, "[rank 0/1] progress 10%\r", out, std::chrono::seconds(20));
+  EXPECT_TRUE(seen) << out;
+  EXPECT_FALSE(contains(out, "100%")) << out;
+  if (seen) {
+    const int fd = ::open(go.c_str(), O_WRONLY);  // the worker is waiting to read it
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::write(fd, "go\n", 3), 3);
+    ::close(fd);
+  } else {
+    ::kill(program.pid, SIGTERM);
+  }
+  std::string rest;
+  EXPECT_EQ(exit_code(finish_program(program, rest, std::chrono::seconds(30))), seen ? 0 : 1);
+  out += rest;
+  EXPECT_TRUE(contains(out, "[rank 0/1] progress 10%\r[rank 0/1] progress 100%\n")) << out;
+  // The empty segment before the first '\r' moves nothing, so nothing shows for it.
+  EXPECT_FALSE(contains(out, "[rank 0/1] \r")) << out;
+}
+
+// A log file keeps lines, not redraws: of the redraws before a line's end, the last (what a
+// terminal shows then), and a redraw left at the end of the output. The console (tee) gets all.
+TEST(OutputRelay, ALogFileKeepsTheLastRedrawOfEachLineNotEveryRedraw) {
+  ScratchDir dir;
+  const std::string logs = dir.path + "/logs";
+  std::string out;
+  ASSERT_EQ(run({"-n", "1", "--log_dir", logs, "--tee", "/bin/sh", "-c",
+                 "printf '10%%\\r20%%\\r\\nsaved\\n30%%\\rdone\\n40%%\\r'"},
+                out),
+            0)
       << out;
-  ::kill(program.pid, SIGTERM);
-  finish_program(program, out, std::chrono::seconds(30));
+  EXPECT_TRUE(contains(out, "10%\r20%\r\nsaved\n30%\rdone\n40%\r")) << out;
+  std::ifstream file(logs + "/attempt_0/rank_0.stdout", std::ios::binary);
+  const std::string logged((std::istreambuf_iterator<char>(file)),
+                           std::istreambuf_iterator<char>());
+  EXPECT_EQ(logged, "20%\nsaved\ndone\n40%\n");
 }
 
 // Before: access(X_OK) says yes to a directory, so the workers started and each failed in exec.

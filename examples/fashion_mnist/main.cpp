@@ -17,7 +17,6 @@
 #include <cstdlib>
 
 #include "idx_reader.h"
-#include "progress.h"
 
 namespace {
 
@@ -119,9 +118,16 @@ double train(const fashion_mnist::Split& train_split, const fashion_mnist::Split
   // The loader knows the epoch: after a resume the loop continues where the checkpoint was.
   while (train_batches.epoch() < s.epochs) {
     const int64_t epoch = train_batches.epoch() + 1;
-    Progress progress("epoch " + std::to_string(epoch) + "/" + std::to_string(s.epochs),
-                      train_batches.size(), acc.is_main_process());
-    int64_t step = 0;
+    // After a resume the epoch continues mid-way, and so does its bar.
+    int64_t step = std::min(train_batches.size(), train_batches.position().samples_done /
+                                                      train_batches.samples_per_step());
+    // On a terminal one redrawn line, in a log a line every 10%; only the main process draws.
+    accelerant::ProgressBar progress(
+        accelerant::ProgressBarOptions()
+            .total(train_batches.size())
+            .initial(step)
+            .label("epoch " + std::to_string(epoch) + "/" + std::to_string(s.epochs))
+            .enabled(acc.is_main_process()));
     for (auto& batch : train_batches) {
       torch::Tensor loss;
       {
@@ -132,7 +138,9 @@ double train(const fashion_mnist::Split& train_split, const fashion_mnist::Split
       opt.step();
       opt.zero_grad();
       const double loss_value = loss.item<double>();
-      progress.update(++step, loss_value);
+      char postfix[32];
+      std::snprintf(postfix, sizeof postfix, "loss %.4f", loss_value);
+      progress.update(++step, postfix);
       const int64_t steps_done = acc.state()->optimizer_steps;
       if (!s.log_with.empty()) acc.log({{"train/loss", loss_value}}, steps_done);
       // sync_gradients(): once per optimizer step, also under gradient accumulation.
@@ -141,6 +149,7 @@ double train(const fashion_mnist::Split& train_split, const fashion_mnist::Split
         acc.save_state();
       }
     }
+    progress.close();  // ends the bar's line before the epoch's result is printed
     if (!s.project_dir.empty() && s.checkpoint_every == 0) acc.save_state();
     accuracy = evaluate(acc, net, test_batches);
     acc.print("epoch ", epoch, "/", s.epochs, ": test accuracy ", accuracy, "%");

@@ -24,6 +24,7 @@
 #include "accelerant/metrics.h"
 #include "accelerant/prepared_optimizer.h"
 #include "accelerant/process_state.h"
+#include "accelerant/progress_bar.h"
 #include "accelerant/static_shapes.h"
 #include "accelerant/stream_loader.h"
 #include "accelerant/tensor_tree.h"

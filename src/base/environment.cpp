@@ -128,6 +128,11 @@ const std::vector<EnvVariable> kTable = {
      "comm (machine_identity.cpp)"},
     {"ACCELERANT_SHM_CHUNK_BYTES", "integer 4096..1073741824", "the built-in chunk size",
      "Bytes per chunk of the shared-memory all-reduce.", "comm (shm_all_reduce.cpp)"},
+    // base.
+    {"ACCELERANT_CONSOLE_TERMINAL", "none | stdout | stderr | both", "none",
+     "Set by the launchers for their workers: which of the worker's streams they relay to a "
+     "terminal, so that a ProgressBar on that pipe redraws its line instead of printing lines.",
+     "base (progress_bar.cpp)"},
     // launch.
     {"PATH", "directories separated by :", "/usr/bin:/bin",
      "Where accelerant launch looks for the program.", "launch (launch_program.cpp)"},

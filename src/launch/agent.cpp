@@ -371,6 +371,9 @@ class Agent {
       spec.error_path = str(workdir_, "/error.", local);
       env.error_file = spec.error_path;
       spec.environment = to_environment(env);
+      // A worker's output is a pipe to this relay, so only the relay knows whether a terminal is
+      // at its end; a ProgressBar reads this to redraw its line there instead of printing lines.
+      spec.environment["ACCELERANT_CONSOLE_TERMINAL"] = relay_.console_terminal();
       std::remove(spec.result_path.c_str());
       std::remove(spec.error_path.c_str());
       std::remove((spec.error_path + kFlightRecordSuffix).c_str());

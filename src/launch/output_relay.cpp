@@ -85,18 +85,58 @@ void OutputRelay::add(int fd, int rank, bool is_stderr) {
   streams_.push_back({fd, rank, is_stderr, {}});
 }
 
+bool OutputRelay::to_console(const Stream& s) const {
+  return log_dir_.empty() || tee_ || s.log_failed;
+}
+
+// A progress display redraws its line: "10%\r20%\r...100%\r\n", or "...\r100% done\n". The
+// console gets every redraw at once, as that is what the user watches. A log file or the failure
+// report's tail that kept every redraw would fill with thousands of copies of one line (a redraw
+// every 0.1 s is 36,000 an hour) of which a reader wants the last, so they get one line when the
+// line ends: its own text, or when that is empty ("\r\n"), the last redraw, which is what a
+// terminal shows at that moment.
 void OutputRelay::emit(Stream& s, const std::string& text, char end) {
-  if (end == '\n' && s.after_cr && text.empty()) {
-    // The '\n' of a "\r\n" line end: the line went out with its '\r' already.
-    s.after_cr = false;
-    if (!log_dir_.empty() && !s.log_failed) log(s, text, end);
-    if (log_dir_.empty() || tee_ || s.log_failed) write_all(s, "\n");
+  if (end == '\r') {
+    // An empty segment moves nothing: the console's cursor is at a line's start after every
+    // segment the relay writes. Written, it would show a bare rank prefix ("[rank 0/2] \r")
+    // before each redraw of a display that starts its redraws with '\r'.
+    if (to_console(s) && !text.empty()) write_to_console(s, text, end);
+    if (!text.empty()) s.last_update = text;
+    s.after_cr = true;
     return;
   }
-  s.after_cr = end == '\r';
-  if (!log_dir_.empty() && !s.log_failed) log(s, text, end);
-  if (log_dir_.empty() || tee_ || s.log_failed) write_to_console(s, text, end);
-  if (end != '\r') remember_tail(s, text);  // a progress display's redraws are not lines
+  const std::string& line = text.empty() ? s.last_update : text;
+  if (!log_dir_.empty() && !s.log_failed) log(s, line, end);
+  if (to_console(s)) {
+    if (end == '\n' && s.after_cr && text.empty()) {
+      write_all(s, "\n");  // the '\n' of "\r\n": the line went out with its '\r' already
+    } else {
+      write_to_console(s, text, end);
+    }
+  }
+  remember_tail(s, line);
+  s.last_update.clear();
+  s.after_cr = false;
+}
+
+// The stream ended (EOF, or the relay stops): what it held goes out.
+void OutputRelay::finish(Stream& s) {
+  if (!s.partial.empty()) {
+    emit(s, s.partial, kBroken);
+  } else if (!s.last_update.empty()) {
+    // The last output was a redraw, already on the console; the log and the tail still lack it.
+    if (!log_dir_.empty() && !s.log_failed) log(s, s.last_update, '\n');
+    remember_tail(s, s.last_update);
+  }
+  s.partial.clear();
+  s.last_update.clear();
+  s.after_cr = false;
+}
+
+std::string OutputRelay::console_terminal() const {
+  if (!log_dir_.empty() && !tee_) return "none";
+  const bool out = ::isatty(STDOUT_FILENO) == 1, err = ::isatty(STDERR_FILENO) == 1;
+  return out && err ? "both" : out ? "stdout" : err ? "stderr" : "none";
 }
 
 void OutputRelay::write_to_console(const Stream& s, const std::string& text, char end) {
@@ -138,8 +178,7 @@ void OutputRelay::read_from(Stream& s) {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return;  // EAGAIN: nothing more for now
     if (n == 0) {       // EOF: the worker (and anything that inherited its pipe) is gone
-      if (!s.partial.empty()) emit(s, s.partial, kBroken);
-      s.partial.clear();
+      finish(s);
       ::close(s.fd);
       s.fd = -1;
       return;
@@ -195,8 +234,7 @@ void OutputRelay::drain(int timeout_ms) {
   for (auto& s : streams_) {
     if (s.fd < 0) continue;
     read_from(s);
-    if (!s.partial.empty()) emit(s, s.partial, kBroken);
-    s.partial.clear();
+    finish(s);
     if (s.fd >= 0) ::close(s.fd);
     s.fd = -1;
   }

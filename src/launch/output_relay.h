@@ -2,7 +2,9 @@
 // interleave mid-line), optionally prefixed with the rank, and keeps the last lines of each
 // worker's stderr for the failure report. Bounded: a line longer than kMaxHeldLine goes out in
 // pieces of that size (each a line of its own on the console, unbroken in the log), and a segment
-// ended by '\r' (a progress display redrawing its line) goes out at once with its '\r'.
+// ended by '\r' (a progress display redrawing its line) goes out at once with its '\r'. Log
+// files and the stderr tail get lines only: of the redraws before a line's end they keep the last,
+// what a terminal would show when the line ended (see emit()).
 #pragma once
 
 #include <cstdio>
@@ -35,6 +37,10 @@ class OutputRelay {
   bool pump(int timeout_ms, int wake_fd = -1);
   /// Forwards what is left until every pipe is closed or `timeout_ms` passed; then closes all.
   void drain(int timeout_ms);
+  /// Which worker streams reach a terminal through this relay: "none", "stdout", "stderr" or
+  /// "both" (the workers' ACCELERANT_CONSOLE_TERMINAL). None while a log_dir takes the output
+  /// without tee.
+  std::string console_terminal() const;
   /// The last lines rank `rank` wrote to stderr, newline-separated.
   std::string stderr_tail(int rank) const;
   /// Forgets all pipes and tails and closes the log files (before a restart); later lines are
@@ -46,15 +52,19 @@ class OutputRelay {
     int fd;
     int rank;
     bool is_stderr;
-    std::string partial;      // the start of a line, at most kMaxHeldLine bytes
-    bool after_cr = false;    // the last byte relayed was a '\r'
-    bool log_failed = false;  // its log file could not be opened (said once)
+    std::string partial;        // the start of a line, at most kMaxHeldLine bytes
+    bool after_cr = false;      // the last byte relayed was a '\r'
+    std::string last_update{};  // the last '\r'-ended segment since the last line, at most
+                                // kMaxHeldLine bytes: logged when the line ends
+    bool log_failed = false;    // its log file could not be opened (said once)
   };
   // How a relayed segment ended: '\n', '\r', or kBroken (a piece of an overlong line, or the
   // last bytes before EOF without a newline).
   static constexpr char kBroken = 0;
   void read_from(Stream& s);
   void emit(Stream& s, const std::string& text, char end);
+  void finish(Stream& s);
+  bool to_console(const Stream& s) const;
 
   void log(Stream& s, const std::string& text, char end);
   void write_to_console(const Stream& s, const std::string& text, char end);
