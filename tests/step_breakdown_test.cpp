@@ -167,8 +167,8 @@ TEST(Straggler, RanksWithinTheThresholdOrAloneHaveNone) {
 }
 
 TEST(Straggler, TheScalarsNameEachRankAndPhaseInMilliseconds) {
-  const TrackerScalars s =
-      accelerant::detail::step_time_scalars({step_time(1, 2, 0, 0.5, 0), step_time(0, 0, 0, 0, 0)}, -1);
+  const TrackerScalars s = accelerant::detail::step_time_scalars(
+      {step_time(1, 2, 0, 0.5, 0), step_time(0, 0, 0, 0, 0)}, -1);
   ASSERT_EQ(s.size(), 13u);
   EXPECT_EQ(s[0].first, "step_time/rank_0/data_ms");
   EXPECT_DOUBLE_EQ(s[0].second, 1.0);
