@@ -105,7 +105,6 @@ torch::Tensor train_in_blocks(const Config& c) {
 double instrumentation_ns_per_step() {
   using namespace accelerant::detail;
   set_step_timing(true);
-  set_step_time_listener({});
   static int owner;
   constexpr int kSteps = 1000000;
   const auto t0 = std::chrono::steady_clock::now();

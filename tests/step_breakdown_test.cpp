@@ -112,6 +112,21 @@ TEST(StepBreakdown, EachSlowPhaseIsFoundWhereItBelongs) {
       << metrics_report();
 }
 
+TEST(StepBreakdown, ASecondTrainingInTheSameProcessIsTimedToo) {
+  // Each training has its own optimizer: the new one ends the steps, and an older Accelerator
+  // still alive does not take the newer one's exchange away when it goes.
+  auto first =
+      std::make_unique<Accelerator>(AcceleratorOptions().cpu(true).step_breakdown_every(2));
+  train(*first, {}, 3);
+  Accelerator second(AcceleratorOptions().cpu(true).step_breakdown_every(2));
+  first.reset();
+  reset_metrics();
+  train(second, {}, 5);
+  const MetricsSnapshot m = metrics();
+  EXPECT_EQ(m.timed_optimizer_steps, 4);
+  EXPECT_EQ(m.step_time_by_rank_at, 5) << "the second training's exchange still runs";
+}
+
 TEST(StepBreakdown, TurnedOffItTimesNothing) {
   Accelerator acc(AcceleratorOptions().cpu(true).step_breakdown_every(0));
   reset_metrics();

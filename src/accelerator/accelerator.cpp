@@ -235,6 +235,7 @@ void Accelerator::start_step_breakdown() {
                             "step-time breakdown off. Fix: e.g. step_breakdown_every(100)."));
   }
   detail::set_step_timing(every > 0);
+  detail::start_timed_training();
   if (every == 0) return;
   detail::arm_metrics_report();
   detail::StepBreakdown::Hooks hooks;

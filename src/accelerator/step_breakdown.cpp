@@ -97,10 +97,10 @@ TrackerScalars step_time_scalars(const std::vector<StepTime>& ranks, int straggl
 
 StepBreakdown::StepBreakdown(int64_t every, Hooks hooks) : every_(every), hooks_(std::move(hooks)) {
   window_.reserve(static_cast<size_t>(every_));
-  set_step_time_listener([this](const StepTime& step) { on_step(step); });
+  set_step_time_listener(this, [this](const StepTime& step) { on_step(step); });
 }
 
-StepBreakdown::~StepBreakdown() { set_step_time_listener({}); }
+StepBreakdown::~StepBreakdown() { remove_step_time_listener(this); }
 
 void StepBreakdown::on_step(const StepTime& step) {
   window_.push_back(step);

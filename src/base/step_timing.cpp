@@ -31,6 +31,7 @@ struct Clock {
   std::mutex mutex;  // guards what follows
   std::deque<StepTime> recent;
   StepTimeListener listener;
+  const void* listener_holder = nullptr;
   RankStepTimes ranks;
 };
 
@@ -152,9 +153,25 @@ void end_timed_step(const void* owner, int64_t optimizer_step) {
   if (listener) listener(t);
 }
 
-void set_step_time_listener(StepTimeListener listener) {
+void start_timed_training() {
+  Clock& c = clock();
+  c.owner = nullptr;
+  c.last_end_ns = -1;
+  c.other_measured = false;
+  for (auto& p : c.phase_ns) p.store(0, std::memory_order_relaxed);
+}
+
+void set_step_time_listener(const void* holder, StepTimeListener listener) {
   std::lock_guard<std::mutex> lock(clock().mutex);
   clock().listener = std::move(listener);
+  clock().listener_holder = holder;
+}
+
+void remove_step_time_listener(const void* holder) {
+  std::lock_guard<std::mutex> lock(clock().mutex);
+  if (clock().listener_holder != holder) return;
+  clock().listener = {};
+  clock().listener_holder = nullptr;
 }
 
 std::vector<StepTime> recent_step_times() {

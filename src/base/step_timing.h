@@ -57,14 +57,22 @@ class PhaseTimer {
 };
 
 /// Ends a timed step: called by the optimizer that `owner` names at the end of its step, with
-/// the optimizer step count. Only the first optimizer that calls it ends steps (with several
-/// optimizers, the others' time goes into the next step's optimizer phase).
+/// the optimizer step count. Only the first optimizer that calls it after start_timed_training
+/// ends steps (with several optimizers, the others' time goes into the next step's optimizer
+/// phase).
 void end_timed_step(const void* owner, int64_t optimizer_step);
 
+/// A new training starts (an Accelerator is made): the next optimizer to step ends the steps,
+/// and the first step after this has no known start.
+void start_timed_training();
+
 /// Called on the thread that ends each timed step, with its time; one listener per process (the
-/// Accelerator's cross-rank exchange), replaced by the next call; an empty function removes it.
+/// Accelerator's cross-rank exchange), replaced by the next call. `holder` names who set it:
+/// remove_step_time_listener removes it only for the same holder, so that an older Accelerator
+/// going away leaves a newer one's listener in place.
 using StepTimeListener = std::function<void(const StepTime&)>;
-void set_step_time_listener(StepTimeListener listener);
+void set_step_time_listener(const void* holder, StepTimeListener listener);
+void remove_step_time_listener(const void* holder);
 
 /// A StepTime's numbers by index: 0 to kStepPhases - 1 the phases, kStepPhases the step.
 constexpr int kStepTimeFields = kStepPhases + 1;
