@@ -21,6 +21,8 @@ void add_config_command(CLI::App& app, Action& action);
 void add_launch_command(CLI::App& app, Action& action);
 /// `accelerant checkpoint inspect|verify DIR`.
 void add_checkpoint_command(CLI::App& app, Action& action);
+/// `accelerant trace merge DIR`.
+void add_trace_command(CLI::App& app, Action& action);
 /// `accelerant test` (in the helper).
 void add_test_command(CLI::App& app, Action& action);
 

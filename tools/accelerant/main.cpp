@@ -25,6 +25,8 @@ int main(int argc, char** argv) {
       "  accelerant test              self-test: collectives and training across processes\n"
       "  accelerant checkpoint verify runs/exp1/checkpoints/checkpoint_3\n"
       "                               check a checkpoint's files against its manifest\n"
+      "  accelerant trace merge runs/exp1/traces\n"
+      "                               merge the ranks' profiler traces into trace.json\n"
       "  accelerant --version         print Accelerant's and LibTorch's versions",
       "accelerant"};
   bool show_version = false;
@@ -34,6 +36,7 @@ int main(int argc, char** argv) {
   accelerant::cli::add_launch_command(app, action);
   accelerant::cli::add_libtorch_commands(app, action, argc, argv);
   accelerant::cli::add_checkpoint_command(app, action);
+  accelerant::cli::add_trace_command(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
