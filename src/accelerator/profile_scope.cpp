@@ -79,6 +79,15 @@ void add_spans(const std::vector<detail::TraceRecord>& records, int pid, uint64_
   }
 }
 
+// Every rank's `problem` ("" = none). Each is sent with a leading byte: Gloo's allgather divides
+// by the payload's size, so gather_bytes of empty strings on every rank dies of SIGFPE.
+std::vector<std::string> gather_problems(const std::string& problem) {
+  std::vector<std::string> problems =
+      ProcessState::get().communicator().gather_bytes("+" + problem);
+  for (auto& p : problems) p.erase(0, 1);
+  return problems;
+}
+
 // "" when this process can create files in `dir` (created when missing), else why not.
 std::string writable_problem(const std::string& dir, int rank) {
   std::error_code error;
@@ -156,8 +165,7 @@ struct ProfileScope::Session {
     }
     // Doubles as the barrier the merge needs: every rank's file is written when it returns.
     detail::ScopedCollectiveLabel label("profile stop");
-    const std::vector<std::string> problems =
-        ProcessState::get().communicator().gather_bytes(problem);
+    const std::vector<std::string> problems = gather_problems(problem);
     if (rank == 0 && was_recording) merge();
     std::string failed;
     for (int r = 0; r < size; ++r) {
@@ -223,7 +231,7 @@ bool ProfileScope::recording() const {
 std::string ProfileScope::dir() const { return session_ ? session_->dir : std::string(); }
 
 ProfileScope Accelerator::profile(const ProfileOptions& options) {
-  Communicator& comm = communicator();
+  communicator();  // throws, saying why, after end_training()
   const bool ranged = options.first_step() != 0 || options.last_step() != 0;
   if (ranged && (options.first_step() < 1 || options.last_step() < options.first_step())) {
     throw Error(detail::str(rank_prefix_, "profile: steps(", options.first_step(), ", ",
@@ -249,7 +257,7 @@ ProfileScope Accelerator::profile(const ProfileOptions& options) {
   // stop's barrier for a rank that already failed.
   detail::ScopedCollectiveLabel label("profile");
   const std::vector<std::string> problems =
-      comm.gather_bytes(writable_problem(session->dir, process_index_));
+      gather_problems(writable_problem(session->dir, process_index_));
   std::string failed;
   for (size_t r = 0; r < problems.size(); ++r) {
     if (!problems[r].empty()) failed += detail::str("\n  rank ", r, ": ", problems[r]);
