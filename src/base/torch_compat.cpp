@@ -1,11 +1,12 @@
 #include "base/torch_compat.h"
-#include "base/torch_profiler_compat.h"
 
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 #include <dlfcn.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/cuda.h>
+
+#include "base/torch_profiler_compat.h"
 #ifdef USE_C10D_NCCL  // a CUDA LibTorch
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
