@@ -4,6 +4,7 @@
 // a profile; an unwritable folder fails on every rank; a missing rank file is named.
 #include <accelerant/accelerant.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <chrono>
@@ -246,4 +247,21 @@ TEST(Profile, MergingNamesTheRankFilesItCannotSee) {
   for (const auto& e : events(merged, "X", "op")) pids.insert(e["pid"].get<int>());
   EXPECT_EQ(pids, (std::set<int>{0, 2})) << "pid = rank, whatever the file said";
   EXPECT_EQ(merge_trace_files(scratch.path).merged_ranks, (std::vector<int>{0, 2}));
+}
+
+// `accelerant trace merge` (the LibTorch-free front end): the same merge, exit status 1 and the
+// missing file named when -n expects more ranks than it finds.
+TEST(Profile, TheCommandLineMergesAndNamesAMissingRank) {
+  t::ScratchDir scratch;
+  const nlohmann::json op = {{"ph", "X"}, {"name", "op"}, {"pid", 0},
+                             {"tid", 1},  {"ts", 5},      {"dur", 1}};
+  std::ofstream(trace_rank_file(scratch.path, 0))
+      << nlohmann::json({{"traceEvents", nlohmann::json::array({op})}}).dump();
+  auto run = t::start_program({t::cli_path(), "trace", "merge", "-n", "2", scratch.path});
+  std::string output;
+  const int status = t::finish_program(run, output, std::chrono::seconds(30));
+  ASSERT_TRUE(WIFEXITED(status)) << output;
+  EXPECT_EQ(WEXITSTATUS(status), 1) << output;
+  EXPECT_TRUE(t::contains(output, scratch.path + "/trace_rank1.json")) << output;
+  EXPECT_EQ(events(read_json(scratch.path + "/trace.json"), "X", "op").size(), 1u);
 }
