@@ -42,6 +42,8 @@
 #include "accelerant/gradient_reducer.h"
 #include "accelerant/graph_step.h"
 #include "accelerant/prepared_optimizer.h"
+#include "accelerant/profile_options.h"
+#include "accelerant/profile_scope.h"
 #include "accelerant/stream_loader.h"
 #include "accelerant/tensor_tree.h"
 #include "accelerant/tracker.h"
@@ -337,6 +339,17 @@ class Accelerator {
   /// Records scalars at `step` in every tracker, e.g. `log({{"loss", l}}, step)`. Main process
   /// only (a no-op elsewhere, never a collective); before init_trackers, throws Error.
   void log(const TrackerScalars& values, int64_t step);
+
+  // ---- profiler traces (docs/observability.md) -----------------------------------------------
+  /// Records a Chrome trace (chrome://tracing, ui.perfetto.dev) of LibTorch's operators on the
+  /// calling thread and of Accelerant's spans (all-reduce buckets, checkpoints, data waits,
+  /// optimizer steps) until the returned scope stops, or over the optimizer steps of
+  /// ProfileOptions::steps. Then each process writes `<dir>/trace_rank<r>.json` and, after a
+  /// barrier, the main process merges them into `<dir>/trace.json`, a lane per rank. Every
+  /// process must call profile, and stop its scope, together (both are collectives). One profile
+  /// at a time per process; a second throws Error. An unwritable folder throws Error on every
+  /// process.
+  ProfileScope profile(const ProfileOptions& options = ProfileOptions());
 
   // ---- state ---------------------------------------------------------------------------------
   // The process getters below were read at construction: still valid after end_training().

@@ -3,6 +3,7 @@
 #include "accelerant/accelerator.h"
 #include "accelerant/error.h"
 #include "accelerant/safetensors.h"
+#include "base/trace_events.h"
 #include "checkpoint/training_checkpoint.h"
 #include "comm/collective_label.h"
 #include "train/resume_hook.h"
@@ -25,6 +26,7 @@ void Accelerator::register_checkpoint_object(
 
 std::string Accelerator::save_state(const std::string& dir) {
   detail::ScopedCollectiveLabel label("save_state");
+  detail::TraceSpan span("save_state", "checkpoint");
   // A save before the first batch under auto_resume saves the resumed state, not the fresh one.
   resume_hook_->fire();
   return detail::save_training_state(*checkpointed_, checkpoint_ranks(),
@@ -33,17 +35,20 @@ std::string Accelerator::save_state(const std::string& dir) {
 
 std::string Accelerator::load_state(const std::string& dir) {
   detail::ScopedCollectiveLabel label("load_state");
+  detail::TraceSpan span("load_state", "checkpoint");
   resume_hook_->disarm();  // an explicit load replaces auto_resume's
   return detail::load_training_state(*checkpointed_, checkpoint_ranks(), dir, checkpoints_dir());
 }
 
 void Accelerator::auto_resume_now() {
   detail::ScopedCollectiveLabel label("auto_resume");
+  detail::TraceSpan span("auto_resume", "checkpoint");
   resume_hook_->fire();
 }
 
 void Accelerator::resume_from_latest() {
   detail::ScopedCollectiveLabel label("auto_resume");
+  detail::TraceSpan span("auto_resume", "checkpoint");
   const std::string latest =
       detail::agreed_latest_checkpoint(checkpoint_ranks(), checkpoints_dir());
   if (latest.empty()) return;

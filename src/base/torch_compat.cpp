@@ -3,7 +3,10 @@
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 #include <dlfcn.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/cuda.h>
+
+#include "base/torch_profiler_compat.h"
 #ifdef USE_C10D_NCCL  // a CUDA LibTorch
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -109,5 +112,22 @@ bool cuda_initialized() {
   int devices = 0;
   return count != nullptr && count(&devices) == 0 /* CUDA_SUCCESS */ && devices > 0;
 }
+
+// 2.1 moved the profiler's events from microseconds to nanoseconds (startUs -> startNs).
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+int64_t profiler_event_start_us(const torch::autograd::profiler::KinetoEvent& event) {
+  return static_cast<int64_t>(event.startNs() / 1000);
+}
+int64_t profiler_event_duration_us(const torch::autograd::profiler::KinetoEvent& event) {
+  return static_cast<int64_t>(event.durationNs() / 1000);
+}
+#else
+int64_t profiler_event_start_us(const torch::autograd::profiler::KinetoEvent& event) {
+  return static_cast<int64_t>(event.startUs());
+}
+int64_t profiler_event_duration_us(const torch::autograd::profiler::KinetoEvent& event) {
+  return static_cast<int64_t>(event.durationUs());
+}
+#endif
 
 }  // namespace accelerant::detail

@@ -12,6 +12,7 @@
 #include "base/step_timing.h"
 #include "base/tensor_alias.h"
 #include "base/text.h"
+#include "base/trace_events.h"
 #include "comm/collective_label.h"
 
 namespace accelerant {
@@ -50,6 +51,8 @@ struct GradientReducer::State {
   size_t ready_count = 0;
   size_t trainable = 0;
   std::vector<PendingCollective> in_flight;
+  // Per bucket: when its all-reduce started on the trace clock, while a trace is recorded; -1 else.
+  std::vector<int64_t> launched_us;
   GradientReducerStats stats;
 
   void start_pass() {
@@ -69,6 +72,7 @@ struct GradientReducer::State {
       const size_t b = next_bucket++;
       flat[b].div_(communicator->size());  // average = sum of (grad / N): no pass after the wait
       detail::ScopedCollectiveLabel label("backward bucket", static_cast<int64_t>(b));
+      launched_us[b] = detail::tracing() ? detail::trace_now_us() : -1;
       in_flight[b] = communicator->all_reduce_async_(flat[b], ReduceOp::kSum);
       if (ready_count < trainable) ++stats.buckets_started_during_backward;
     }
@@ -134,6 +138,19 @@ struct GradientReducer::State {
     start_full_buckets();
   }
 
+  // A profiler trace's span of bucket b, from its launch until its wait returned: a bucket that
+  // finished earlier ends where the end of backward found it done (the communicator reports no
+  // completion time). Each bucket has a lane of its own, since the buckets' spans overlap.
+  void trace_bucket(size_t b) {
+    if (launched_us[b] < 0 || !detail::tracing()) return;
+    const std::string name = detail::str("all-reduce bucket ", b);
+    const int64_t bytes = flat[b].numel() * static_cast<int64_t>(flat[b].element_size());
+    detail::add_trace_span_on_lane(name, name, "comm", launched_us[b],
+                                   detail::trace_now_us() - launched_us[b],
+                                   {{"bytes", bytes}, {"bucket", static_cast<int64_t>(b)}});
+    launched_us[b] = -1;
+  }
+
   // End of backward: reduce what never became ready (or refuse), wait, write back.
   void finish_pass() {
     std::lock_guard<std::mutex> lock(mutex);
@@ -161,7 +178,10 @@ struct GradientReducer::State {
     const auto wait_start = std::chrono::steady_clock::now();
     {
       detail::PhaseTimer waiting(detail::StepPhase::all_reduce, "all-reduce wait");
-      for (auto& pending : in_flight) pending.wait();
+      for (size_t b = 0; b < in_flight.size(); ++b) {
+        in_flight[b].wait();
+        trace_bucket(b);
+      }
     }
     stats.exposed_wait_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
@@ -224,6 +244,7 @@ GradientReducer::GradientReducer(
   s.ready.assign(s.params.size(), false);
   s.waiting.assign(s.plan.size(), 0);
   s.in_flight.resize(s.plan.size());
+  s.launched_us.assign(s.plan.size(), -1);
   s.stats.buckets = static_cast<int64_t>(s.plan.size());
   if (communicator.size() == 1) return;  // nothing to average: no hooks, no cost
   {

@@ -23,6 +23,8 @@ void add_launch_command(CLI::App& app, Action& action);
 void add_checkpoint_command(CLI::App& app, Action& action);
 /// `accelerant report RUN_DIR [-o FILE] [--log_dir DIR] [--checkpoints DIR]`.
 void add_report_command(CLI::App& app, Action& action);
+/// `accelerant trace merge DIR`.
+void add_trace_command(CLI::App& app, Action& action);
 /// `accelerant test` (in the helper).
 void add_test_command(CLI::App& app, Action& action);
 

@@ -27,6 +27,8 @@ int main(int argc, char** argv) {
       "                               check a checkpoint's files against its manifest\n"
       "  accelerant report runs/exp1/fashion_mnist\n"
       "                               one HTML page: curves, step time per rank, restarts\n"
+      "  accelerant trace merge runs/exp1/traces\n"
+      "                               merge the ranks' profiler traces into trace.json\n"
       "  accelerant --version         print Accelerant's and LibTorch's versions",
       "accelerant"};
   bool show_version = false;
@@ -37,6 +39,7 @@ int main(int argc, char** argv) {
   accelerant::cli::add_libtorch_commands(app, action, argc, argv);
   accelerant::cli::add_checkpoint_command(app, action);
   accelerant::cli::add_report_command(app, action);
+  accelerant::cli::add_trace_command(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
