@@ -112,6 +112,9 @@ TEST(Profile, AScopeOverTrainingWritesEachRanksTraceAndTheMergedOne) {
     ASSERT_EQ(saves.size(), 1u);
     save_span[r] = saves[0];
     EXPECT_EQ(save_span[r]["cat"], "checkpoint");
+    // The step-time breakdown's spans, from the prepared optimizer and the reducer's wait.
+    EXPECT_EQ(events(trace, "X", "optimizer").size(), 3u);
+    EXPECT_EQ(events(trace, "X", "all-reduce wait").size(), 3u);
     // One clock: every event lies within the run as the test's steady clock saw it, and each
     // bucket's all-reduce starts inside its backward's operators.
     for (const auto& e : trace["traceEvents"]) {
