@@ -262,11 +262,10 @@ void print_json(const Estimate& e) {
 }
 
 int estimate(const EstimateFlags& flags) {
-  Estimate e;
+  Estimate e{};  // precision and optimizer are set below, before any use
   if (flags.params.empty() == flags.file.empty()) {
-    throw Error(std::string(flags.params.empty() ? "no model given"
-                                                 : "both --params and a file "
-                                                   "given") +
+    const char* what = flags.params.empty() ? "no model given" : "both --params and a file given";
+    throw Error(std::string(what) +
                 ". Fix: pass either the parameter count (--params 125M) or the model's weights "
                 "(model.safetensors), e.g. `accelerant estimate-memory --params 1.3B`.");
   }

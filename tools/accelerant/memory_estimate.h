@@ -4,7 +4,6 @@
 // (tests/estimate/estimate-memory-test); docs/zero.md states the formulas.
 #pragma once
 #include <cstdint>
-#include <string>
 
 namespace accelerant::cli {
 
