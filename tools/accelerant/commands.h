@@ -25,6 +25,8 @@ void add_checkpoint_command(CLI::App& app, Action& action);
 void add_report_command(CLI::App& app, Action& action);
 /// `accelerant trace merge DIR`.
 void add_trace_command(CLI::App& app, Action& action);
+/// `accelerant estimate-memory (--params N | FILE) [--world_size ...] [--zero_stage ...] ...`.
+void add_estimate_memory_command(CLI::App& app, Action& action);
 /// `accelerant test` (in the helper).
 void add_test_command(CLI::App& app, Action& action);
 

@@ -29,6 +29,8 @@ int main(int argc, char** argv) {
       "                               one HTML page: curves, step time per rank, restarts\n"
       "  accelerant trace merge runs/exp1/traces\n"
       "                               merge the ranks' profiler traces into trace.json\n"
+      "  accelerant estimate-memory --params 1.3B --precision bf16\n"
+      "                               memory per GPU by ZeRO stage and number of GPUs\n"
       "  accelerant --version         print Accelerant's and LibTorch's versions",
       "accelerant"};
   bool show_version = false;
@@ -40,6 +42,7 @@ int main(int argc, char** argv) {
   accelerant::cli::add_checkpoint_command(app, action);
   accelerant::cli::add_report_command(app, action);
   accelerant::cli::add_trace_command(app, action);
+  accelerant::cli::add_estimate_memory_command(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
