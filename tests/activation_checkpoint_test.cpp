@@ -20,18 +20,22 @@ torch::nn::Sequential mlp_block(double dropout) {
 }
 
 // Gradients of the input and of every parameter after one backward of sum(block(x)^2).
+// With `bf16`, the forward runs under CPU autocast and backward after it, as in training.
 std::vector<torch::Tensor> gradients(torch::nn::Sequential block, bool checkpointed,
-                                     torch::Tensor x) {
+                                     torch::Tensor x, bool bf16 = false) {
   block->zero_grad();
   x = x.detach().requires_grad_(true);
-  torch::Tensor y;
-  if (checkpointed) {
-    y = checkpoint([&](const std::vector<torch::Tensor>& in) { return block->forward(in[0]); },
-                   {x});
-  } else {
-    y = block->forward(x);
+  torch::Tensor loss;
+  {
+    AutocastGuard autocast(torch::kCPU, torch::kBFloat16, bf16);
+    auto y =
+        checkpointed
+            ? checkpoint(
+                  [&](const std::vector<torch::Tensor>& in) { return block->forward(in[0]); }, {x})
+            : block->forward(x);
+    loss = y.to(torch::kFloat).pow(2).sum();
   }
-  y.pow(2).sum().backward();
+  loss.backward();
   std::vector<torch::Tensor> grads{x.grad()};
   for (auto& p : block->parameters()) grads.push_back(p.grad().clone());
   return grads;
@@ -73,15 +77,8 @@ TEST(ActivationCheckpoint, Bf16AutocastEqualsTheAutocastRunWithoutIt) {
   torch::manual_seed(4);
   auto block = mlp_block(0.0);
   auto x = torch::randn({4, 8});
-  std::vector<torch::Tensor> plain, checkpointed;
-  {
-    AutocastGuard autocast(torch::kCPU, torch::kBFloat16);
-    plain = gradients(block, false, x);
-  }
-  {
-    AutocastGuard autocast(torch::kCPU, torch::kBFloat16);
-    checkpointed = gradients(block, true, x);
-  }
+  auto plain = gradients(block, false, x, true);
+  auto checkpointed = gradients(block, true, x, true);
   expect_equal(checkpointed, plain);
   // The block did run in bf16: its gradients differ from the fp32 ones.
   EXPECT_FALSE(torch::equal(gradients(block, false, x)[1], plain[1]));
