@@ -1,6 +1,5 @@
 #include "accelerant/gradient_reducer.h"
 
-#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -14,6 +13,7 @@
 #include "base/text.h"
 #include "base/trace_events.h"
 #include "comm/collective_label.h"
+#include "train/end_of_backward.h"
 
 namespace accelerant {
 
@@ -130,7 +130,9 @@ struct GradientReducer::State {
     if (!in_backward || ready[i]) {
       start_pass();
       std::weak_ptr<State> weak = self;
-      torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+      // Not Engine::queue_callback: inside a checkpoint's recomputation that would end the pass
+      // when the nested backward ends (train/end_of_backward.h).
+      detail::queue_end_of_backward([weak] {
         if (auto state = weak.lock()) state->finish_pass();
       });
     }
