@@ -54,6 +54,7 @@ torch::Tensor checkpoint(CheckpointFunction fn, std::vector<torch::Tensor> input
 /// model): the block's parameters still get theirs.
 class CheckpointedImpl : public torch::nn::Module {
  public:
+  /// Wraps `block` (registered as the submodule "block").
   explicit CheckpointedImpl(torch::nn::Sequential block);
   /// The block's output, its activations dropped until backward recomputes them.
   torch::Tensor forward(torch::Tensor input);
@@ -63,6 +64,8 @@ class CheckpointedImpl : public torch::nn::Module {
  private:
   torch::nn::Sequential block_;
 };
+/// The module holder of CheckpointedImpl (as TORCH_MODULE makes one for every module):
+/// `Checkpointed block(torch::nn::Sequential(...));`.
 TORCH_MODULE(Checkpointed);
 
 }  // namespace accelerant

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "commands.h"
+#include "human_bytes.h"
 
 namespace accelerant::cli {
 namespace {
@@ -25,19 +26,6 @@ bool exists(const std::string& path) {
 bool is_directory(const std::string& path) {
   std::error_code ignored;
   return std::filesystem::is_directory(path, ignored);
-}
-
-std::string human_bytes(uint64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double value = static_cast<double>(bytes);
-  int unit = 0;
-  while (value >= 1024 && unit < 4) {
-    value /= 1024;
-    ++unit;
-  }
-  char text[32];
-  std::snprintf(text, sizeof text, unit ? "%.1f %s" : "%.0f %s", value, units[unit]);
-  return text;
 }
 
 enum class Kind { Checkpoint, CheckpointsFolder, SafetensorsFile, SafetensorsDir };

@@ -15,6 +15,7 @@
 
 #include "commands.h"
 #include "estimate_inputs.h"
+#include "human_bytes.h"
 #include "memory_estimate.h"
 
 namespace accelerant::cli {
@@ -43,20 +44,6 @@ std::string grouped(uint64_t n) {
     if (i && (digits.size() - i) % 3 == 0) text += ',';
     text += digits[i];
   }
-  return text;
-}
-
-// Binary units, as nvidia-smi and the allocators count device memory.
-std::string human_bytes(uint64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double value = static_cast<double>(bytes);
-  int unit = 0;
-  while (value >= 1024 && unit < 5) {
-    value /= 1024;
-    ++unit;
-  }
-  char text[32];
-  std::snprintf(text, sizeof text, unit ? "%.2f %s" : "%.0f %s", value, units[unit]);
   return text;
 }
 
@@ -197,19 +184,19 @@ void print_table(const Estimate& e) {
                   static_cast<double>(r.total()) / e.model.parameters);
     std::vector<std::string> row = {
         std::to_string(r.zero_stage), std::to_string(r.world_size), per_param,
-        human_bytes(r.parameters),    human_bytes(r.gradients),     human_bytes(r.optimizer)};
-    if (mixed) row.push_back(human_bytes(r.master));
-    row.push_back(human_bytes(r.total()));
+        human_bytes(r.parameters, 2), human_bytes(r.gradients, 2),  human_bytes(r.optimizer, 2)};
+    if (mixed) row.push_back(human_bytes(r.master, 2));
+    row.push_back(human_bytes(r.total(), 2));
     row.push_back(percent(r.total(), e.stage0_totals[i]));
-    row.push_back(human_bytes(r.largest_buffer));
-    if (e.activations) row.push_back(human_bytes(r.total() + e.activations->bytes));
+    row.push_back(human_bytes(r.largest_buffer, 2));
+    if (e.activations) row.push_back(human_bytes(r.total() + e.activations->bytes, 2));
     cells.push_back(row);
   }
   print_aligned(cells, std::cout);
 
   std::cout << "\n";
   if (e.activations) {
-    std::cout << "Activations: ~" << human_bytes(e.activations->bytes)
+    std::cout << "Activations: ~" << human_bytes(e.activations->bytes, 2)
               << " per rank, an order of magnitude only:\n  " << e.activations->rule << "\n";
   } else {
     std::cout << "Activations are not included: add --batch_size with "

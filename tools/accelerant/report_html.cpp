@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "html_text.h"
+#include "human_bytes.h"
 #include "report_svg.h"
 
 namespace accelerant::cli {
@@ -35,19 +36,6 @@ std::string utc_now() {
   gmtime_r(&now, &tm);
   char text[32];
   std::strftime(text, sizeof text, "%Y-%m-%d %H:%M:%S UTC", &tm);
-  return text;
-}
-
-std::string human_bytes(uint64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double value = static_cast<double>(bytes);
-  int unit = 0;
-  while (value >= 1024 && unit < 4) {
-    value /= 1024;
-    ++unit;
-  }
-  char text[32];
-  std::snprintf(text, sizeof text, unit ? "%.1f %s" : "%.0f %s", value, units[unit]);
   return text;
 }
 
