@@ -47,9 +47,7 @@ torch::Tensor train_mlp(int index, int64_t batch, int64_t accumulation, int64_t 
     o.step();
     o.zero_grad();
   }
-  std::vector<torch::Tensor> flat;
-  for (auto& p : m->parameters()) flat.push_back(p.detach().reshape({-1}));
-  return torch::cat(flat);
+  return accelerant::testing::flat_parameters(*m);
 }
 
 double relative_difference(const torch::Tensor& a, const torch::Tensor& b) {

@@ -10,6 +10,8 @@
 #include <chrono>
 #include <cstdio>
 
+#include "test_support.h"
+
 using namespace accelerant;
 
 namespace {
@@ -154,9 +156,7 @@ torch::Tensor train_on_ranks(bool checkpointed) {
     o.step();
     o.zero_grad();
   }
-  std::vector<torch::Tensor> flat;
-  for (auto& p : m->parameters()) flat.push_back(p.detach().reshape({-1}));
-  return torch::cat(flat);
+  return accelerant::testing::flat_parameters(*m);
 }
 
 }  // namespace

@@ -49,6 +49,14 @@ double low_median(std::vector<double> values) {
   return values[(values.size() - 1) / 2];
 }
 
+// The median as the library takes it (the mean of the middle two for an even count).
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t mid = values.size() / 2;
+  return values.size() % 2 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
+}
+
 // The value at the last step that has a number (NaN steps are gaps), with that step.
 bool last_value(const ScalarSeries& series, int64_t& step, double& value) {
   for (auto it = series.rbegin(); it != series.rend(); ++it) {
@@ -131,11 +139,7 @@ void take_step_times(std::map<std::string, ScalarSeries>& tags, RunReport& repor
       std::vector<double> others;
       for (const auto& [other_rank, other] : ranks)
         if (other_rank != rank) others.push_back(busy(other));
-      std::sort(others.begin(), others.end());
-      const double typical = others.empty() ? 0
-                             : others.size() % 2
-                                 ? others[others.size() / 2]
-                                 : (others[others.size() / 2 - 1] + others[others.size() / 2]) / 2;
+      const double typical = median(std::move(others));
       r.straggler = typical > 0 && busy(r) >= kStragglerRatio * typical;
     }
     report.step_times.push_back(r);
