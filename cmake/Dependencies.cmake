@@ -21,3 +21,5 @@ find_package(yaml-cpp CONFIG REQUIRED)       # config files (libyaml-cpp-dev)
 find_package(nlohmann_json CONFIG REQUIRED)  # checkpoint manifests, jsonl_files (nlohmann-json3-dev)
 find_package(ZLIB REQUIRED)                  # CRC-32 of checkpoint files (zlib1g-dev)
 find_package(Protobuf REQUIRED)              # TensorBoard event files (libprotobuf-dev, protobuf-compiler)
+# Linked as ${Protobuf_LIBRARIES}, not protobuf::libprotobuf: pip's LibTorch 2.x defines a target of
+# that name with no library in it, and FindProtobuf keeps a target that already exists.
