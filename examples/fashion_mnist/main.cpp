@@ -46,6 +46,7 @@ struct Settings {
   uint64_t seed = 42;
   int num_workers = 1;
   std::string mixed_precision = "no";
+  int zero_stage = 0;  // ZeRO: 1 shards Adam's state, 2 also reduce-scatters the gradients
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   int64_t train_samples = 0;          // 0: all 60000
   std::string project_dir;            // checkpoints and auto-resume when set
@@ -81,6 +82,7 @@ double train(const fashion_mnist::Split& train_split, const fashion_mnist::Split
   // from the newest complete checkpoint mid-epoch and ends as the uninterrupted run would have.
   accelerant::Accelerator acc(accelerant::AcceleratorOptions()
                                   .mixed_precision(s.mixed_precision)
+                                  .zero_stage(s.zero_stage)
                                   .seed(s.seed)
                                   .project_dir(s.project_dir)
                                   .checkpoint_total_limit(s.checkpoint_total_limit)
@@ -108,7 +110,8 @@ double train(const fashion_mnist::Split& train_split, const fashion_mnist::Split
                                         {"batch_size", s.batch_size},
                                         {"epochs", s.epochs},
                                         {"num_processes", acc.num_processes()},
-                                        {"mixed_precision", s.mixed_precision}});
+                                        {"mixed_precision", s.mixed_precision},
+                                        {"zero_stage", s.zero_stage}});
   }
   acc.print("Training on ", acc.num_processes(), " process", acc.num_processes() == 1 ? "" : "es",
             " x ", acc.threads(), " thread", acc.threads() == 1 ? "" : "s", ", mixed precision ",
@@ -174,6 +177,7 @@ int main(int argc, char** argv) {
       "  fashion_mnist                               2 processes, 2 epochs\n"
       "  fashion_mnist -n 4 --epochs 3               4 processes, 3 epochs\n"
       "  fashion_mnist -n 1 --mixed_precision bf16   one process, bf16 autocast\n"
+      "  fashion_mnist --zero_stage 2                Adam's state sharded across the 2 processes\n"
       "  accelerant launch -n 2 fashion_mnist        under the launcher (also torchrun, srun)\n"
       "  accelerant launch -n 2 --max_restarts 2 fashion_mnist --project_dir runs/a "
       "--checkpoint_every 200\n"
@@ -197,6 +201,11 @@ int main(int argc, char** argv) {
   app.add_option("--mixed_precision", s.mixed_precision, "no or bf16 (fp16 needs CUDA)")
       ->capture_default_str()
       ->check(CLI::IsMember({"no", "fp16", "bf16"}));
+  app.add_option("--zero_stage", s.zero_stage,
+                 "ZeRO: 0 off, 1 shards the optimizer state across the processes, 2 also "
+                 "reduce-scatters the gradients (docs/zero.md)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 2));
   app.add_option("--data_dir", s.data_dir, "Directory of the *-idx*-ubyte.gz files")
       ->capture_default_str();
   app.add_option("--train_samples", s.train_samples,

@@ -4,6 +4,7 @@
 
 #include "accelerant/accelerator.h"
 #include "accelerant/accelerator_options.h"
+#include "accelerant/activation_checkpoint.h"
 #include "accelerant/autocast.h"
 #include "accelerant/batch.h"
 #include "accelerant/collate.h"

@@ -396,6 +396,9 @@ class Accelerator {
   /// This process's place among the processes a checkpoint is saved or loaded by.
   detail::CheckpointRanks checkpoint_ranks() const;
   GradientReducer& reducer_for(const torch::nn::Module& module) const;
+  GradientReducer& zero_reducer_for(torch::optim::Optimizer& optimizer);
+  bool gradients_sharded() const;
+  void check_zero_stage() const;
   AccumulationGuard accumulate_modules(std::vector<std::shared_ptr<torch::nn::Module>> modules);
   Communicator& communicator() const;
   /// Warns once, on the main process, when a prepared model trains on several processes and no

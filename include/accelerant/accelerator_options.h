@@ -58,6 +58,13 @@ struct AcceleratorOptions {
   /// Treat trainable parameters that get no gradient as zero gradients instead of an error.
   /// Default: false.
   TORCH_ARG(bool, allow_unused_parameters) = false;
+  /// ZeRO sharding across the processes (docs/zero.md): 1 keeps 1/N of the optimizer state on
+  /// each process (each updates its share of every gradient bucket, then the parameters are
+  /// all-gathered); 2 also reduce-scatters the gradients during backward instead of all-reducing
+  /// them, so that each process receives only the share it updates. Implies the fused update
+  /// (fused_optimizers), whose limits apply. 0 is plain data parallelism; with one process every
+  /// stage is. Default: 0.
+  TORCH_ARG(int, zero_stage) = 0;
   /// Where automatic checkpoints go: save_state() without a directory writes
   /// `<project_dir>/checkpoints/checkpoint_<n>`, and load_state() without one reads the newest.
   /// Trackers (log_with) write under `<project_dir>/<project_name>/`.

@@ -78,6 +78,20 @@ class Communicator {
   /// stay alive and untouched until then. Same dtype rules as all_reduce_.
   PendingCollective all_reduce_async_(const torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
 
+  /// Reduces `input` (N * S elements, N = size()) across ranks and writes share r of the result,
+  /// elements [r * S, (r + 1) * S), into rank r's `output` (S elements, same dtype and device).
+  /// Same op and dtype rules as all_reduce; `input` is unchanged.
+  void reduce_scatter_(const torch::Tensor& input, const torch::Tensor& output,
+                       ReduceOp op = ReduceOp::kSum);
+  /// reduce_scatter_ that returns once queued; `input` and `output` must stay alive and untouched
+  /// until wait().
+  PendingCollective reduce_scatter_async_(const torch::Tensor& input, const torch::Tensor& output,
+                                          ReduceOp op = ReduceOp::kSum);
+  /// Every rank's `input` (S elements each), in rank order, in `output` (N * S elements).
+  void all_gather_(const torch::Tensor& input, const torch::Tensor& output);
+  /// all_gather_ that returns once queued; the tensors must stay alive and untouched until wait().
+  PendingCollective all_gather_async_(const torch::Tensor& input, const torch::Tensor& output);
+
   /// Every rank's tensor, concatenated along dim 0 in rank order. The first dimension may differ
   /// between ranks (each is padded to the longest, sent, then trimmed); the others must match.
   /// 0-dimensional tensors are treated as shape [1].

@@ -35,6 +35,15 @@
 
 namespace accelerant {
 
+/// A run of consecutive elements of one parameter that this process updates under ZeRO
+/// (GradientReducer::shard_pieces): elements [begin, begin + length) of the optimizer's
+/// parameter `param`, counted over its parameter groups in order.
+struct FusedShardPiece {
+  int64_t param = 0;   ///< index of the parameter among all of the optimizer's, group by group
+  int64_t begin = 0;   ///< first element, in the flattened parameter
+  int64_t length = 0;  ///< elements
+};
+
 /// How a FusedUpdater runs its update.
 struct FusedUpdaterOptions {
   /// Run the whole-arena tensor operations (the path other devices take) on the CPU too, instead
@@ -61,11 +70,23 @@ class FusedUpdater {
   /// device: no host synchronisation.
   void step_unless(const torch::Tensor& skip);
 
+  /// Restricts the update to `pieces` (ZeRO): step() changes only those elements, and the
+  /// moments or momentum buffers are kept for them alone, in the order given. The state held so
+  /// far is kept for the pieces and dropped for the rest. An empty list (a process that owns
+  /// nothing) is allowed. Throws Error for a piece outside its parameter, or overlapping another.
+  void shard(std::vector<FusedShardPiece> pieces);
+  /// The pieces of shard(); empty when the update is not sharded.
+  const std::vector<FusedShardPiece>& shard_pieces() const;
+  /// Whether shard() restricted the update.
+  bool sharded() const;
+
   /// The optimizer state (step counts, moments or momentum buffers) with the parameter sizes it
-  /// belongs to; load refuses state saved for other parameters.
+  /// belongs to; load refuses state saved for other parameters. A sharded updater writes its
+  /// pieces and their state only (merge_optimizer_shards makes the whole state of those).
   void save(torch::serialize::OutputArchive& archive) const;
-  /// Replaces the state with what save() wrote. Throws Error, changing nothing, when it was saved
-  /// by another kind of optimizer (SGD vs Adam) or for parameters of other sizes.
+  /// Replaces the state with what save() wrote, unsharded: a sharded updater takes its pieces out
+  /// of it. Throws Error, changing nothing, when it was saved by another kind of optimizer (SGD
+  /// vs Adam), for parameters of other sizes, or is a shard (merge the shards first).
   void load(torch::serialize::InputArchive& archive);
 
   /// Elements in the arena (all parameters of all groups).
@@ -135,6 +156,13 @@ using FusedSGD = FusedOptimizer<torch::optim::SGD, torch::optim::SGDOptions>;
 using FusedAdam = FusedOptimizer<torch::optim::Adam, torch::optim::AdamOptions>;
 /// torch::optim::AdamW with a fused update (amsgrad is refused).
 using FusedAdamW = FusedOptimizer<torch::optim::AdamW, torch::optim::AdamWOptions>;
+
+/// The whole optimizer state from the shards that the sharded updaters of every process saved
+/// (FusedUpdater::save), in rank order: an archive that FusedUpdater::load takes on any number
+/// of processes. Throws Error when the shards disagree (kind, parameter sizes) or leave elements
+/// of a stepped parameter without state.
+void merge_optimizer_shards(const std::vector<torch::serialize::InputArchive*>& shards,
+                            torch::serialize::OutputArchive& merged);
 
 /// The FusedUpdater behind `optimizer` when it is one of the types above, else null.
 FusedUpdater* fused_updater_of(torch::optim::Optimizer& optimizer);

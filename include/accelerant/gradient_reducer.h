@@ -23,6 +23,7 @@
 #include <string>
 
 #include "accelerant/communicator.h"
+#include "accelerant/fused_optimizer.h"
 
 namespace accelerant {
 
@@ -43,6 +44,11 @@ struct GradientReducerOptions {
   /// the CPU, which travels as fp32) are still copied. A .grad replaced from outside (set to none,
   /// assigned) is copied once and bound again. Default: true.
   TORCH_ARG(bool, gradient_as_bucket_view) = true;
+  /// ZeRO (AcceleratorOptions::zero_stage): with 1 or 2 each bucket is split into equal shares,
+  /// one per process (shard_pieces), and gather_parameters() all-gathers the parameters after a
+  /// sharded update; with 2 the buckets are reduce-scattered instead of all-reduced, each process
+  /// receiving the average of its share only (the rest of its .grad is zeroed). Default: 0.
+  TORCH_ARG(int, zero_stage) = 0;
 };
 
 /// What the reducer did, for tests and benchmarks.
@@ -81,6 +87,15 @@ class GradientReducer {
 
   /// What the reducer has done so far (a copy).
   GradientReducerStats stats() const;
+
+  /// Under ZeRO, the elements this process updates: its share of every bucket, as runs of
+  /// elements of the parameters in the order of `optimizer_params` (an optimizer's parameters,
+  /// group by group), for FusedUpdater::shard. Throws Error when ZeRO is off, or a trainable
+  /// parameter of the model is not among `optimizer_params` (or the reverse).
+  std::vector<FusedShardPiece> shard_pieces(const std::vector<torch::Tensor>& optimizer_params) const;
+  /// Under ZeRO, after each process has updated its share: every parameter gets the values its
+  /// owner computed (one all-gather per bucket). A collective: every process calls it.
+  void gather_parameters();
 
   struct State;
 

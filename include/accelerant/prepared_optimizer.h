@@ -15,6 +15,7 @@
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
 
+#include <functional>
 #include <memory>
 
 #include "accelerant/fused_optimizer.h"
@@ -31,9 +32,12 @@ class PreparedOptimizer {
   /// `optimizer`), step() runs the fused update instead of optimizer.step(); without, an
   /// `optimizer` that is itself fused (FusedSGD / FusedAdam / FusedAdamW) runs its own updater.
   /// Which update runs is decided here, once, and step() calls the scaler's matching entry.
-  /// Throws Error when `state` is null or `fused` is bound to another optimizer.
+  /// `after_update` runs after every update step() makes, skipped or not (under ZeRO: the
+  /// all-gather of the parameters). Throws Error when `state` is null or `fused` is bound to
+  /// another optimizer.
   PreparedOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<TrainingState> state,
-                    std::shared_ptr<FusedUpdater> fused = nullptr);
+                    std::shared_ptr<FusedUpdater> fused = nullptr,
+                    std::function<void()> after_update = nullptr);
 
   /// Updates the parameters unless accumulating; under fp16 unscales first and skips on
   /// overflow. Returns whether the parameters were updated. Inside a GraphStep's capture it
@@ -56,7 +60,8 @@ class PreparedOptimizer {
   torch::optim::Optimizer* optimizer_;
   std::shared_ptr<TrainingState> state_;
   std::shared_ptr<FusedUpdater> fused_;  // owned here when prepare bound it
-  FusedUpdater* updater_;                // fused_, the optimizer's own, or null: decided once
+  FusedUpdater* updater_;
+  std::function<void()> after_update_;                // fused_, the optimizer's own, or null: decided once
   // Graph steps under fp16: this step's skip flag, kept past the scaler's update(). Shared by
   // copies of the handle, written in place by every step and replay.
   std::shared_ptr<torch::Tensor> skip_flag_ = std::make_shared<torch::Tensor>();

@@ -31,6 +31,15 @@
 namespace accelerant {
 namespace {
 
+// An optimizer's parameters, group by group: the order FusedUpdater and its shard pieces count in.
+std::vector<torch::Tensor> optimizer_parameters(torch::optim::Optimizer& optimizer) {
+  std::vector<torch::Tensor> params;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& p : group.params()) params.push_back(p);
+  }
+  return params;
+}
+
 // Serialises with `write` into memory, then writes the file crash-safely
 // (detail::write_file_atomically).
 template <class Write>
@@ -221,10 +230,28 @@ Accelerator::Accelerator(AcceleratorOptions options)
   if (settings_.mixed_precision == MixedPrecision::kFp16) {
     state_->scaler = std::make_shared<GradScaler>(GradScalerOptions(), device_);
   }
+  check_zero_stage();
   checkpointed_->state = state_;
   checkpointed_->device = device_;
   checkpointed_->mixed_precision = settings_.mixed_precision;
   start_step_breakdown();
+}
+
+void Accelerator::check_zero_stage() const {
+  const int stage = options_.zero_stage();
+  if (stage < 0 || stage > 2) {
+    throw Error(detail::str(rank_prefix_, "AcceleratorOptions::zero_stage is ", stage,
+                            "; ZeRO has stages 0 (off), 1 (optimizer state sharded) and 2 (also ",
+                            "gradients reduce-scattered). Fix: zero_stage(0), (1) or (2)."));
+  }
+  if (stage == 2 && state_->scaler && communicator().size() > 1) {
+    // Each process would test only its own shares of the gradients for overflow, and the
+    // processes could disagree about skipping a step.
+    throw Error(detail::str(
+        rank_prefix_, "ZeRO stage 2 with fp16 mixed precision is not supported yet: the loss ",
+        "scaler's overflow check would see only this process's share of the gradients. Fix: ",
+        "zero_stage(1) with fp16, or bf16 mixed precision (no scaler) with stage 2."));
+  }
 }
 
 void Accelerator::start_step_breakdown() {
@@ -292,7 +319,8 @@ void Accelerator::prepare_model(const std::shared_ptr<torch::nn::Module>& model)
       GradientReducerOptions()
           .bucket_cap_bytes(cap)
           .first_bucket_cap_bytes(std::min<int64_t>(cap, 1024 * 1024))
-          .allow_unused_parameters(options_.allow_unused_parameters()));
+          .allow_unused_parameters(options_.allow_unused_parameters())
+          .zero_stage(options_.zero_stage()));
   models_.push_back({model, std::move(reducer)});
   checkpointed_->models.push_back(model);
 }
@@ -303,10 +331,38 @@ PreparedOptimizer Accelerator::prepare_optimizer(torch::optim::Optimizer& optimi
     if (prepared.optimizer == &optimizer)
       return PreparedOptimizer(optimizer, state_, prepared.fused);
   }
-  // A fused type already steps fused; a torch::optim one gets an updater bound to it.
-  const bool wrap = options_.fused_optimizers() && fused_updater_of(optimizer) == nullptr;
+  // A fused type already steps fused; a torch::optim one gets an updater bound to it. ZeRO
+  // shards the fused update, so it binds one whatever fused_optimizers says.
+  const bool zero = options_.zero_stage() > 0 && communicator().size() > 1;
+  const bool wrap = (options_.fused_optimizers() || zero) && fused_updater_of(optimizer) == nullptr;
   optimizers.push_back({&optimizer, wrap ? std::make_shared<FusedUpdater>(optimizer) : nullptr});
-  return PreparedOptimizer(optimizer, state_, optimizers.back().fused);
+  if (!zero) return PreparedOptimizer(optimizer, state_, optimizers.back().fused);
+  FusedUpdater& updater = wrap ? *optimizers.back().fused : *fused_updater_of(optimizer);
+  GradientReducer& reducer = zero_reducer_for(optimizer);
+  updater.shard(reducer.shard_pieces(optimizer_parameters(optimizer)));
+  return PreparedOptimizer(optimizer, state_, optimizers.back().fused,
+                           [reducer = &reducer] { reducer->gather_parameters(); });
+}
+
+// The reducer of the prepared model whose trainable parameters the optimizer updates.
+GradientReducer& Accelerator::zero_reducer_for(torch::optim::Optimizer& optimizer) {
+  if (models_.empty()) {
+    throw Error(detail::str(
+        rank_prefix_, "ZeRO (zero_stage ", options_.zero_stage(), ") shards an optimizer over ",
+        "its model's gradient buckets, and no model is prepared yet. Fix: prepare the model ",
+        "first, or together: accelerator.prepare(model, optimizer, ...)."));
+  }
+  const std::vector<torch::Tensor> params = optimizer_parameters(optimizer);
+  std::string first_error;
+  for (auto& prepared : models_) {
+    try {
+      prepared.reducer->shard_pieces(params);  // throws unless this model's parameters match
+      return *prepared.reducer;
+    } catch (const Error& e) {
+      if (first_error.empty()) first_error = e.what();
+    }
+  }
+  throw Error(rank_prefix_ + first_error);
 }
 
 PreparedScheduler Accelerator::prepare_scheduler(torch::optim::LRScheduler& scheduler) {
@@ -447,7 +503,13 @@ double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters
         "clips on the device and returns the norm as a tensor (read it in a step closure).");
   }
   if (state_->scaler && state_->sync_gradients) state_->scaler->unscale_(parameters);
+  if (gradients_sharded()) return clip_grad_norm_tensor(parameters, max_norm, norm_type).item<double>();
   return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
+}
+
+// Under ZeRO stage 2 each process's .grad holds its shares of the average and zeros elsewhere.
+bool Accelerator::gradients_sharded() const {
+  return options_.zero_stage() == 2 && state_->sync_gradients && communicator().size() > 1;
 }
 
 torch::Tensor Accelerator::clip_grad_norm_tensor(const std::vector<torch::Tensor>& parameters,
@@ -463,7 +525,15 @@ torch::Tensor Accelerator::clip_grad_norm_tensor(const std::vector<torch::Tensor
   }
   if (grads.empty()) return torch::zeros({}, torch::TensorOptions(torch::kFloat).device(device_));
   const torch::Tensor all = torch::stack(norms);
-  const torch::Tensor total = std::isinf(norm_type) ? all.max() : all.norm(norm_type);
+  torch::Tensor total = std::isinf(norm_type) ? all.max() : all.norm(norm_type);
+  if (gradients_sharded()) {
+    // The norm of the shares on every process: max of maxima, or (sum of |g|^p)^(1/p).
+    if (std::isinf(norm_type)) {
+      total = communicator().all_reduce(total, ReduceOp::kMax);
+    } else {
+      total = communicator().all_reduce(total.pow(norm_type), ReduceOp::kSum).pow(1.0 / norm_type);
+    }
+  }
   // min(1, ...) instead of torch's host-side "if coef < 1": multiplying by 1 changes nothing.
   const torch::Tensor coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
   for (auto& g : grads) g.mul_(coef.to(g.scalar_type()));

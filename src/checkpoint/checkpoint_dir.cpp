@@ -47,7 +47,21 @@ std::vector<std::pair<std::string, std::string>> expected_files(const Checkpoint
   namespace layout = detail::layout;
   std::vector<std::pair<std::string, std::string>> files;
   for (int i = 0; i < m.models; ++i) files.emplace_back(layout::model_file(i), "model");
-  for (int i = 0; i < m.optimizers; ++i) files.emplace_back(layout::optimizer_file(i), "optimizer");
+  for (int i = 0; i < m.optimizers; ++i) {
+    // Saved under ZeRO (rank 0's shard listed): every rank's shard instead of one whole file.
+    const bool sharded =
+        std::any_of(m.files.begin(), m.files.end(), [&](const CheckpointFileEntry& f) {
+          return f.path == layout::optimizer_shard_file(0, static_cast<size_t>(i));
+        });
+    if (!sharded) {
+      files.emplace_back(layout::optimizer_file(i), "optimizer");
+      continue;
+    }
+    for (int r = 0; r < m.world_size; ++r) {
+      files.emplace_back(layout::optimizer_shard_file(r, static_cast<size_t>(i)),
+                         detail::str("optimizer ", i, "'s shard of rank ", r));
+    }
+  }
   for (int i = 0; i < m.custom_objects; ++i)
     files.emplace_back(layout::custom_file(i), "registered object");
   if (m.scaler) files.emplace_back(layout::kScalerFile, "fp16 loss scaler");

@@ -11,6 +11,11 @@ namespace accelerant::detail::layout {
 inline std::string model_file(size_t i) { return str("model_", i, ".pt"); }
 inline std::string optimizer_file(size_t i) { return str("optimizer_", i, ".pt"); }
 inline std::string custom_file(size_t i) { return str("custom_", i, ".pt"); }
+/// Optimizer `i`'s state as rank `rank` holds it under ZeRO: its shard (in place of
+/// optimizer_file(i), which a sharded run does not write).
+inline std::string optimizer_shard_file(int rank, size_t i) {
+  return str("rank_", rank, "/optimizer_", i, ".pt");
+}
 inline std::string rng_file(int rank) { return str("rank_", rank, "/rng.pt"); }
 /// A rank's accumulated gradients, present only when it saved in the middle of gradient
 /// accumulation (each rank's differ until the synchronising micro-step averages them).

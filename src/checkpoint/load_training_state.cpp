@@ -22,6 +22,8 @@ struct LoadedCheckpoint {
   CheckpointManifest manifest;
   CheckpointTrainingState state;
   std::vector<std::string> models, optimizers, custom_objects;  // archives, as bytes
+  // Per optimizer: every rank's shard, when a ZeRO run saved it (then optimizers[i] is empty).
+  std::vector<std::vector<std::string>> optimizer_shards;
   std::string scaler;
   std::string rng;  // empty: this rank did not exist when it was saved
   // This rank's gradients; empty: none pending at the save (they are left as they are).
@@ -195,8 +197,16 @@ LoadedCheckpoint read_and_check(const std::string& dir, const CheckpointedState&
           dir + "/" + file);
     }
   }
-  for (size_t i = 0; i < s.optimizers.size(); ++i)
-    loaded.optimizers.push_back(read(layout::optimizer_file(i)));
+  loaded.optimizer_shards.resize(s.optimizers.size());
+  for (size_t i = 0; i < s.optimizers.size(); ++i) {
+    if (lists_file(loaded.manifest, layout::optimizer_shard_file(0, i))) {
+      for (int r = 0; r < loaded.manifest.world_size; ++r)
+        loaded.optimizer_shards[i].push_back(read(layout::optimizer_shard_file(r, i)));
+      loaded.optimizers.emplace_back();
+    } else {
+      loaded.optimizers.push_back(read(layout::optimizer_file(i)));
+    }
+  }
   for (size_t i = 0; i < s.objects.size(); ++i)
     loaded.custom_objects.push_back(read(layout::custom_file(i)));
   if (loaded.manifest.scaler) loaded.scaler = read(layout::kScalerFile);
@@ -243,8 +253,16 @@ void apply(const LoadedCheckpoint& loaded, CheckpointedState& s, int rank) {
     load_module_state(*s.models[i], loaded.models[i], loaded.dir + "/" + layout::model_file(i));
   }
   for (size_t i = 0; i < s.optimizers.size(); ++i) {
-    load_optimizer_state(*s.optimizers[i].optimizer, loaded.optimizers[i],
-                         loaded.dir + "/" + layout::optimizer_file(i), s.optimizers[i].fused.get());
+    // A rollback snapshot holds this rank's own shard, which its sharded update takes back.
+    if (i < loaded.optimizer_shards.size() && !loaded.optimizer_shards[i].empty()) {
+      load_sharded_optimizer_state(*s.optimizers[i].optimizer, loaded.optimizer_shards[i],
+                                   loaded.dir + "/" + layout::optimizer_shard_file(0, i),
+                                   s.optimizers[i].fused.get());
+    } else {
+      load_optimizer_state(*s.optimizers[i].optimizer, loaded.optimizers[i],
+                           loaded.dir + "/" + layout::optimizer_file(i),
+                           s.optimizers[i].fused.get());
+    }
   }
   for (size_t i = 0; i < s.objects.size(); ++i) {
     auto archive =

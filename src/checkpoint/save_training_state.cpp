@@ -89,12 +89,20 @@ std::vector<CheckpointFileEntry> write_own_part(const CheckpointedState& s,
               {stream.position(), ranks.rank, ranks.world_size, stream.shards().size()}),
           str("stream loader ", i, "'s position"));
   }
+  // Under ZeRO each rank holds a shard of the optimizer state: each writes its own.
+  for (size_t i = 0; i < s.optimizers.size(); ++i) {
+    const CheckpointedOptimizer& o = s.optimizers[i];
+    if (!optimizer_sharded(*o.optimizer, o.fused.get())) continue;
+    write(layout::optimizer_shard_file(ranks.rank, i),
+          optimizer_state_bytes(*o.optimizer, o.fused.get()), str("optimizer ", i, "'s shard"));
+  }
   sync_directory(rank_dir);
   if (!ranks.is_main()) return written;
   for (size_t i = 0; i < s.models.size(); ++i) {
     write(layout::model_file(i), module_state_bytes(*s.models[i]), str("model ", i));
   }
   for (size_t i = 0; i < s.optimizers.size(); ++i) {
+    if (optimizer_sharded(*s.optimizers[i].optimizer, s.optimizers[i].fused.get())) continue;
     write(layout::optimizer_file(i),
           optimizer_state_bytes(*s.optimizers[i].optimizer, s.optimizers[i].fused.get()),
           str("optimizer ", i));

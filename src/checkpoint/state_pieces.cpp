@@ -233,6 +233,61 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::string&
   }
 }
 
+bool optimizer_sharded(torch::optim::Optimizer& optimizer, const FusedUpdater* fused) {
+  const FusedUpdater* updater = fused ? fused : fused_updater_of(optimizer);
+  return updater && updater->sharded();
+}
+
+void load_sharded_optimizer_state(torch::optim::Optimizer& optimizer,
+                                  const std::vector<std::string>& shards, const std::string& what,
+                                  FusedUpdater* fused) {
+  FusedUpdater* updater = fused ? fused : fused_updater_of(optimizer);
+  if (!updater) {
+    throw CheckpointError(str(
+        what, " was saved under ZeRO (fused optimizer state in shards), and this optimizer has ",
+        "no fused update to take it. Fix: AcceleratorOptions::fused_optimizers(true) or a ",
+        "zero_stage, or build the optimizer as accelerant::FusedAdamW / FusedAdam / FusedSGD."));
+  }
+  torch::Device device(torch::kCPU);
+  for (const auto& group : optimizer.param_groups()) {
+    if (!group.params().empty()) {
+      device = group.params().front().device();
+      break;
+    }
+  }
+  try {
+    std::vector<torch::serialize::InputArchive> archives(shards.size()), states(shards.size());
+    std::vector<torch::serialize::InputArchive*> pointers;
+    for (size_t r = 0; r < shards.size(); ++r) {
+      archives[r] = archive_from_bytes(shards[r], str(what, " (rank ", r, "'s shard)"));
+      // A fused type saves its update's state at the top; prepare's updater beside the
+      // optimizer's own (empty) state.
+      if (fused && !archives[r].try_read(kFusedUpdater, states[r])) {
+        throw Error(str("rank ", r, "'s shard has no fused optimizer state"));
+      }
+      pointers.push_back(fused ? &states[r] : &archives[r]);
+    }
+    const std::string merged = archive_to_bytes(
+        [&](torch::serialize::OutputArchive& out) { merge_optimizer_shards(pointers, out); });
+    auto whole = archive_from_bytes(merged, what, device);
+    if (fused) optimizer.state().clear();
+    updater->load(whole);
+    torch::serialize::InputArchive groups;
+    if (archives[0].try_read(kGroupOptions, groups)) {
+      for (size_t i = 0; i < optimizer.param_groups().size(); ++i) {
+        torch::serialize::InputArchive options;
+        groups.read(std::to_string(i), options);
+        optimizer.param_groups()[i].options().serialize(options);
+      }
+    }
+  } catch (const std::exception& e) {
+    throw CheckpointError(
+        str(what, " does not fit this optimizer (", e.what(), "). Likely cause: a different ",
+            "optimizer type or different parameter groups than when it was saved. Fix: build ",
+            "the optimizer as the saved run did."));
+  }
+}
+
 namespace {
 // LRScheduler::step_count_ is protected; a member pointer taken in a derived class reaches it
 // without changing LibTorch.

@@ -64,6 +64,15 @@ std::string optimizer_state_bytes(const torch::optim::Optimizer& optimizer,
                                   const FusedUpdater* fused = nullptr);
 void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::string& bytes,
                           const std::string& what, FusedUpdater* fused = nullptr);
+/// Whether `optimizer`'s fused update (`fused`, or the optimizer's own) is sharded (ZeRO): each
+/// rank then saves its own optimizer_state_bytes, a shard.
+bool optimizer_sharded(torch::optim::Optimizer& optimizer, const FusedUpdater* fused);
+/// Loads the state that every rank of a ZeRO run saved (`shards`, in rank order, each what
+/// optimizer_state_bytes wrote there) into `optimizer`, sharded or not, on any number of
+/// processes: the shards are merged, and a sharded update takes its pieces.
+void load_sharded_optimizer_state(torch::optim::Optimizer& optimizer,
+                                  const std::vector<std::string>& shards, const std::string& what,
+                                  FusedUpdater* fused = nullptr);
 
 /// The number of steps a scheduler took (LRScheduler keeps it protected and has no state_dict).
 unsigned scheduler_step_count(const torch::optim::LRScheduler& scheduler);

@@ -1,5 +1,6 @@
 #include "accelerant/fused_optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <unordered_map>
 
@@ -89,6 +90,14 @@ struct FusedUpdater::Impl {
   torch::Tensor param_arena, grad_arena;
   torch::Tensor state1, state2;  // Adam: exp_avg, exp_avg_sq; SGD: momentum buffers (state2 empty)
   torch::Tensor steps;           // double [params]: updates each parameter has had
+  // ZeRO (shard()): the elements this process updates. While sharded, state1 and state2 hold
+  // the pieces' elements only, piece after piece (piece k from state_offsets[k]); the step
+  // counts stay whole, the same on every process.
+  bool is_sharded = false;
+  std::vector<FusedShardPiece> pieces;
+  std::vector<int64_t> state_offsets;
+  int64_t state_numel() const { return is_sharded ? shard_numel : param_arena.numel(); }
+  int64_t shard_numel = 0;
 
   bool uses_state2() const { return kind != FusedKind::kSGD; }
   bool uses_state1() const {
@@ -159,8 +168,13 @@ struct FusedUpdater::Impl {
                              : torch::TensorOptions(torch::kFloat).device(now.front().device());
     torch::Tensor new_params = torch::empty({total}, options);
     torch::Tensor new_grads = torch::zeros({total}, options);  // filled as gradients appear
-    torch::Tensor new_state1 = uses_state1() ? torch::zeros({total}, options) : torch::Tensor();
-    torch::Tensor new_state2 = uses_state2() ? torch::zeros({total}, options) : torch::Tensor();
+    // Sharded state is laid out by pieces, not by the arena: it stays as it is.
+    torch::Tensor new_state1 = is_sharded    ? state1
+                               : uses_state1() ? torch::zeros({total}, options)
+                                               : torch::Tensor();
+    torch::Tensor new_state2 = is_sharded    ? state2
+                               : uses_state2() ? torch::zeros({total}, options)
+                                               : torch::Tensor();
     torch::Tensor new_steps =
         torch::zeros({static_cast<int64_t>(now.size())}, options.dtype(torch::kDouble));
     torch::NoGradGuard no_grad;
@@ -172,7 +186,7 @@ struct FusedUpdater::Impl {
       if (old != before.end()) {
         const size_t j = old->second;
         auto carry = [&](torch::Tensor& into, const torch::Tensor& from) {
-          if (into.defined() && from.defined()) {
+          if (!is_sharded && into.defined() && from.defined()) {
             into.narrow(0, new_offsets[i], n).copy_(from.narrow(0, offsets[j], n));
           }
         };
@@ -186,6 +200,12 @@ struct FusedUpdater::Impl {
         adopt_gradient(p, new_grads, new_offsets[i]);
       }
       p.set_data(detail::alias_into(new_params, new_offsets[i], p.sizes()));
+    }
+    if (is_sharded && now.size() != params.size() && !params.empty()) {
+      throw Error(detail::str(
+          "The sharded fused ", kind_name(kind), " was made for ", params.size(),
+          " parameters; the optimizer now has ", now.size(), ". Fix: add parameter groups ",
+          "before accelerator.prepare, which shards the update (ZeRO)."));
     }
     params = std::move(now);
     group_of = std::move(groups);
@@ -223,8 +243,8 @@ struct FusedUpdater::Impl {
 
   void ensure_packed() {
     if (!packed()) pack();
-    if (uses_state1() && !state1.defined())
-      state1 = torch::zeros_like(param_arena);  // momentum turned on
+    if (uses_state1() && !state1.defined())  // momentum turned on
+      state1 = torch::zeros({state_numel()}, param_arena.options());
   }
 
   // A gradient as fp32 contiguous memory on the arena's device: itself when it already is.
@@ -248,28 +268,47 @@ struct FusedUpdater::Impl {
     std::vector<GroupConstants> constants;
     for (size_t g = 0; g < groups.size(); ++g)
       constants.push_back(constants_of(kind, groups[g].options(), g));
+    // Unsharded, a parameter is one piece of itself, with its state at its arena offset.
+    std::vector<FusedShardPiece> whole;
+    if (!is_sharded) {
+      for (size_t i = 0; i < params.size(); ++i)
+        whole.push_back({static_cast<int64_t>(i), 0, numels[i]});
+    }
+    const std::vector<FusedShardPiece>& run = is_sharded ? pieces : whole;
+    // Every parameter with a gradient counts a step, owned here or not, so that the counts (and
+    // the bias corrections) are the same on every process.
+    std::vector<char> stepping(params.size(), 0);
+    std::vector<torch::Tensor> grads(params.size());
     for (size_t i = 0; i < params.size(); ++i) {
       const torch::Tensor& grad = params[i].grad();
       if (!grad.defined() || numels[i] == 0) continue;
-      torch::Tensor g = usable_grad(grad, params[i]);
-      if (!g.is_same(grad)) converted.push_back(g);
+      stepping[i] = 1;
+      grads[i] = usable_grad(grad, params[i]);
+      if (!grads[i].is_same(grad)) converted.push_back(grads[i]);
+    }
+    for (size_t k = 0; k < run.size(); ++k) {
+      const FusedShardPiece& piece = run[k];
+      const auto i = static_cast<size_t>(piece.param);
+      if (!stepping[i] || piece.length == 0) continue;
+      const torch::Tensor& g = grads[i];
+      const int64_t state_at = is_sharded ? state_offsets[k] : offsets[i];
       const GroupConstants& c = constants[group_of[i]];
       FusedSegment s;
-      s.param = param_arena.data_ptr<float>() + offsets[i];
-      s.grad = g.data_ptr<float>();
-      s.numel = numels[i];
+      s.param = param_arena.data_ptr<float>() + offsets[i] + piece.begin;
+      s.grad = g.data_ptr<float>() + piece.begin;
+      s.numel = piece.length;
       s.weight_decay = static_cast<float>(c.weight_decay);
       const double step = step_counts[i] + 1;
       if (kind == FusedKind::kSGD) {
-        s.state1 = state1.defined() ? state1.data_ptr<float>() + offsets[i] : nullptr;
+        s.state1 = state1.defined() ? state1.data_ptr<float>() + state_at : nullptr;
         s.momentum = static_cast<float>(c.momentum);
         s.one_minus_dampening = static_cast<float>(1 - c.dampening);
         s.nesterov = c.nesterov;
         s.first_step = step_counts[i] == 0;
         s.neg_lr = static_cast<float>(-c.lr);
       } else {
-        s.state1 = state1.data_ptr<float>() + offsets[i];
-        s.state2 = state2.data_ptr<float>() + offsets[i];
+        s.state1 = state1.data_ptr<float>() + state_at;
+        s.state2 = state2.data_ptr<float>() + state_at;
         s.decay = static_cast<float>(kind == FusedKind::kAdamW ? 1 - c.lr * c.weight_decay : 1.0);
         s.beta1 = static_cast<float>(c.beta1), s.one_minus_beta1 = static_cast<float>(1 - c.beta1);
         s.beta2 = static_cast<float>(c.beta2), s.one_minus_beta2 = static_cast<float>(1 - c.beta2);
@@ -278,7 +317,9 @@ struct FusedUpdater::Impl {
         s.neg_step_size = static_cast<float>(-c.lr / (1 - std::pow(c.beta1, step)));
       }
       segments.push_back(s);
-      step_counts[i] = step;
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (stepping[i]) step_counts[i] += 1;
     }
     detail::run_fused_update(kind, segments);
   }
@@ -351,6 +392,12 @@ struct FusedUpdater::Impl {
   // number of parameters. `keep` (per parameter, 1 = update) folds in both "has a gradient" and
   // the skip flag, so nothing is read on the host.
   void step_with_tensor_ops(const torch::Tensor& skip) {
+    if (is_sharded) {
+      throw Error(detail::str(
+          "The sharded (ZeRO) fused ", kind_name(kind), " updates on the CPU only so far; ",
+          "its parameters are on ", param_arena.device(), ". Fix: zero_stage(0) on this ",
+          "device (docs/zero.md lists what is pending)."));
+    }
     auto& groups = optimizer->param_groups();
     const auto float_options = param_arena.options();
     if (layouts.size() != groups.size()) build_layouts();
@@ -430,6 +477,71 @@ struct FusedUpdater::Impl {
     }
   }
 
+  // The whole-arena state from the sharded one (zeros outside the pieces), or itself.
+  torch::Tensor whole_state(const torch::Tensor& state) const {
+    if (!is_sharded || !state.defined()) return state;
+    torch::Tensor whole = torch::zeros_like(param_arena);
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      whole.narrow(0, offsets[pieces[k].param] + pieces[k].begin, pieces[k].length)
+          .copy_(state.narrow(0, state_offsets[k], pieces[k].length));
+    }
+    return whole;
+  }
+
+  // The pieces' elements of a whole-arena state, piece after piece.
+  torch::Tensor pieces_of(const torch::Tensor& whole) const {
+    if (!whole.defined()) return whole;
+    torch::Tensor out = torch::empty({shard_numel}, whole.options());
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      out.narrow(0, state_offsets[k], pieces[k].length)
+          .copy_(whole.narrow(0, offsets[pieces[k].param] + pieces[k].begin, pieces[k].length));
+    }
+    return out;
+  }
+
+  void shard(std::vector<FusedShardPiece> new_pieces) {
+    torch::NoGradGuard no_grad;
+    ensure_packed();
+    std::vector<std::pair<int64_t, int64_t>> ranges;  // arena [begin, end) of each piece
+    for (const auto& piece : new_pieces) {
+      const bool inside = piece.param >= 0 && piece.param < static_cast<int64_t>(params.size()) &&
+                          piece.begin >= 0 && piece.length >= 0 &&
+                          piece.begin + piece.length <= numels[piece.param];
+      if (!inside) {
+        throw Error(detail::str(
+            "FusedUpdater::shard: the piece {param ", piece.param, ", begin ", piece.begin,
+            ", length ", piece.length, "} is outside the optimizer's parameters (",
+            params.size(), " of them",
+            piece.param >= 0 && piece.param < static_cast<int64_t>(params.size())
+                ? detail::str("; that one has ", numels[piece.param], " elements")
+                : std::string(),
+            "). Fix: take the pieces from GradientReducer::shard_pieces for this optimizer."));
+      }
+      ranges.emplace_back(offsets[piece.param] + piece.begin,
+                          offsets[piece.param] + piece.begin + piece.length);
+    }
+    std::sort(ranges.begin(), ranges.end());
+    for (size_t k = 1; k < ranges.size(); ++k) {
+      if (ranges[k].first < ranges[k - 1].second) {
+        throw Error(detail::str("FusedUpdater::shard: two pieces overlap at arena element ",
+                                ranges[k].first,
+                                ". Fix: give each element to one piece (GradientReducer::"
+                                "shard_pieces does)."));
+      }
+    }
+    const torch::Tensor whole1 = whole_state(state1), whole2 = whole_state(state2);
+    pieces = std::move(new_pieces);
+    state_offsets.clear();
+    shard_numel = 0;
+    for (const auto& piece : pieces) {
+      state_offsets.push_back(shard_numel);
+      shard_numel += piece.length;
+    }
+    is_sharded = true;
+    state1 = pieces_of(whole1);
+    state2 = pieces_of(whole2);
+  }
+
   void step(const torch::Tensor& skip) {
     torch::NoGradGuard no_grad;
     ensure_packed();
@@ -466,6 +578,12 @@ FusedUpdater::FusedUpdater(torch::optim::Optimizer& optimizer, FusedUpdaterOptio
 
 FusedUpdater::~FusedUpdater() = default;
 
+void FusedUpdater::shard(std::vector<FusedShardPiece> pieces) { impl_->shard(std::move(pieces)); }
+
+const std::vector<FusedShardPiece>& FusedUpdater::shard_pieces() const { return impl_->pieces; }
+
+bool FusedUpdater::sharded() const { return impl_->is_sharded; }
+
 void FusedUpdater::step() { impl_->step(torch::Tensor()); }
 
 void FusedUpdater::step_unless(const torch::Tensor& skip) {
@@ -484,6 +602,17 @@ const char* kNumels = "accelerant_fused_numels";
 const char* kSteps = "accelerant_fused_steps";
 const char* kState1 = "accelerant_fused_state1";
 const char* kState2 = "accelerant_fused_state2";
+// A shard: [pieces, 3] int64 rows of (parameter, begin, length); its states hold those elements.
+const char* kPieces = "accelerant_fused_shard_pieces";
+
+torch::Tensor pieces_tensor(const std::vector<FusedShardPiece>& pieces) {
+  torch::Tensor t = torch::empty({static_cast<int64_t>(pieces.size()), 3}, torch::kLong);
+  auto a = t.accessor<int64_t, 2>();
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    a[k][0] = pieces[k].param, a[k][1] = pieces[k].begin, a[k][2] = pieces[k].length;
+  }
+  return t;
+}
 }  // namespace
 
 void FusedUpdater::save(torch::serialize::OutputArchive& archive) const {
@@ -491,6 +620,7 @@ void FusedUpdater::save(torch::serialize::OutputArchive& archive) const {
   archive.write(kKind, torch::tensor(static_cast<int64_t>(impl_->kind)));
   archive.write(kNumels, torch::tensor(impl_->numels));
   archive.write(kSteps, impl_->steps);
+  if (impl_->is_sharded) archive.write(kPieces, pieces_tensor(impl_->pieces));
   if (impl_->state1.defined()) archive.write(kState1, impl_->state1);
   if (impl_->state2.defined()) archive.write(kState2, impl_->state2);
 }
@@ -517,20 +647,98 @@ void FusedUpdater::load(torch::serialize::InputArchive& archive) {
                             "]. Fix: build the model and parameter groups as ",
                             "the saved run did."));
   }
+  torch::Tensor saved_pieces;
+  const bool own_shard = archive.try_read(kPieces, saved_pieces) && s.is_sharded &&
+                         saved_pieces.equal(pieces_tensor(s.pieces));
+  if (saved_pieces.defined() && !own_shard) {
+    throw Error(
+        "This fused optimizer state is one process's shard (saved under ZeRO); alone it lacks "
+        "the other processes' elements. Fix: merge the shards first (merge_optimizer_shards; "
+        "Accelerator::load_state does it, and `accelerant checkpoint merge` on the command line).");
+  }
   const bool has1 = archive.try_read(kState1, state1), has2 = archive.try_read(kState2, state2);
   torch::NoGradGuard no_grad;
+  if (s.uses_state2() && (!has1 || !has2))
+    throw Error("The saved fused Adam state lacks its moments. Fix: save it again.");
+  // Saved whole, a sharded updater keeps its pieces of it; its own shard it takes as it is.
+  if (s.is_sharded && !own_shard) state1 = s.pieces_of(state1), state2 = s.pieces_of(state2);
   s.steps.copy_(steps);
-  if (s.uses_state2()) {
-    if (!has1 || !has2)
-      throw Error("The saved fused Adam state lacks its moments. Fix: save it again.");
-    s.state2.copy_(state2);
-  }
+  if (s.uses_state2()) s.state2.copy_(state2);
   if (has1) {
-    if (!s.state1.defined()) s.state1 = torch::zeros_like(s.param_arena);
+    if (!s.state1.defined()) s.state1 = torch::zeros({s.state_numel()}, s.param_arena.options());
     s.state1.copy_(state1);
   } else if (s.state1.defined()) {
     s.state1.zero_();
   }
+}
+
+void merge_optimizer_shards(const std::vector<torch::serialize::InputArchive*>& shards,
+                            torch::serialize::OutputArchive& merged) {
+  if (shards.empty()) throw Error("merge_optimizer_shards: no shards given.");
+  torch::Tensor kind0, numels0, steps_all, whole1, whole2;
+  std::vector<int64_t> sizes, starts;
+  std::vector<int64_t> covered;  // per parameter, elements that some shard holds
+  for (size_t r = 0; r < shards.size(); ++r) {
+    torch::serialize::InputArchive& a = *shards[r];
+    torch::Tensor kind, numels, steps, pieces, state1, state2;
+    a.read(kKind, kind);
+    a.read(kNumels, numels);
+    a.read(kSteps, steps);
+    if (!a.try_read(kPieces, pieces)) {
+      throw Error(detail::str("merge_optimizer_shards: archive ", r,
+                              " is a whole optimizer state, not a shard. Fix: pass the shards "
+                              "that each process saved under ZeRO, in rank order."));
+    }
+    const bool has1 = a.try_read(kState1, state1), has2 = a.try_read(kState2, state2);
+    if (r == 0) {
+      kind0 = kind, numels0 = numels, steps_all = steps.clone();
+      sizes.assign(numels.data_ptr<int64_t>(), numels.data_ptr<int64_t>() + numels.numel());
+      int64_t total = 0;
+      for (int64_t n : sizes) starts.push_back(total), total += n;
+      covered.assign(sizes.size(), 0);
+      if (has1) whole1 = torch::zeros({total}, torch::kFloat);
+      if (has2) whole2 = torch::zeros({total}, torch::kFloat);
+    } else if (!kind.equal(kind0) || !numels.equal(numels0)) {
+      throw Error(detail::str("merge_optimizer_shards: shard ", r,
+                              " was saved by another optimizer (kind or parameter sizes differ "
+                              "from shard 0's). Fix: merge the shards of one checkpoint."));
+    } else {
+      steps_all = torch::maximum(steps_all, steps);
+    }
+    if (has1 != whole1.defined() || has2 != whole2.defined()) {
+      throw Error(detail::str("merge_optimizer_shards: shard ", r,
+                              " holds other state buffers than shard 0. Fix: merge the shards of "
+                              "one checkpoint."));
+    }
+    auto rows = pieces.accessor<int64_t, 2>();
+    int64_t at = 0;
+    for (int64_t k = 0; k < pieces.size(0); ++k) {
+      const int64_t p = rows[k][0], begin = rows[k][1], length = rows[k][2];
+      if (p < 0 || p >= static_cast<int64_t>(sizes.size()) || begin < 0 ||
+          begin + length > sizes[p]) {
+        throw Error(detail::str("merge_optimizer_shards: shard ", r, " has a piece outside its ",
+                                "parameters. The file is damaged; use another checkpoint."));
+      }
+      if (has1) whole1.narrow(0, starts[p] + begin, length).copy_(state1.narrow(0, at, length));
+      if (has2) whole2.narrow(0, starts[p] + begin, length).copy_(state2.narrow(0, at, length));
+      covered[p] += length;
+      at += length;
+    }
+  }
+  const double* step_counts = steps_all.data_ptr<double>();
+  for (size_t p = 0; p < sizes.size(); ++p) {
+    if (step_counts[p] > 0 && covered[p] != sizes[p]) {
+      throw Error(detail::str("merge_optimizer_shards: parameter ", p, " has ", sizes[p],
+                              " elements, but the shards hold the state of ", covered[p],
+                              ". Likely cause: a rank's shard is missing. Fix: pass every "
+                              "rank's shard, in rank order."));
+    }
+  }
+  merged.write(kKind, kind0);
+  merged.write(kNumels, numels0);
+  merged.write(kSteps, steps_all);
+  if (whole1.defined()) merged.write(kState1, whole1);
+  if (whole2.defined()) merged.write(kState2, whole2);
 }
 
 int64_t FusedUpdater::numel() const { return impl_->param_arena.numel(); }

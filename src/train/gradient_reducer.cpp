@@ -3,8 +3,10 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <chrono>
 #include <mutex>
+#include <unordered_map>
 
 #include "accelerant/error.h"
 #include "accelerant/gradient_buckets.h"
@@ -55,6 +57,17 @@ struct GradientReducer::State {
   std::vector<int64_t> launched_us;
   GradientReducerStats stats;
 
+  // ZeRO (options.zero_stage > 0 on several processes): bucket b's buffer is padded to N equal
+  // shares of share_numel[b] elements (a multiple of kShareAlignment, so that every share starts
+  // on a 64-byte line); this rank owns share `rank` of every bucket.
+  static constexpr int64_t kShareAlignment = 16;
+  bool zero = false;
+  std::vector<int64_t> share_numel;
+  std::vector<torch::Tensor> averaged_share;  // stage 2: per bucket, this rank's reduced share
+  torch::Tensor gather_in, gather_out;        // gather_parameters' scratch (largest bucket)
+
+  int64_t share_begin(size_t b) const { return communicator->rank() * share_numel[b]; }
+
   void start_pass() {
     std::fill(ready.begin(), ready.end(), false);
     for (size_t b = 0; b < plan.size(); ++b)
@@ -73,7 +86,9 @@ struct GradientReducer::State {
       flat[b].div_(communicator->size());  // average = sum of (grad / N): no pass after the wait
       detail::ScopedCollectiveLabel label("backward bucket", static_cast<int64_t>(b));
       launched_us[b] = detail::tracing() ? detail::trace_now_us() : -1;
-      in_flight[b] = communicator->all_reduce_async_(flat[b], ReduceOp::kSum);
+      in_flight[b] = options.zero_stage() == 2 && zero
+                         ? communicator->reduce_scatter_async_(flat[b], averaged_share[b])
+                         : communicator->all_reduce_async_(flat[b], ReduceOp::kSum);
       if (ready_count < trainable) ++stats.buckets_started_during_backward;
     }
   }
@@ -188,6 +203,14 @@ struct GradientReducer::State {
     stats.exposed_wait_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
     torch::NoGradGuard no_grad;
+    if (zero && options.zero_stage() == 2) {
+      // Each .grad shows the average where this rank updates, and 0 elsewhere (its local sum
+      // there was sent to the owner): a norm of the shares, summed across ranks, is the norm.
+      for (size_t b = 0; b < plan.size(); ++b) {
+        flat[b].zero_();
+        flat[b].narrow(0, share_begin(b), share_numel[b]).copy_(averaged_share[b]);
+      }
+    }
     for (size_t b = 0; b < plan.size(); ++b) {
       for (size_t k = 0; k < plan[b].params.size(); ++k) {
         const size_t i = plan[b].params[k];
@@ -224,9 +247,31 @@ GradientReducer::GradientReducer(
                                       .first_bucket_cap_bytes(options.first_bucket_cap_bytes()));
   s.bucket_of.assign(s.params.size(), -1);
   s.slot_of.assign(s.params.size(), 0);
+  const int world = communicator.size();
+  if (options.zero_stage() < 0 || options.zero_stage() > 2) {
+    throw Error(detail::str("GradientReducerOptions::zero_stage is ", options.zero_stage(),
+                            "; ZeRO has stages 0 (off), 1 (optimizer state) and 2 (also ",
+                            "gradients). Fix: pick one of those."));
+  }
+  s.zero = options.zero_stage() > 0 && world > 1;
   for (size_t b = 0; b < s.plan.size(); ++b) {
     const GradientBucket& bucket = s.plan[b];
-    s.flat.push_back(torch::zeros({bucket.numel},
+    int64_t padded = bucket.numel;
+    if (s.zero) {
+      if (wire_dtype(bucket) != torch::kFloat) {
+        throw Error(detail::str(
+            "ZeRO shards fp32 gradients; a bucket holds ", c10::toString(bucket.dtype),
+            " ones. Likely cause: the model was cast to bf16 (mixed_precision with downcast). ",
+            "Fix: keep fp32 parameters (bf16 autocast does), or zero_stage(0)."));
+      }
+      const int64_t unit = State::kShareAlignment;
+      const int64_t share = (bucket.numel + world * unit - 1) / (world * unit) * unit;
+      s.share_numel.push_back(share);
+      padded = share * world;
+      s.averaged_share.push_back(
+          torch::zeros({share}, torch::TensorOptions(torch::kFloat).device(bucket.device)));
+    }
+    s.flat.push_back(torch::zeros({padded},
                                   torch::TensorOptions(wire_dtype(bucket)).device(bucket.device)));
     s.views.emplace_back();
     for (size_t k = 0; k < bucket.params.size(); ++k) {
@@ -290,6 +335,77 @@ bool GradientReducer::sync() const {
 GradientReducerStats GradientReducer::stats() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
   return state_->stats;
+}
+
+std::vector<FusedShardPiece> GradientReducer::shard_pieces(
+    const std::vector<torch::Tensor>& optimizer_params) const {
+  const State& s = *state_;
+  if (!s.zero) {
+    throw Error(
+        "GradientReducer::shard_pieces: ZeRO is off for this reducer (zero_stage 0, or one "
+        "process). Fix: set GradientReducerOptions::zero_stage(1 or 2) on several processes.");
+  }
+  std::unordered_map<const c10::TensorImpl*, int64_t> index_of;
+  for (size_t j = 0; j < optimizer_params.size(); ++j)
+    index_of[optimizer_params[j].unsafeGetTensorImpl()] = static_cast<int64_t>(j);
+  std::vector<bool> seen(optimizer_params.size(), false);
+  std::vector<FusedShardPiece> pieces;
+  for (size_t b = 0; b < s.plan.size(); ++b) {
+    const int64_t lo = s.share_begin(b), hi = lo + s.share_numel[b];
+    for (size_t k = 0; k < s.plan[b].params.size(); ++k) {
+      const size_t i = s.plan[b].params[k];
+      auto found = index_of.find(s.params[i].unsafeGetTensorImpl());
+      if (found == index_of.end()) {
+        throw Error(detail::str(
+            "ZeRO: the model's trainable parameter '", s.names[i], "' is not in the optimizer, ",
+            "so no process would update its share. Fix: give the optimizer all of the model's ",
+            "trainable parameters (model->parameters()), or freeze this one before prepare."));
+      }
+      seen[found->second] = true;
+      const int64_t first = s.plan[b].offsets[k], last = first + s.params[i].numel();
+      const int64_t from = std::max(first, lo), to = std::min(last, hi);
+      if (from < to) pieces.push_back({found->second, from - first, to - from});
+    }
+  }
+  for (size_t j = 0; j < optimizer_params.size(); ++j) {
+    if (!seen[j]) {
+      throw Error(detail::str(
+          "ZeRO: optimizer parameter ", j, " (shape ", optimizer_params[j].sizes(),
+          ") is not a trainable parameter of the prepared model, so its gradient is neither "
+          "reduced nor sharded. Fix: one optimizer per prepared model, over that model's "
+          "parameters."));
+    }
+  }
+  return pieces;
+}
+
+void GradientReducer::gather_parameters() {
+  State& s = *state_;
+  if (!s.zero) return;
+  torch::NoGradGuard no_grad;
+  detail::ScopedCollectiveLabel label("ZeRO parameter all-gather");
+  for (size_t b = 0; b < s.plan.size(); ++b) {
+    const GradientBucket& bucket = s.plan[b];
+    const int64_t share = s.share_numel[b], lo = s.share_begin(b), hi = lo + share;
+    if (!s.gather_in.defined() || s.gather_in.numel() < share) {
+      s.gather_in = torch::zeros({share}, s.flat[b].options());
+    }
+    if (!s.gather_out.defined() || s.gather_out.numel() < s.flat[b].numel()) {
+      s.gather_out = torch::empty({s.flat[b].numel()}, s.flat[b].options());
+    }
+    torch::Tensor in = s.gather_in.narrow(0, 0, share), out = s.gather_out.narrow(0, 0, share * s.communicator->size());
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      const torch::Tensor flat_param = s.params[bucket.params[k]].detach().view({-1});
+      const int64_t first = bucket.offsets[k], last = first + flat_param.numel();
+      const int64_t from = std::max(first, lo), to = std::min(last, hi);
+      if (from < to) in.narrow(0, from - lo, to - from).copy_(flat_param.narrow(0, from - first, to - from));
+    }
+    s.communicator->all_gather_(in, out);
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      torch::Tensor flat_param = s.params[bucket.params[k]].detach().view({-1});
+      flat_param.copy_(out.narrow(0, bucket.offsets[k], flat_param.numel()));
+    }
+  }
 }
 
 }  // namespace accelerant

@@ -9,11 +9,13 @@ namespace accelerant {
 
 PreparedOptimizer::PreparedOptimizer(torch::optim::Optimizer& optimizer,
                                      std::shared_ptr<TrainingState> state,
-                                     std::shared_ptr<FusedUpdater> fused)
+                                     std::shared_ptr<FusedUpdater> fused,
+                                     std::function<void()> after_update)
     : optimizer_(&optimizer),
       state_(std::move(state)),
       fused_(std::move(fused)),
-      updater_(fused_ ? fused_.get() : fused_updater_of(optimizer)) {
+      updater_(fused_ ? fused_.get() : fused_updater_of(optimizer)),
+      after_update_(std::move(after_update)) {
   if (!state_)
     throw Error(
         "PreparedOptimizer needs a TrainingState; got null. Fix: pass "
@@ -39,6 +41,8 @@ bool PreparedOptimizer::step() {
     } else {
       optimizer_->step();
     }
+    // Every process runs it, whether its update was skipped or not: under ZeRO a collective.
+    if (after_update_) after_update_();
   }
   state_->last_step_skipped = !stepped;
   if (stepped) ++state_->optimizer_steps;
@@ -50,6 +54,12 @@ bool PreparedOptimizer::step() {
 // decision on the device, and the step counters become a host effect that runs after every
 // replay and reads the flag then, once the step's work has been queued in full.
 bool PreparedOptimizer::step_in_graph() {
+  if (after_update_) {
+    throw Error(
+        "PreparedOptimizer::step() inside a graph step under ZeRO (AcceleratorOptions::"
+        "zero_stage): the all-gather of the parameters after a sharded update is not captured "
+        "yet. Fix: zero_stage(0) for graph mode, or step eagerly (outside accelerator.compile).");
+  }
   if (!updater_) {
     throw Error(detail::str(
         "PreparedOptimizer::step() inside a graph step with an unfused torch::optim optimizer: "
