@@ -56,7 +56,8 @@ torch::Tensor train(int rank, int world, const TrainingRun& run) {
                       .mixed_precision(run.bf16 ? "bf16" : "no")
                       .gradient_accumulation_steps(run.accumulate ? 2 : 1));
   auto model = zero_model();
-  torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
+  torch::optim::AdamW adamw(model->parameters(),
+                            torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
   auto [m, opt] = acc.prepare(model, adamw);
   int first = 0;
   if (!run.load_dir.empty()) {

@@ -92,7 +92,8 @@ class GradientReducer {
   /// elements of the parameters in the order of `optimizer_params` (an optimizer's parameters,
   /// group by group), for FusedUpdater::shard. Throws Error when ZeRO is off, or a trainable
   /// parameter of the model is not among `optimizer_params` (or the reverse).
-  std::vector<FusedShardPiece> shard_pieces(const std::vector<torch::Tensor>& optimizer_params) const;
+  std::vector<FusedShardPiece> shard_pieces(
+      const std::vector<torch::Tensor>& optimizer_params) const;
   /// Under ZeRO, after each process has updated its share: every parameter gets the values its
   /// owner computed (one all-gather per bucket). A collective: every process calls it.
   void gather_parameters();

@@ -61,7 +61,7 @@ class PreparedOptimizer {
   std::shared_ptr<TrainingState> state_;
   std::shared_ptr<FusedUpdater> fused_;  // owned here when prepare bound it
   FusedUpdater* updater_;
-  std::function<void()> after_update_;                // fused_, the optimizer's own, or null: decided once
+  std::function<void()> after_update_;  // fused_, the optimizer's own, or null: decided once
   // Graph steps under fp16: this step's skip flag, kept past the scaler's update(). Shared by
   // copies of the handle, written in place by every step and replay.
   std::shared_ptr<torch::Tensor> skip_flag_ = std::make_shared<torch::Tensor>();

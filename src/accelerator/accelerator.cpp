@@ -503,7 +503,8 @@ double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters
         "clips on the device and returns the norm as a tensor (read it in a step closure).");
   }
   if (state_->scaler && state_->sync_gradients) state_->scaler->unscale_(parameters);
-  if (gradients_sharded()) return clip_grad_norm_tensor(parameters, max_norm, norm_type).item<double>();
+  if (gradients_sharded())
+    return clip_grad_norm_tensor(parameters, max_norm, norm_type).item<double>();
   return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
 }
 

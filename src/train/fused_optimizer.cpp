@@ -169,10 +169,10 @@ struct FusedUpdater::Impl {
     torch::Tensor new_params = torch::empty({total}, options);
     torch::Tensor new_grads = torch::zeros({total}, options);  // filled as gradients appear
     // Sharded state is laid out by pieces, not by the arena: it stays as it is.
-    torch::Tensor new_state1 = is_sharded    ? state1
+    torch::Tensor new_state1 = is_sharded      ? state1
                                : uses_state1() ? torch::zeros({total}, options)
                                                : torch::Tensor();
-    torch::Tensor new_state2 = is_sharded    ? state2
+    torch::Tensor new_state2 = is_sharded      ? state2
                                : uses_state2() ? torch::zeros({total}, options)
                                                : torch::Tensor();
     torch::Tensor new_steps =
@@ -202,10 +202,10 @@ struct FusedUpdater::Impl {
       p.set_data(detail::alias_into(new_params, new_offsets[i], p.sizes()));
     }
     if (is_sharded && now.size() != params.size() && !params.empty()) {
-      throw Error(detail::str(
-          "The sharded fused ", kind_name(kind), " was made for ", params.size(),
-          " parameters; the optimizer now has ", now.size(), ". Fix: add parameter groups ",
-          "before accelerator.prepare, which shards the update (ZeRO)."));
+      throw Error(detail::str("The sharded fused ", kind_name(kind), " was made for ",
+                              params.size(), " parameters; the optimizer now has ", now.size(),
+                              ". Fix: add parameter groups ",
+                              "before accelerator.prepare, which shards the update (ZeRO)."));
     }
     params = std::move(now);
     group_of = std::move(groups);
@@ -393,10 +393,10 @@ struct FusedUpdater::Impl {
   // the skip flag, so nothing is read on the host.
   void step_with_tensor_ops(const torch::Tensor& skip) {
     if (is_sharded) {
-      throw Error(detail::str(
-          "The sharded (ZeRO) fused ", kind_name(kind), " updates on the CPU only so far; ",
-          "its parameters are on ", param_arena.device(), ". Fix: zero_stage(0) on this ",
-          "device (docs/zero.md lists what is pending)."));
+      throw Error(detail::str("The sharded (ZeRO) fused ", kind_name(kind),
+                              " updates on the CPU only so far; ", "its parameters are on ",
+                              param_arena.device(), ". Fix: zero_stage(0) on this ",
+                              "device (docs/zero.md lists what is pending)."));
     }
     auto& groups = optimizer->param_groups();
     const auto float_options = param_arena.options();
@@ -510,8 +510,8 @@ struct FusedUpdater::Impl {
       if (!inside) {
         throw Error(detail::str(
             "FusedUpdater::shard: the piece {param ", piece.param, ", begin ", piece.begin,
-            ", length ", piece.length, "} is outside the optimizer's parameters (",
-            params.size(), " of them",
+            ", length ", piece.length, "} is outside the optimizer's parameters (", params.size(),
+            " of them",
             piece.param >= 0 && piece.param < static_cast<int64_t>(params.size())
                 ? detail::str("; that one has ", numels[piece.param], " elements")
                 : std::string(),

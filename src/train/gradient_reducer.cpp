@@ -271,8 +271,8 @@ GradientReducer::GradientReducer(
       s.averaged_share.push_back(
           torch::zeros({share}, torch::TensorOptions(torch::kFloat).device(bucket.device)));
     }
-    s.flat.push_back(torch::zeros({padded},
-                                  torch::TensorOptions(wire_dtype(bucket)).device(bucket.device)));
+    s.flat.push_back(
+        torch::zeros({padded}, torch::TensorOptions(wire_dtype(bucket)).device(bucket.device)));
     s.views.emplace_back();
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       const size_t i = bucket.params[k];
@@ -393,12 +393,14 @@ void GradientReducer::gather_parameters() {
     if (!s.gather_out.defined() || s.gather_out.numel() < s.flat[b].numel()) {
       s.gather_out = torch::empty({s.flat[b].numel()}, s.flat[b].options());
     }
-    torch::Tensor in = s.gather_in.narrow(0, 0, share), out = s.gather_out.narrow(0, 0, share * s.communicator->size());
+    torch::Tensor in = s.gather_in.narrow(0, 0, share),
+                  out = s.gather_out.narrow(0, 0, share * s.communicator->size());
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       const torch::Tensor flat_param = s.params[bucket.params[k]].detach().view({-1});
       const int64_t first = bucket.offsets[k], last = first + flat_param.numel();
       const int64_t from = std::max(first, lo), to = std::min(last, hi);
-      if (from < to) in.narrow(0, from - lo, to - from).copy_(flat_param.narrow(0, from - first, to - from));
+      if (from < to)
+        in.narrow(0, from - lo, to - from).copy_(flat_param.narrow(0, from - first, to - from));
     }
     s.communicator->all_gather_(in, out);
     for (size_t k = 0; k < bucket.params.size(); ++k) {

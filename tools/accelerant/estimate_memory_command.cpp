@@ -205,7 +205,8 @@ void print_table(const Estimate& e) {
   }
   std::cout << "Not included: the CUDA context, cached allocator blocks, gradient buckets in "
                "flight, temporaries.\n"
-               "Stages 1 and 2 are what Accelerant's ZeRO will need; it does not shard yet.\n";
+               "Accelerant's stage 2 keeps its gradient buffers whole so far: count its stage 1 "
+               "row (docs/zero.md).\n";
 }
 
 void print_json(const Estimate& e) {
@@ -322,9 +323,11 @@ void add_estimate_memory_command(CLI::App& app, Action& action) {
       "/N\n"
       "  Stage 0 is plain data parallelism (everything replicated). fp32 + adamw: 16 B/param at\n"
       "  stage 0; stage 2 on 4 ranks: 4 + 4/4 + 8/4 = 7 B/param.\n"
-      "Accelerant does not shard yet: stages 1 and 2 are what its ZeRO will need, with each rank\n"
-      "owning 1/N of the fused optimizers' arenas (the padding that aligns a shard for vector\n"
-      "loads is tens of bytes, left out). Accelerant's mixed_precision bf16/fp16 today is\n"
+      "Accelerant's ZeRO (AcceleratorOptions::zero_stage, docs/zero.md) gives each rank 1/N of\n"
+      "the optimizer state (the padding that aligns a shard for vector loads, at most 16\n"
+      "elements per bucket and rank, is left out); its stage 2 reduce-scatters the gradients but\n"
+      "keeps the gradient buffers whole so far: its memory is the stage 1 row.\n"
+      "Accelerant's mixed_precision bf16/fp16 today is\n"
       "autocast, which keeps weights and gradients fp32: estimate it with --precision fp32.\n"
       "Activations are left out unless asked for: --batch_size B with\n"
       "--activation_bytes_per_sample, or with --seq_len S --hidden_size H --num_layers L for a\n"

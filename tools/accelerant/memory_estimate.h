@@ -1,7 +1,7 @@
 // The per-rank memory model behind `accelerant estimate-memory`: bytes for parameters, gradients,
 // optimizer state and the fp32 master copy under ZeRO stages 0-2, as the fused optimizers' arenas
 // (fused_optimizer.h) will shard them. Pure arithmetic, table-tested through the command
-// (tests/estimate/estimate-memory-test); docs/zero.md states the formulas.
+// (tests/estimate/estimate-memory-test); docs/cli.md states the formulas.
 #pragma once
 #include <cstdint>
 
