@@ -84,9 +84,10 @@ class FusedUpdater {
   /// belongs to; load refuses state saved for other parameters. A sharded updater writes its
   /// pieces and their state only (merge_optimizer_shards makes the whole state of those).
   void save(torch::serialize::OutputArchive& archive) const;
-  /// Replaces the state with what save() wrote, unsharded: a sharded updater takes its pieces out
-  /// of it. Throws Error, changing nothing, when it was saved by another kind of optimizer (SGD
-  /// vs Adam), for parameters of other sizes, or is a shard (merge the shards first).
+  /// Replaces the state with what save() wrote: whole (a sharded updater takes its pieces out of
+  /// it), or this updater's own shard (the same pieces). Throws Error, changing nothing, when it
+  /// was saved by another kind of optimizer (SGD vs Adam), for parameters of other sizes, or is
+  /// another shard (merge the shards first: merge_optimizer_shards).
   void load(torch::serialize::InputArchive& archive);
 
   /// Elements in the arena (all parameters of all groups).
