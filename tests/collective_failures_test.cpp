@@ -266,7 +266,8 @@ TEST(CollectiveFailures, DebugModeMismatchOfReduceScatterListsEveryRanksShapes) 
 }
 
 // Rank 1 is killed (SIGKILL) inside a reduce_scatter of a tensor of many shared-memory steps;
-// ranks 0 and 2, in the same reduce_scatter, fail fast naming it, on both transports.
+// ranks 0 and 2, in the same reduce_scatter, fail fast naming it, on both transports, and refuse
+// the next collective.
 class RankKilledDuringReduceScatter : public ::testing::TestWithParam<bool> {};
 
 TEST_P(RankKilledDuringReduceScatter, TheOthersFailFastNamingTheDeadRank) {
@@ -295,6 +296,11 @@ TEST_P(RankKilledDuringReduceScatter, TheOthersFailFastNamingTheDeadRank) {
           }
           const auto waited =
               std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+          try {  // the group is broken: later calls are refused at once
+            comm.all_gather_(output, input);
+          } catch (const CollectiveError& e) {
+            message += std::string("|") + e.what();
+          }
           std::ofstream(dir + "/rank_" + std::to_string(index) + ".txt") << waited << "\n"
                                                                          << message;
           ::_exit(0);
@@ -320,6 +326,8 @@ TEST_P(RankKilledDuringReduceScatter, TheOthersFailFastNamingTheDeadRank) {
     EXPECT_TRUE(contains(m, "[rank " + std::to_string(r) + "/3] reduce_scatter"));
     EXPECT_TRUE(contains(m, "Rank 1 died: its process "));
     EXPECT_FALSE(contains(m, "make every rank call the same collectives"));
+    EXPECT_TRUE(contains(m, "|[rank " + std::to_string(r) +
+                                "/3] all_gather refused: this communicator broke earlier"));
   }
 }
 

@@ -84,8 +84,9 @@ class Communicator {
   /// [r * S, (r + 1) * S) of every rank's `input`, flat (shapes are ignored, only element counts
   /// count). Both contiguous, of one dtype and device; `output` must not overlap `input`.
   /// `input` is unchanged (no path uses it as scratch). Op and dtype rules as all_reduce: kMean
-  /// sums then divides and needs a floating-point tensor; bf16 travels as fp32. Each element has
-  /// the bits the same all_reduce gives it. A communicator of one process copies.
+  /// sums then divides and needs a floating-point tensor; bf16 travels as fp32. On CPU tensors each
+  /// element has the bits the same all_reduce gives it (NCCL's may add in another order). A
+  /// communicator of one process copies.
   /// Paths: shared memory on one machine; NCCL's reduce-scatter for CUDA tensors; elsewhere (Gloo,
   /// whose 1.13 group has no reduce-scatter, and several machines) an all-reduce of a copy of
   /// `input` from which the shard is taken, which moves N times the data a reduce-scatter would.
