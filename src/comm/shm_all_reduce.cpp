@@ -131,6 +131,23 @@ void reduce_part(T* __restrict result, T* __restrict own, const std::vector<cons
   }
 }
 
+// Calls f(T{}) with T the C++ type of `dtype`, one of the dtypes the segment reduces.
+template <class F>
+void with_reduced_type(torch::ScalarType dtype, const char* caller, F&& f) {
+  switch (dtype) {
+    case torch::kFloat:
+      return f(float{});
+    case torch::kDouble:
+      return f(double{});
+    case torch::kInt:
+      return f(int32_t{});
+    case torch::kLong:
+      return f(int64_t{});
+    default:
+      throw Error(str(caller, ": unsupported dtype ", c10::toString(dtype), kInternalFix));
+  }
+}
+
 // Folds `parts` (one per rank, at least two) element by element in rank order,
 // ((p0 + p1) + p2) + ..., into `out`: reduce_part's order and blocks, so the same bits.
 template <class T, class Combine>
@@ -216,20 +233,19 @@ struct ShmAllReduce::Shared {
     }
     for (;;) {
       if (reached(peer)) return;
+      const char* kind = kind_name(control->rank[rank].call_kind);
       if (const int32_t by = control->aborted_by.load(); by >= 0) {
-        give_up(str("rank ", job_rank(by),
-                    " gave up on the shared-memory all-reduce (it failed or timed out there)"));
+        give_up(str("rank ", job_rank(by), " gave up on the shared-memory ", kind,
+                    " (it failed or timed out there)"));
       }
       const pid_t pid = peer.pid.load();
       if (pid > 0 && process_gone(pid)) {
         give_up(str("rank ", job_rank(r), " (pid ", pid,
-                    ") exited while this rank waited for it in the shared-memory "
-                    "all-reduce"));
+                    ") exited while this rank waited for it in the shared-memory ", kind));
       }
       if (std::chrono::steady_clock::now() >= deadline) {
-        give_up(str("rank ", job_rank(r),
-                    " did not reach the shared-memory all-reduce within the timeout of ",
-                    timeout.count(), " ms"));
+        give_up(str("rank ", job_rank(r), " did not reach the shared-memory ", kind,
+                    " within the timeout of ", timeout.count(), " ms"));
       }
       // Sleep until the peer arrives, at most 5 ms between checks.
       const uint32_t seen = peer.arrivals.load(std::memory_order_acquire);
@@ -378,33 +394,17 @@ struct ShmAllReduce::Shared {
 
   void run_reduce_scatter(const torch::Tensor& input, const torch::Tensor& output, ReduceOp op) {
     if (!broken.empty())
-      throw ShmTransportError(str("the shared-memory all-reduce broke earlier: ", broken));
+      throw ShmTransportError(str("the shared-memory collectives broke earlier: ", broken));
     const size_t shard = static_cast<size_t>(output.numel());
-    switch (input.scalar_type()) {
-      case torch::kFloat:
-        reduce_scatter(input.data_ptr<float>(), output.data_ptr<float>(), shard, op, torch::kFloat);
-        break;
-      case torch::kDouble:
-        reduce_scatter(input.data_ptr<double>(), output.data_ptr<double>(), shard, op,
-                       torch::kDouble);
-        break;
-      case torch::kInt:
-        reduce_scatter(input.data_ptr<int32_t>(), output.data_ptr<int32_t>(), shard, op,
-                       torch::kInt);
-        break;
-      case torch::kLong:
-        reduce_scatter(input.data_ptr<int64_t>(), output.data_ptr<int64_t>(), shard, op,
-                       torch::kLong);
-        break;
-      default:
-        throw Error(str("ShmAllReduce::run_reduce_scatter: unsupported dtype ",
-                        c10::toString(input.scalar_type()), kInternalFix));
-    }
+    with_reduced_type(input.scalar_type(), "ShmAllReduce::run_reduce_scatter", [&](auto zero) {
+      using T = decltype(zero);
+      reduce_scatter(input.data_ptr<T>(), output.data_ptr<T>(), shard, op, input.scalar_type());
+    });
   }
 
   void run_all_gather(const torch::Tensor& input, const torch::Tensor& output) {
     if (!broken.empty())
-      throw ShmTransportError(str("the shared-memory all-reduce broke earlier: ", broken));
+      throw ShmTransportError(str("the shared-memory collectives broke earlier: ", broken));
     all_gather(static_cast<const char*>(input.data_ptr()), static_cast<char*>(output.data_ptr()),
                static_cast<size_t>(input.numel()), input.element_size(), input.scalar_type());
   }
@@ -439,26 +439,13 @@ struct ShmAllReduce::Shared {
 
   void run(const torch::Tensor& tensor, ReduceOp op, bool hierarchical) {
     if (!broken.empty())
-      throw ShmTransportError(str("the shared-memory all-reduce broke earlier: ", broken));
+      throw ShmTransportError(str("the shared-memory collectives broke earlier: ", broken));
     const size_t count = static_cast<size_t>(tensor.numel());
     if (size > 1) {
-      switch (tensor.scalar_type()) {
-        case torch::kFloat:
-          all_reduce(tensor.data_ptr<float>(), count, op, torch::kFloat);
-          break;
-        case torch::kDouble:
-          all_reduce(tensor.data_ptr<double>(), count, op, torch::kDouble);
-          break;
-        case torch::kInt:
-          all_reduce(tensor.data_ptr<int32_t>(), count, op, torch::kInt);
-          break;
-        case torch::kLong:
-          all_reduce(tensor.data_ptr<int64_t>(), count, op, torch::kLong);
-          break;
-        default:
-          throw Error(str("ShmAllReduce::run: unsupported dtype ",
-                          c10::toString(tensor.scalar_type()), kInternalFix));
-      }
+      with_reduced_type(tensor.scalar_type(), "ShmAllReduce::run", [&](auto zero) {
+        using T = decltype(zero);
+        all_reduce(tensor.data_ptr<T>(), count, op, tensor.scalar_type());
+      });
     }
     if (!hierarchical) return;
     // The node's result, reduced across the node leaders, then handed to the node's other ranks.
