@@ -238,3 +238,100 @@ TEST(CollectiveFailures, RanksInDifferentCollectivesAreNamedWithTheCallsThatIssu
       << report;
   EXPECT_FALSE(contains(report, "set GLOO_SOCKET_IFNAME")) << report;
 }
+
+// Issue 23: the sharded collectives are guarded as all_reduce is.
+TEST(CollectiveFailures, DebugModeMismatchOfReduceScatterListsEveryRanksShapes) {
+  auto messages = launch(
+      [](int index) -> std::string {
+        auto& comm = ProcessState::get().communicator();
+        comm.reduce_scatter_(torch::ones({4}), torch::empty({2}));  // agreeing call first
+        try {
+          comm.reduce_scatter_(torch::ones({2 * (4 + index)}), torch::empty({4 + index}));
+          return "no error";
+        } catch (const CollectiveMismatchError& e) {
+          return e.what();
+        }
+      },
+      LaunchOptions()
+          .processes_per_node(2)
+          .debug(true)
+          .timeout(std::chrono::seconds(20))
+          .verbose(false));
+  for (const auto& m : messages) {
+    EXPECT_TRUE(contains(m, "disagree about collective #2")) << m;
+    EXPECT_TRUE(contains(m, "rank 0: reduce_scatter(sum) Float [8] -> [4]")) << m;
+    EXPECT_TRUE(contains(m, "rank 1: reduce_scatter(sum) Float [10] -> [5]")) << m;
+    EXPECT_TRUE(contains(m, "Fix:")) << m;
+  }
+}
+
+// Rank 1 is killed (SIGKILL) inside a reduce_scatter of a tensor of many shared-memory steps;
+// ranks 0 and 2, in the same reduce_scatter, fail fast naming it, on both transports, and refuse
+// the next collective.
+class RankKilledDuringReduceScatter : public ::testing::TestWithParam<bool> {};
+
+TEST_P(RankKilledDuringReduceScatter, TheOthersFailFastNamingTheDeadRank) {
+  accelerant::testing::ScratchDir scratch;
+  const std::string dir = scratch.path;
+  constexpr auto kTimeout = std::chrono::milliseconds(4000);
+  ::setenv("ACCELERANT_SHM_ALLREDUCE", GetParam() ? "1" : "0", 1);
+  const auto start = Clock::now();
+  try {
+    launch(
+        [dir](int index) {
+          std::signal(SIGTERM, SIG_IGN);  // the survivors write their reports (as above)
+          auto& comm = ProcessState::get().communicator();
+          comm.barrier();
+          const int64_t shard = 1 << 21;  // 8 MB of float per shard: many steps
+          auto input = torch::ones({3 * shard});
+          auto output = torch::empty({shard});
+          std::string message = "no error";
+          const auto t0 = Clock::now();
+          try {
+            auto pending = comm.reduce_scatter_async_(input, output);
+            if (index == 1) ::kill(::getpid(), SIGKILL);
+            pending.wait();
+          } catch (const CollectiveError& e) {
+            message = e.what();
+          }
+          const auto waited =
+              std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+          try {  // the group is broken: later calls are refused at once
+            comm.all_gather_(output, input);
+          } catch (const CollectiveError& e) {
+            message += std::string("|") + e.what();
+          }
+          std::ofstream(dir + "/rank_" + std::to_string(index) + ".txt") << waited << "\n"
+                                                                         << message;
+          ::_exit(0);
+        },
+        LaunchOptions()
+            .processes_per_node(3)
+            .timeout(kTimeout)
+            .stop_grace_period(std::chrono::seconds(10))
+            .verbose(false));
+    ADD_FAILURE() << "rank 1 was killed, yet the launch succeeded";
+  } catch (const LaunchError&) {
+  }
+  ::unsetenv("ACCELERANT_SHM_ALLREDUCE");
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(30)) << "no hang";
+  for (int r : {0, 2}) {
+    std::ifstream in(dir + "/rank_" + std::to_string(r) + ".txt");
+    long waited = -1;
+    in >> waited;
+    const std::string m((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    SCOPED_TRACE("rank " + std::to_string(r) + ": " + m);
+    ASSERT_GE(waited, 0) << "no report";
+    EXPECT_LT(waited, 2 * kTimeout.count());
+    EXPECT_TRUE(contains(m, "[rank " + std::to_string(r) + "/3] reduce_scatter"));
+    EXPECT_TRUE(contains(m, "Rank 1 died: its process "));
+    EXPECT_FALSE(contains(m, "make every rank call the same collectives"));
+    EXPECT_TRUE(contains(m, "|[rank " + std::to_string(r) +
+                                "/3] all_gather refused: this communicator broke earlier"));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(SharedMemoryAndGloo, RankKilledDuringReduceScatter, ::testing::Bool(),
+                         [](const auto& info) {
+                           return std::string(info.param ? "SharedMemory" : "Gloo");
+                         });

@@ -1,7 +1,8 @@
 // The shared-memory all-reduce between forked ranks of this machine: the same bits as Gloo on two
 // ranks, a fixed summation order on four, a dead peer named at once, nothing left in /dev/shm; and
 // the hierarchical path on ranks labelled into two nodes (reduce in the node, all-reduce between
-// node leaders, hand out in the node).
+// node leaders, hand out in the node); reduce-scatter and all-gather on the segment and on the
+// fallbacks.
 #include <accelerant/accelerant.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -326,5 +327,113 @@ TEST(ShmAllReduce, RanksThatDisagreeAboutTheSizeFailNamingBothInsteadOfMixingDat
     EXPECT_TRUE(contains(message, "the ranks disagree about this all-reduce"));
     EXPECT_TRUE(contains(message, "1000 Float elements (sum)"));
     EXPECT_TRUE(contains(message, "999 Float elements (sum)"));
+  }
+}
+
+// Reduce-scatter and all-gather (issue 23): with slots of 4 KiB a shard takes many steps (on 4
+// ranks a window is 256 floats); the shards equal all_reduce's elements bit for bit; on
+// simulated nodes they take the documented fallbacks; ranks in different kinds fail at once.
+namespace {
+
+// Integer-valued: sums are exact whatever the order.
+torch::Tensor sharded_input(int rank, int64_t n) {
+  torch::manual_seed(300 + rank);
+  return torch::randint(-1000, 1000, {n}, torch::kLong).to(torch::kFloat);
+}
+
+// On every rank: reduce-scatter (sum, max), all-gather, and reduce-scatter against the
+// all-reduce's bits; returns what differed ("" when nothing), after `path_ok`'s check.
+std::string check_sharded(int index, const std::function<std::string()>& path_check) {
+  auto& comm = ProcessState::get().communicator();
+  const int n = comm.size();
+  std::string wrong = path_check();
+  for (int64_t shard : {int64_t{1}, int64_t{1001}, int64_t{70001}}) {
+    const std::string at = "S=" + std::to_string(shard) + " ";
+    std::vector<torch::Tensor> inputs, parts;
+    for (int q = 0; q < n; ++q) {
+      inputs.push_back(sharded_input(q, n * shard).narrow(0, index * shard, shard));
+      parts.push_back(sharded_input(q, shard));
+    }
+    const auto input = sharded_input(index, n * shard);
+    auto out = torch::empty({shard});
+    comm.reduce_scatter_(input, out);
+    if (!torch::equal(out, torch::stack(inputs).sum(0))) wrong += at + "sum; ";
+    comm.reduce_scatter_(input, out, ReduceOp::kMax);
+    if (!torch::equal(out, std::get<0>(torch::stack(inputs).max(0)))) wrong += at + "max; ";
+    auto gathered = torch::empty({n * shard});
+    comm.all_gather_(sharded_input(index, shard), gathered);
+    if (!torch::equal(gathered, torch::cat(parts))) wrong += at + "all_gather; ";
+    torch::manual_seed(7 + index);
+    const auto noisy = torch::randn({n * shard}) * std::pow(1000.0f, index);
+    comm.reduce_scatter_(noisy, out);
+    if (!torch::equal(out, comm.all_reduce(noisy).narrow(0, index * shard, shard))) {
+      wrong += at + "differs from all_reduce's bits; ";
+    }
+  }
+  return wrong;
+}
+
+}  // namespace
+
+TEST(ShmAllReduce, ReduceScatterAndAllGatherInManySmallSteps) {
+  ::setenv("ACCELERANT_SHM_CHUNK_BYTES", "4096", 1);
+  auto results = launch(
+      [](int index) {
+        return check_sharded(index, [] {
+          return ProcessState::get().communicator().shared_memory_all_reduce()
+                     ? std::string()
+                     : std::string("not on shared memory; ");
+        });
+      },
+      LaunchOptions().processes_per_node(4).timeout(std::chrono::seconds(60)).verbose(false));
+  ::unsetenv("ACCELERANT_SHM_CHUNK_BYTES");
+  for (size_t r = 0; r < results.size(); ++r) EXPECT_EQ(results[r], "") << "rank " << r;
+}
+
+TEST(ShmAllReduce, ReduceScatterAndAllGatherOnTwoNodesTakeTheFallbacks) {
+  for (int ranks : {4, 3}) {  // nodes of 2 + 2 and of 2 + 1 ranks
+    SCOPED_TRACE(ranks);
+    auto results = launch(
+        [](int index) {
+          ::setenv("ACCELERANT_SHM_GROUP", node_label(index), 1);
+          return check_sharded(index, [] {
+            return contains(ProcessState::get().communicator().all_reduce_path(), "hierarchical")
+                       ? std::string()
+                       : std::string("not hierarchical; ");
+          });
+        },
+        LaunchOptions().processes_per_node(ranks).timeout(std::chrono::seconds(60)).verbose(false));
+    for (size_t r = 0; r < results.size(); ++r) EXPECT_EQ(results[r], "") << "rank " << r;
+  }
+}
+
+TEST(ShmAllReduce, RanksInDifferentKindsOfCollectiveFailNamingBoth) {
+  ScratchDir scratch;
+  const auto start = Clock::now();
+  try {
+    launch(
+        [&](int index) {
+          auto& comm = ProcessState::get().communicator();
+          report_first_error(scratch.path + "/rank" + std::to_string(index), [&] {
+            auto whole = torch::ones({2000});
+            if (index == 0) {
+              comm.reduce_scatter_(whole, torch::empty({1000}));
+            } else {
+              comm.all_reduce_(whole);
+            }
+          });
+        },
+        LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(60)).verbose(false));
+  } catch (const LaunchError&) {
+  }
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(30)) << "found at the first barrier";
+  for (int index : {0, 1}) {
+    std::ifstream in(scratch.path + "/rank" + std::to_string(index));
+    const std::string message((std::istreambuf_iterator<char>(in)),
+                              std::istreambuf_iterator<char>());
+    SCOPED_TRACE("rank " + std::to_string(index) + ": " + message);
+    EXPECT_TRUE(contains(message, "the ranks disagree about this"));
+    EXPECT_TRUE(contains(message, "reduce-scatter of 2000 Float elements (sum)"));
+    EXPECT_TRUE(contains(message, "all-reduce of 2000 Float elements (sum)"));
   }
 }

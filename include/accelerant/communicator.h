@@ -1,5 +1,6 @@
-// Collectives between the processes of one job: all_reduce, gather (also of unequal lengths),
-// broadcast of tensors and of small values, barrier. Gloo carries CPU tensors, NCCL CUDA tensors
+// Collectives between the processes of one job: all_reduce, reduce_scatter and all_gather (for
+// sharded training), gather (also of unequal lengths), broadcast of tensors and of small values,
+// barrier. Gloo carries CPU tensors, NCCL CUDA tensors
 // (in CUDA builds). Every call has a timeout; a failure names the ranks that never arrived.
 //
 // Debug mode (ACCELERANT_DEBUG_MODE=1 or ProcessStateOptions::debug_mode) makes the ranks exchange
@@ -19,7 +20,7 @@
 
 namespace accelerant {
 
-/// How all_reduce combines the ranks' values.
+/// How all_reduce and reduce_scatter combine the ranks' values.
 enum class ReduceOp { kSum, kMean, kMax, kMin };
 
 /// "sum", "mean", "max" or "min".
@@ -40,7 +41,7 @@ class PendingCollective {
 
   /// The collective's in-flight work, defined inside the library.
   struct State;
-  /// Made by Communicator::all_reduce_async_ around the collective it started; not for user code
+  /// Made by Communicator's *_async_ calls around the collective they started; not for user code
   /// (State is private to the library).
   explicit PendingCollective(std::shared_ptr<State> state) : state_(std::move(state)) {}
 
@@ -78,18 +79,33 @@ class Communicator {
   /// stay alive and untouched until then. Same dtype rules as all_reduce_.
   PendingCollective all_reduce_async_(const torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
 
-  /// Reduces `input` (N * S elements, N = size()) across ranks and writes share r of the result,
-  /// elements [r * S, (r + 1) * S), into rank r's `output` (S elements, same dtype and device).
-  /// Same op and dtype rules as all_reduce; `input` is unchanged.
+  /// Reduces across ranks and leaves each rank its shard: with N = size() and `output` of S
+  /// elements, `input` holds N * S elements and rank r gets in `output` the reduction of elements
+  /// [r * S, (r + 1) * S) of every rank's `input`, flat (shapes are ignored, only element counts
+  /// count). Both contiguous, of one dtype and device; `output` must not overlap `input`.
+  /// `input` is unchanged (no path uses it as scratch). Op and dtype rules as all_reduce: kMean
+  /// sums then divides and needs a floating-point tensor; bf16 travels as fp32. On CPU tensors each
+  /// element has the bits the same all_reduce gives it (NCCL's may add in another order). A
+  /// communicator of one process copies.
+  /// Paths: shared memory on one machine; NCCL's reduce-scatter for CUDA tensors; elsewhere (Gloo,
+  /// whose 1.13 group has no reduce-scatter, and several machines) an all-reduce of a copy of
+  /// `input` from which the shard is taken, which moves N times the data a reduce-scatter would.
+  /// See docs/collectives.md "Reduce-scatter and all-gather".
   void reduce_scatter_(const torch::Tensor& input, const torch::Tensor& output,
                        ReduceOp op = ReduceOp::kSum);
-  /// reduce_scatter_ that returns once queued; `input` and `output` must stay alive and untouched
-  /// until wait().
+  /// reduce_scatter_ that returns once the collective is queued; the result is in `output` after
+  /// wait(). `input` and `output` must stay alive and untouched until then. It completes in
+  /// submission order with the other collectives (an all_reduce started before it finishes first).
   PendingCollective reduce_scatter_async_(const torch::Tensor& input, const torch::Tensor& output,
                                           ReduceOp op = ReduceOp::kSum);
-  /// Every rank's `input` (S elements each), in rank order, in `output` (N * S elements).
+  /// Every rank's `input` (S elements) in `output` (size() * S elements), in rank order, flat:
+  /// rank r's input in elements [r * S, (r + 1) * S). Both contiguous, of one dtype (any) and
+  /// device. A communicator of one process copies.
+  /// Paths: shared memory on one machine; NCCL's all-gather for CUDA tensors; Gloo's allgather
+  /// otherwise (several machines too).
   void all_gather_(const torch::Tensor& input, const torch::Tensor& output);
-  /// all_gather_ that returns once queued; the tensors must stay alive and untouched until wait().
+  /// all_gather_ that returns once the collective is queued; the result is in `output` after
+  /// wait(). `input` and `output` must stay alive and untouched until then.
   PendingCollective all_gather_async_(const torch::Tensor& input, const torch::Tensor& output);
 
   /// Every rank's tensor, concatenated along dim 0 in rank order. The first dimension may differ
@@ -106,7 +122,7 @@ class Communicator {
 
   /// Overwrites `tensor` on every rank with rank `src`'s. Shapes and dtypes must match.
   void broadcast_(const torch::Tensor& tensor, int src = 0);
-  /// Every rank's bytes (any length, each its own), indexed by rank, on every rank.
+  /// Every rank's bytes (any length, each its own, empty too), indexed by rank, on every rank.
   std::vector<std::string> gather_bytes(const std::string& bytes);
   /// Rank `src`'s bytes on every rank (any length; the others' argument is ignored).
   std::string broadcast_bytes(const std::string& bytes, int src = 0);
@@ -119,7 +135,8 @@ class Communicator {
 
   /// True when CPU all-reduces of float, double, int32 and int64 go through shared-memory
   /// segments (ACCELERANT_SHM_ALLREDUCE not 0): one segment when every rank is on this machine,
-  /// or one per machine with Gloo between the machines' first ranks (hierarchical).
+  /// or one per machine with Gloo between the machines' first ranks (hierarchical). On one
+  /// machine reduce_scatter and all_gather use the segment too.
   /// See docs/collectives.md "Shared memory".
   bool shared_memory_all_reduce() const;
   /// How CPU all-reduces travel, in words: "Gloo", "shared memory (4 ranks)", or, on several

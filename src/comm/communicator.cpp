@@ -155,6 +155,9 @@ std::vector<torch::Tensor> raw_all_gather(Communicator::Impl& c, const torch::Te
   std::vector<torch::Tensor> inputs{t.contiguous()};
   std::vector<std::vector<torch::Tensor>> outputs(1);
   for (int r = 0; r < c.size; ++r) outputs[0].push_back(torch::empty_like(inputs[0]));
+  // Gloo's allgather divides by the payload's byte count and dies of SIGFPE on an empty one
+  // (e.g. gather_bytes("") on every rank). The caller checked that every rank's is empty.
+  if (t.numel() == 0) return outputs[0];
   wait(c.backend_for(t).allgather(outputs, inputs));
   return outputs[0];
 }
@@ -199,6 +202,59 @@ std::vector<std::vector<int64_t>> exchange_shapes(Communicator::Impl& c, const t
   return shapes;
 }
 
+// The arguments of reduce_scatter_ (`scatter`: input holds size() shards, output one) or
+// all_gather_ (output holds size() copies of input's size).
+void check_sharded_arguments(const Communicator::Impl& c, const char* name,
+                             const torch::Tensor& input, const torch::Tensor& output, bool scatter,
+                             ReduceOp op) {
+  auto refuse = [&](const std::string& what) {
+    throw Error(detail::str(c.rank_prefix, name, ": ", what));
+  };
+  if (!input.defined() || !output.defined()) {
+    refuse("input and output must be defined tensors. Fix: allocate output, e.g. torch::empty.");
+  }
+  if (input.scalar_type() != output.scalar_type()) {
+    refuse(detail::str("input is ", c10::toString(input.scalar_type()), " but output is ",
+                       c10::toString(output.scalar_type()),
+                       ". Fix: give output the dtype of input."));
+  }
+  if (input.device() != output.device()) {
+    refuse(detail::str("input is on ", input.device().str(), " but output on ",
+                       output.device().str(), ". Fix: put both on the same device."));
+  }
+  for (const auto* t : {&input, &output}) {
+    if (!t->is_contiguous()) {
+      refuse(detail::str(t == &input ? "input" : "output",
+                         " is not contiguous (a strided view of shape ", shape_text(*t),
+                         "). Fix: pass a contiguous tensor (tensor.contiguous(), or for the "
+                         "output a torch::empty to copy from afterwards)."));
+    }
+  }
+  const int64_t n = c.size;
+  if (scatter && input.numel() != n * output.numel()) {
+    refuse(detail::str(
+        "input has ", input.numel(), " elements and output ", output.numel(),
+        ", but input must hold one shard of output's size per rank: size() * output.numel() = ", n,
+        " * ", output.numel(), " = ", n * output.numel(),
+        ". Fix: output must have input.numel()/size() elements",
+        input.numel() % n == 0
+            ? detail::str(" (", input.numel() / n, ")")
+            : detail::str(", and input.numel() must be a multiple of size() = ", n, " (pad it)"),
+        "."));
+  }
+  if (!scatter && output.numel() != n * input.numel()) {
+    refuse(detail::str("input has ", input.numel(), " elements and output ", output.numel(),
+                       ", but output must hold every rank's input: size() * input.numel() = ", n,
+                       " * ", input.numel(), " = ", n * input.numel(),
+                       ". Fix: output must have size() * input.numel() elements."));
+  }
+  if (scatter && op == ReduceOp::kMean && !input.is_floating_point()) {
+    refuse(detail::str("mean needs a floating-point tensor, got ",
+                       c10::toString(input.scalar_type()),
+                       ". Fix: convert first, e.g. tensor.to(torch::kFloat), or reduce with sum."));
+  }
+}
+
 void check_source_rank(const Communicator::Impl& c, const char* op, int src) {
   if (src >= 0 && src < c.size) return;
   throw Error(detail::str(c.rank_prefix, op, ": src ", src, " is not a rank of this world of ",
@@ -224,20 +280,28 @@ void Communicator::all_reduce_(const torch::Tensor& tensor, ReduceOp op) {
   all_reduce_async_(tensor, op).wait();
 }
 
-// What an all-reduce in flight needs to finish: the transport's handle, the tensor on the wire
-// (an fp32 or contiguous copy when the caller's cannot travel as it is) and the call's identity
-// for the failure report.
+// What a collective in flight needs to finish: the transport's handle, the tensors on the wire
+// (an fp32 or contiguous copy when the caller's cannot travel as it is), where the answer lands
+// and the call's identity for the failure report.
 struct PendingCollective::State {
   Communicator::Impl* comm = nullptr;
   detail::CollectiveCall call;
+  const char* name = "all_reduce";      // or "reduce_scatter", "all_gather"
   c10::intrusive_ptr<c10d::Work> work;  // Gloo or NCCL, or
   std::future<void> shm_done;           // the shared-memory path
-  torch::Tensor wire;
+  torch::Tensor wire;                   // kept alive while the transport uses it
+  torch::Tensor input;                  // the caller's input (reduce_scatter, all_gather)
+  torch::Tensor result;  // the answer when the transport is done: divided for kMean, then copied
+                         // into target unless it is target
   torch::Tensor target;
   ReduceOp op = ReduceOp::kSum;
+  bool reduces = true;  // false for all_gather
 
   std::string describe() const {
-    return signature(detail::str("all_reduce(", to_string(op), ")"), target);
+    if (!input.defined()) return signature(detail::str(name, "(", to_string(op), ")"), target);
+    return detail::str(name, reduces ? detail::str("(", to_string(op), ")") : std::string(), " ",
+                       c10::toString(input.scalar_type()), " ", shape_text(input), " -> ",
+                       shape_text(target));
   }
 };
 
@@ -250,11 +314,14 @@ void PendingCollective::wait() {
       [&] {
         if (state->shm_done.valid()) {
           state->shm_done.get();
-        } else {
+        } else if (state->work) {
           state->work->wait();
         }
-        if (state->op == ReduceOp::kMean) state->wire.div_(c.size);
-        if (!state->wire.is_same(state->target)) state->target.copy_(state->wire);
+        if (!state->result.defined()) return;  // nothing travelled (no elements)
+        if (state->reduces && state->op == ReduceOp::kMean) state->result.div_(c.size);
+        if (!state->result.is_same(state->target)) {
+          state->target.copy_(state->result.view(state->target.sizes()));
+        }
       });
   c.flight.finish(state->call.sequence, detail::CollectiveState::kCompleted);
 }
@@ -277,6 +344,7 @@ PendingCollective Communicator::all_reduce_async_(const torch::Tensor& tensor, R
     // Gloo cannot reduce bf16 (nor a strided view): reduce an fp32 / contiguous copy.
     const bool upcast = tensor.scalar_type() == torch::kBFloat16 && !tensor.is_cuda();
     state->wire = upcast ? tensor.to(torch::kFloat) : tensor.contiguous();
+    state->result = state->wire;
     if (impl_->shm && detail::ShmAllReduce::supports(state->wire)) {
       state->shm_done = impl_->shm->submit(state->wire, op);
       return;
@@ -285,6 +353,110 @@ PendingCollective Communicator::all_reduce_async_(const torch::Tensor& tensor, R
     opts.reduceOp = detail::to_c10d(op);
     std::vector<torch::Tensor> tensors{state->wire};
     state->work = impl_->backend_for(state->wire).allreduce(tensors, opts);
+  });
+  return PendingCollective(std::move(state));
+}
+
+void Communicator::reduce_scatter_(const torch::Tensor& input, const torch::Tensor& output,
+                                   ReduceOp op) {
+  reduce_scatter_async_(input, output, op).wait();
+}
+
+PendingCollective Communicator::reduce_scatter_async_(const torch::Tensor& input,
+                                                      const torch::Tensor& output, ReduceOp op) {
+  check_sharded_arguments(*impl_, "reduce_scatter_", input, output, /*scatter=*/true, op);
+  if (impl_->size == 1) {
+    output.copy_(input.view(output.sizes()));
+    return {};
+  }
+  auto state = std::make_shared<PendingCollective::State>();
+  state->comm = impl_.get();
+  state->name = "reduce_scatter";
+  state->input = input;
+  state->target = output;
+  state->op = op;
+  auto describe = [&] { return state->describe(); };
+  state->call = begin_call(*impl_, "reduce_scatter", payload_of(input), describe);
+  run_or_fail(*impl_, state->call, describe, [&] {
+    if (input.numel() == 0) return;  // every rank agrees on it (else debug mode or the timeout)
+    const int64_t shard = output.numel();
+    if (input.is_cuda()) {  // NCCL reduces and scatters natively, bf16 included
+      torch::Tensor in = input, out = output;
+      c10d::ReduceScatterOptions opts;
+      opts.reduceOp = detail::to_c10d(op);
+      state->work = impl_->backend_for(in)._reduce_scatter_base(out, in, opts);
+      state->result = output;
+      return;
+    }
+    // bf16 travels as fp32 (Gloo cannot reduce it; the shared-memory path takes the same road so
+    // that both give all_reduce's bits).
+    const bool upcast = input.scalar_type() == torch::kBFloat16;
+    torch::Tensor wire = upcast ? input.to(torch::kFloat) : input;
+    if (impl_->shm && !impl_->shm->hierarchical() && detail::ShmAllReduce::supports(wire)) {
+      state->wire = wire;
+      state->result = upcast ? torch::empty({shard}, torch::kFloat) : output;
+      state->shm_done = impl_->shm->submit_reduce_scatter(wire, state->result, op);
+      return;
+    }
+    // Gloo (no reduce-scatter in 1.13) and the hierarchical path: all-reduce a copy, keep this
+    // rank's shard. Twice the traffic of a reduce-scatter; see docs/collectives.md.
+    state->wire = upcast ? wire.reshape({-1}) : input.reshape({-1}).clone();
+    state->result = state->wire.narrow(0, impl_->rank * shard, shard);
+    if (impl_->shm && detail::ShmAllReduce::supports(state->wire)) {
+      state->shm_done = impl_->shm->submit(state->wire, op);
+      return;
+    }
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = detail::to_c10d(op);
+    std::vector<torch::Tensor> tensors{state->wire};
+    state->work = impl_->gloo->allreduce(tensors, opts);
+  });
+  return PendingCollective(std::move(state));
+}
+
+void Communicator::all_gather_(const torch::Tensor& input, const torch::Tensor& output) {
+  all_gather_async_(input, output).wait();
+}
+
+PendingCollective Communicator::all_gather_async_(const torch::Tensor& input,
+                                                  const torch::Tensor& output) {
+  check_sharded_arguments(*impl_, "all_gather_", input, output, /*scatter=*/false, ReduceOp::kSum);
+  if (impl_->size == 1) {
+    output.copy_(input.view(output.sizes()));
+    return {};
+  }
+  auto state = std::make_shared<PendingCollective::State>();
+  state->comm = impl_.get();
+  state->name = "all_gather";
+  state->input = input;
+  state->target = output;
+  state->reduces = false;
+  auto describe = [&] { return state->describe(); };
+  state->call = begin_call(*impl_, "all_gather", payload_of(output), describe);
+  run_or_fail(*impl_, state->call, describe, [&] {
+    if (input.numel() == 0) return;  // Gloo would die of SIGFPE on an empty payload
+    state->result = output;          // every path writes straight into it
+    if (input.is_cuda()) {
+      torch::Tensor in = input, out = output;
+      state->work = impl_->backend_for(in)._allgather_base(out, in);
+      return;
+    }
+    if (impl_->shm && !impl_->shm->hierarchical()) {  // only bytes move: any dtype
+      state->shm_done = impl_->shm->submit_all_gather(input, output);
+      return;
+    }
+    // Gloo has neither bf16 nor bool, but only bytes move: send them as a type of the same width.
+    // Its allgather copies each rank's part into the views of output given to it.
+    const auto wire_type = input.scalar_type() == torch::kBFloat16 ? torch::kHalf
+                           : input.scalar_type() == torch::kBool   ? torch::kByte
+                                                                   : input.scalar_type();
+    std::vector<torch::Tensor> inputs{input.reshape({-1}).view(wire_type)};
+    const auto flat = output.view({-1}).view(wire_type);
+    std::vector<std::vector<torch::Tensor>> outputs(1);
+    for (int r = 0; r < impl_->size; ++r) {
+      outputs[0].push_back(flat.narrow(0, r * input.numel(), input.numel()));
+    }
+    state->work = impl_->gloo->allgather(outputs, inputs);
   });
   return PendingCollective(std::move(state));
 }

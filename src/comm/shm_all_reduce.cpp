@@ -45,12 +45,27 @@ struct alignas(64) RankControl {
   std::atomic<uint32_t>
       sleepers;  // peers asleep on `arrivals`, so that arriving wakes only when needed
   std::atomic<int32_t> pid;
-  // The all-reduce this rank is in: written before its first barrier, read by the peers after
+  // The collective this rank is in: written before its first barrier, read by the peers after
   // it (the barrier publishes them), so that ranks that disagree fail instead of mixing data.
-  uint64_t call_count;
+  uint64_t call_count;  // elements of the whole tensor (size * shard for the sharded kinds)
   int32_t call_dtype;
   int32_t call_op;
+  int32_t call_kind;  // a CallKind
 };
+
+// What a rank's collective is, for the check that every rank is in the same one.
+enum CallKind : int32_t { kAllReduce = 0, kReduceScatter = 1, kAllGather = 2 };
+
+const char* kind_name(int32_t kind) {
+  switch (kind) {
+    case kReduceScatter:
+      return "reduce-scatter";
+    case kAllGather:
+      return "all-gather";
+    default:
+      return "all-reduce";
+  }
+}
 
 struct ControlBlock {
   uint64_t magic;
@@ -113,6 +128,40 @@ void reduce_part(T* __restrict result, T* __restrict own, const std::vector<cons
       for (size_t i = b; i < e; ++i) result[i] = combine(result[i], s[i]);
     }
     std::memcpy(own + b, result + b, (e - b) * sizeof(T));
+  }
+}
+
+// Calls f(T{}) with T the C++ type of `dtype`, one of the dtypes the segment reduces.
+template <class F>
+void with_reduced_type(torch::ScalarType dtype, const char* caller, F&& f) {
+  switch (dtype) {
+    case torch::kFloat:
+      return f(float{});
+    case torch::kDouble:
+      return f(double{});
+    case torch::kInt:
+      return f(int32_t{});
+    case torch::kLong:
+      return f(int64_t{});
+    default:
+      throw Error(str(caller, ": unsupported dtype ", c10::toString(dtype), kInternalFix));
+  }
+}
+
+// Folds `parts` (one per rank, at least two) element by element in rank order,
+// ((p0 + p1) + p2) + ..., into `out`: reduce_part's order and blocks, so the same bits.
+template <class T, class Combine>
+void fold_parts(T* __restrict out, const std::vector<const T*>& parts, size_t n, Combine combine) {
+  constexpr size_t kBlock = 2048;
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t e = std::min(n, b + kBlock);
+    const T* __restrict p0 = parts[0];
+    const T* __restrict p1 = parts[1];
+    for (size_t i = b; i < e; ++i) out[i] = combine(p0[i], p1[i]);
+    for (size_t r = 2; r < parts.size(); ++r) {
+      const T* __restrict p = parts[r];
+      for (size_t i = b; i < e; ++i) out[i] = combine(out[i], p[i]);
+    }
   }
 }
 
@@ -184,20 +233,19 @@ struct ShmAllReduce::Shared {
     }
     for (;;) {
       if (reached(peer)) return;
+      const char* kind = kind_name(control->rank[rank].call_kind);
       if (const int32_t by = control->aborted_by.load(); by >= 0) {
-        give_up(str("rank ", job_rank(by),
-                    " gave up on the shared-memory all-reduce (it failed or timed out there)"));
+        give_up(str("rank ", job_rank(by), " gave up on the shared-memory ", kind,
+                    " (it failed or timed out there)"));
       }
       const pid_t pid = peer.pid.load();
       if (pid > 0 && process_gone(pid)) {
         give_up(str("rank ", job_rank(r), " (pid ", pid,
-                    ") exited while this rank waited for it in the shared-memory "
-                    "all-reduce"));
+                    ") exited while this rank waited for it in the shared-memory ", kind));
       }
       if (std::chrono::steady_clock::now() >= deadline) {
-        give_up(str("rank ", job_rank(r),
-                    " did not reach the shared-memory all-reduce within the timeout of ",
-                    timeout.count(), " ms"));
+        give_up(str("rank ", job_rank(r), " did not reach the shared-memory ", kind,
+                    " within the timeout of ", timeout.count(), " ms"));
       }
       // Sleep until the peer arrives, at most 5 ms between checks.
       const uint32_t seen = peer.arrivals.load(std::memory_order_acquire);
@@ -216,31 +264,38 @@ struct ShmAllReduce::Shared {
     for (int r = 0; r < size; ++r) {
       const RankControl& peer = control->rank[r];
       if (peer.call_count != mine.call_count || peer.call_dtype != mine.call_dtype ||
-          peer.call_op != mine.call_op) {
-        give_up(
-            str("the ranks disagree about this all-reduce: rank ", job_rank(rank), " reduces ",
-                describe_call(mine), ", rank ", job_rank(r), " reduces ", describe_call(peer),
-                ". Every rank must all-reduce a tensor ",
-                "of the same size and dtype with the same operation, in the same order. Fix: make "
-                "the ranks ",
-                "issue the same collectives (pad per-rank lengths, e.g. pad_across_processes); ",
-                "ACCELERANT_DEBUG_MODE=1 names the call that differs"));
+          peer.call_op != mine.call_op || peer.call_kind != mine.call_kind) {
+        give_up(str("the ranks disagree about this ", kind_name(mine.call_kind), ": rank ",
+                    job_rank(rank), " is in ", describe_call(mine), ", rank ", job_rank(r), " in ",
+                    describe_call(peer),
+                    ". Every rank must run the same collective on tensors of the same size and "
+                    "dtype with the same operation, in the same order. Fix: make the ranks issue "
+                    "the same collectives (pad per-rank lengths, e.g. pad_across_processes); "
+                    "ACCELERANT_DEBUG_MODE=1 names the call that differs"));
       }
     }
   }
 
   static std::string describe_call(const RankControl& c) {
-    return str(c.call_count, " ", c10::toString(static_cast<c10::ScalarType>(c.call_dtype)),
-               " elements (", to_string(static_cast<ReduceOp>(c.call_op)), ")");
+    return str(kind_name(c.call_kind), " of ", c.call_count, " ",
+               c10::toString(static_cast<c10::ScalarType>(c.call_dtype)), " elements",
+               c.call_kind == kAllGather
+                   ? std::string()
+                   : str(" (", to_string(static_cast<ReduceOp>(c.call_op)), ")"));
+  }
+
+  void begin(int32_t kind, size_t count, torch::ScalarType dtype, ReduceOp op) {
+    RankControl& mine = control->rank[rank];
+    mine.call_kind = kind;
+    mine.call_count = count;
+    mine.call_dtype = static_cast<int32_t>(dtype);
+    mine.call_op = static_cast<int32_t>(op == ReduceOp::kMean ? ReduceOp::kSum : op);
   }
 
   template <class T>
   void all_reduce(T* data, size_t count, ReduceOp op, torch::ScalarType dtype) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
-    RankControl& mine = control->rank[rank];
-    mine.call_count = count;
-    mine.call_dtype = static_cast<int32_t>(dtype);
-    mine.call_op = static_cast<int32_t>(op == ReduceOp::kMean ? ReduceOp::kSum : op);
+    begin(kAllReduce, count, dtype, op);
     if (count == 0) {  // no chunk to carry the check: a barrier of its own on each side
       barrier(deadline);
       check_same_call();
@@ -280,6 +335,91 @@ struct ShmAllReduce::Shared {
     }
   }
 
+  // A window of `window` elements of every shard per step: part p of a rank's slot holds
+  // elements [o, o + k) of its input's shard p; rank r folds part r of every slot into its output.
+  template <class T>
+  void reduce_scatter(const T* input, T* output, size_t shard, ReduceOp op,
+                      torch::ScalarType dtype) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    begin(kReduceScatter, shard * static_cast<size_t>(size), dtype, op);
+    const size_t per_line = kAlign / sizeof(T);
+    size_t window = control->chunk_bytes / sizeof(T) / static_cast<size_t>(size);
+    if (window > per_line) window = window / per_line * per_line;  // parts on cache lines
+    std::vector<const T*> parts(size);
+    T* mine = reinterpret_cast<T*>(slots[rank]);
+    size_t offset = 0;
+    do {  // at least one step, so that even an empty shard meets the check
+      const size_t k = std::min(window, shard - offset);
+      for (int p = 0; p < size; ++p) {
+        std::memcpy(mine + p * window, input + p * shard + offset, k * sizeof(T));
+      }
+      barrier(deadline);  // every slot holds this window
+      if (offset == 0) check_same_call();
+      for (int q = 0; q < size; ++q) {
+        parts[q] = reinterpret_cast<const T*>(slots[q]) + static_cast<size_t>(rank) * window;
+      }
+      switch (op) {
+        case ReduceOp::kMax:
+          fold_parts(output + offset, parts, k, [](T a, T b) { return std::max(a, b); });
+          break;
+        case ReduceOp::kMin:
+          fold_parts(output + offset, parts, k, [](T a, T b) { return std::min(a, b); });
+          break;
+        default:
+          fold_parts(output + offset, parts, k, [](T a, T b) { return a + b; });
+      }
+      barrier(deadline);  // no rank reads the slots any more
+      offset += k;
+    } while (offset < shard);
+  }
+
+  // Each rank's input through its slot, a slot's worth of bytes per step, to every rank.
+  void all_gather(const char* input, char* output, size_t count, size_t element_bytes,
+                  torch::ScalarType dtype) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    begin(kAllGather, count * static_cast<size_t>(size), dtype, ReduceOp::kSum);
+    const size_t shard = count * element_bytes;
+    const size_t window = control->chunk_bytes;
+    size_t offset = 0;
+    do {
+      const size_t k = std::min(window, shard - offset);
+      std::memcpy(slots[rank], input + offset, k);
+      barrier(deadline);
+      if (offset == 0) check_same_call();
+      for (int q = 0; q < size; ++q) std::memcpy(output + q * shard + offset, slots[q], k);
+      barrier(deadline);
+      offset += k;
+    } while (offset < shard);
+  }
+
+  void run_reduce_scatter(const torch::Tensor& input, const torch::Tensor& output, ReduceOp op) {
+    if (!broken.empty())
+      throw ShmTransportError(str("the shared-memory collectives broke earlier: ", broken));
+    const size_t shard = static_cast<size_t>(output.numel());
+    with_reduced_type(input.scalar_type(), "ShmAllReduce::run_reduce_scatter", [&](auto zero) {
+      using T = decltype(zero);
+      reduce_scatter(input.data_ptr<T>(), output.data_ptr<T>(), shard, op, input.scalar_type());
+    });
+  }
+
+  void run_all_gather(const torch::Tensor& input, const torch::Tensor& output) {
+    if (!broken.empty())
+      throw ShmTransportError(str("the shared-memory collectives broke earlier: ", broken));
+    all_gather(static_cast<const char*>(input.data_ptr()), static_cast<char*>(output.data_ptr()),
+               static_cast<size_t>(input.numel()), input.element_size(), input.scalar_type());
+  }
+
+  std::future<void> enqueue(std::function<void()> work) {
+    std::packaged_task<void()> task(std::move(work));
+    auto done = task.get_future();
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      queue.push_back(std::move(task));
+    }
+    wake.notify_one();
+    return done;
+  }
+
   // Rank 0's data to every rank, through rank 0's slot, chunk by chunk. Slots are written only
   // before a barrier and read only between it and the next, so the previous collective's readers
   // are done with them.
@@ -299,26 +439,13 @@ struct ShmAllReduce::Shared {
 
   void run(const torch::Tensor& tensor, ReduceOp op, bool hierarchical) {
     if (!broken.empty())
-      throw ShmTransportError(str("the shared-memory all-reduce broke earlier: ", broken));
+      throw ShmTransportError(str("the shared-memory collectives broke earlier: ", broken));
     const size_t count = static_cast<size_t>(tensor.numel());
     if (size > 1) {
-      switch (tensor.scalar_type()) {
-        case torch::kFloat:
-          all_reduce(tensor.data_ptr<float>(), count, op, torch::kFloat);
-          break;
-        case torch::kDouble:
-          all_reduce(tensor.data_ptr<double>(), count, op, torch::kDouble);
-          break;
-        case torch::kInt:
-          all_reduce(tensor.data_ptr<int32_t>(), count, op, torch::kInt);
-          break;
-        case torch::kLong:
-          all_reduce(tensor.data_ptr<int64_t>(), count, op, torch::kLong);
-          break;
-        default:
-          throw Error(str("ShmAllReduce::run: unsupported dtype ",
-                          c10::toString(tensor.scalar_type()), kInternalFix));
-      }
+      with_reduced_type(tensor.scalar_type(), "ShmAllReduce::run", [&](auto zero) {
+        using T = decltype(zero);
+        all_reduce(tensor.data_ptr<T>(), count, op, tensor.scalar_type());
+      });
     }
     if (!hierarchical) return;
     // The node's result, reduced across the node leaders, then handed to the node's other ranks.
@@ -458,15 +585,39 @@ std::future<void> ShmAllReduce::submit(torch::Tensor tensor, ReduceOp op) {
             kInternalFix));
   }
   const bool hierarchical = hierarchical_;
-  std::packaged_task<void()> task(
+  return s.enqueue(
       [&s, tensor = std::move(tensor), op, hierarchical] { s.run(tensor, op, hierarchical); });
-  auto done = task.get_future();
-  {
-    std::lock_guard<std::mutex> lock(s.mutex);
-    s.queue.push_back(std::move(task));
+}
+
+std::future<void> ShmAllReduce::submit_reduce_scatter(torch::Tensor input, torch::Tensor output,
+                                                      ReduceOp op) {
+  if (hierarchical_ || !supports(input) || !output.is_contiguous() ||
+      output.scalar_type() != input.scalar_type() ||
+      input.numel() != output.numel() * shared_->size) {
+    throw Error(
+        str("ShmAllReduce::submit_reduce_scatter: a hierarchical group or tensors it "
+            "cannot take",
+            kInternalFix));
   }
-  s.wake.notify_one();
-  return done;
+  Shared& s = *shared_;
+  return s.enqueue([&s, input = std::move(input), output = std::move(output), op] {
+    s.run_reduce_scatter(input, output, op);
+  });
+}
+
+std::future<void> ShmAllReduce::submit_all_gather(torch::Tensor input, torch::Tensor output) {
+  if (hierarchical_ || input.is_cuda() || output.is_cuda() || !input.is_contiguous() ||
+      !output.is_contiguous() || output.scalar_type() != input.scalar_type() ||
+      output.numel() != input.numel() * shared_->size) {
+    throw Error(
+        str("ShmAllReduce::submit_all_gather: a hierarchical group or tensors it cannot "
+            "take",
+            kInternalFix));
+  }
+  Shared& s = *shared_;
+  return s.enqueue([&s, input = std::move(input), output = std::move(output)] {
+    s.run_all_gather(input, output);
+  });
 }
 
 size_t ShmAllReduce::chunk_bytes() const { return shared_->control->chunk_bytes; }

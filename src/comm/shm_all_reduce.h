@@ -20,8 +20,20 @@
 // in milliseconds, with its rank and pid, instead of at the timeout. A rank that gives up marks
 // the segment aborted, which fails its peers at once.
 //
-// Collectives run in submission order on one thread of their own, so an async all-reduce
-// overlaps the caller's computation as Gloo's do.
+// Reduce-scatter and all-gather (single machine only) use the same slots and barriers, two per
+// step; each step carries a window of k elements of every shard (k = slot / (ranks * element)):
+//   reduce-scatter: 1. each rank copies element [o, o+k) of every shard p of its input into part
+//                      p of its slot                                          -> barrier
+//                   2. rank r folds part r of every slot in rank order ((s0 + s1) + s2) + ...
+//                      into its output [o, o+k)                               -> barrier
+//   all-gather:     1. each rank copies its input [o, o+k') into its slot     -> barrier
+//                   2. every rank copies every slot into its output           -> barrier
+// The fold is the all-reduce's (same combine, same order), so a reduce-scatter's shard has the
+// bits of the same all-reduce's elements there. The input is only read.
+//
+// Collectives of every kind run in submission order on one thread of their own, so an async
+// collective overlaps the caller's computation as Gloo's do, and an all-reduce queued before a
+// reduce-scatter finishes first on every rank.
 //
 // Hierarchical (ranks on several machines): the ranks of each machine form a group; after the
 // group's reduction its first rank, the node leader, all-reduces the node's result with the other
@@ -82,6 +94,20 @@ class ShmAllReduce {
   /// throws std::runtime_error naming the cause when a peer died, the timeout passed, or a peer
   /// gave up. After a failure every later submission fails at once.
   std::future<void> submit(torch::Tensor tensor, ReduceOp op);
+
+  /// Queues a reduce-scatter: `output` (S elements) gets the reduction across ranks of elements
+  /// [rank * S, (rank + 1) * S) of `input` (size * S elements). Both contiguous, CPU, the same
+  /// supported dtype; `output` must not overlap `input`. kMean is reduced as kSum (the caller
+  /// divides). Not on a hierarchical group (the Communicator falls back to an all-reduce there).
+  /// Fails as submit does.
+  std::future<void> submit_reduce_scatter(torch::Tensor input, torch::Tensor output, ReduceOp op);
+  /// Queues an all-gather: `output` (size * S elements) gets every rank's `input` (S elements) in
+  /// rank order. Both contiguous and CPU, of one dtype (any: only bytes move). Not on a
+  /// hierarchical group. Fails as submit does.
+  std::future<void> submit_all_gather(torch::Tensor input, torch::Tensor output);
+
+  /// True for one node's group of a hierarchical all-reduce (several machines).
+  bool hierarchical() const { return hierarchical_; }
 
   /// Bytes of each rank's staging slot.
   size_t chunk_bytes() const;
