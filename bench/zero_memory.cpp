@@ -161,7 +161,7 @@ void add_run(Row& row, const std::vector<torch::Tensor>& per_rank) {
 std::string mib_range(const std::vector<double>& v, double scale) {
   const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
   char text[64];
-  if (*hi - *lo < 0.01 * *hi) {
+  if (*hi - *lo < 0.05 * scale) {
     std::snprintf(text, sizeof text, "%.1f", *hi / scale);
   } else {
     std::snprintf(text, sizeof text, "%.1f-%.1f", *lo / scale, *hi / scale);
