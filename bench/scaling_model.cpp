@@ -89,26 +89,43 @@ std::vector<double> all_reduce_seconds(int ranks, bool shared_memory) {
 }
 
 // T(n) = a + b n for one whole collective.
-struct Fit {
+struct Line {
   double a = 0;  // seconds
   double b = 0;  // seconds per byte
-  double max_relative_residual = 0;
   double operator()(double bytes) const { return a + b * bytes; }
 };
 
-// Weighted least squares with weights 1/T^2: minimises the relative error, so that the latency
-// (set by the small sizes) is not drowned by the 64 MB point. A negative intercept is refitted
-// through the origin.
-Fit fit_alpha_beta(const std::vector<double>& bytes, const std::vector<double>& seconds) {
+// Least squares over the sizes of at least `min_bytes`; `relative` weights each point by 1/T^2
+// (minimising relative error, so that the 4 KB point counts as much as the 64 MB one), otherwise
+// absolute error (the large sizes dominate). A negative intercept is refitted through the origin.
+Line fit_line(const std::vector<double>& bytes, const std::vector<double>& seconds, bool relative,
+              double min_bytes) {
   double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
   for (size_t i = 0; i < bytes.size(); ++i) {
-    const double w = 1.0 / (seconds[i] * seconds[i]), x = bytes[i], y = seconds[i];
+    if (bytes[i] < min_bytes) continue;
+    const double w = relative ? 1.0 / (seconds[i] * seconds[i]) : 1.0, x = bytes[i], y = seconds[i];
     sw += w, sx += w * x, sy += w * y, sxx += w * x * x, sxy += w * x * y;
   }
-  Fit f;
-  f.b = (sw * sxy - sx * sy) / (sw * sxx - sx * sx);
-  f.a = (sy - f.b * sx) / sw;
-  if (f.a < 0) f.a = 0, f.b = sxy / sxx;
+  Line l;
+  l.b = (sw * sxy - sx * sy) / (sw * sxx - sx * sx);
+  l.a = (sy - l.b * sx) / sw;
+  if (l.a < 0) l.a = 0, l.b = sxy / sxx;
+  return l;
+}
+
+// Two regimes: one alpha-beta line cannot hold both ends on this loaded 2-core machine, where
+// the shared-memory path moves 5-7 GB/s up to 4 MB and falls to a fraction of that from 16 MB
+// (its ranks' threads get descheduled between the barriers of each chunk). `latency` is the
+// relative fit over every size, `bandwidth` the absolute fit over 1 MB and up; a collective costs
+// the larger of the two.
+struct Fit {
+  Line latency, bandwidth;
+  double max_relative_residual = 0;
+  double operator()(double bytes) const { return std::max(latency(bytes), bandwidth(bytes)); }
+};
+
+Fit fit_alpha_beta(const std::vector<double>& bytes, const std::vector<double>& seconds) {
+  Fit f{fit_line(bytes, seconds, true, 0), fit_line(bytes, seconds, false, 1 << 20)};
   for (size_t i = 0; i < bytes.size(); ++i) {
     f.max_relative_residual =
         std::max(f.max_relative_residual, std::abs(f(bytes[i]) - seconds[i]) / seconds[i]);
@@ -167,7 +184,7 @@ Measured measure_links(int rounds) {
 
 // Gloo's all-reduce over loopback read as a ring (2(p-1) steps of n/p bytes each).
 Link ring_link(const std::string& name, const Fit& f, int p) {
-  return {name, f.a / (2.0 * (p - 1)), f.b / (2.0 * (p - 1) / p), "measured"};
+  return {name, f.latency.a / (2.0 * (p - 1)), f.bandwidth.b / (2.0 * (p - 1) / p), "measured"};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -180,11 +197,13 @@ double ring_reduce_scatter(double bytes, int p, const Link& l) {  // = ring all-
   return p <= 1 ? 0 : (p - 1) * (l.alpha + bytes / p * l.beta);
 }
 
-// A cluster of `ranks` ranks, kRanksPerMachine per machine; `shm` is the measured shared-memory
-// all-reduce inside a machine, `net` the network between machines.
+// A cluster of `ranks` ranks, kRanksPerMachine per machine; `shm` is the shared-memory all-reduce
+// inside a machine: the latency-regime line measured here, i.e. the path when every rank has a
+// core of its own (docs/scaling.md says why not the loaded bandwidth regime); `net` is the network
+// between machines.
 struct Cluster {
   int ranks = 1;
-  Fit shm;
+  Line shm;
   Link net;
   int machines() const { return std::max(1, ranks / kRanksPerMachine); }
 };
@@ -398,15 +417,18 @@ void print_links(const Measured& me, const std::vector<Link>& networks) {
                 ms(me.t_shm2[i]).c_str(), ms(me.t_gloo2[i]).c_str(), ms(me.t_shm4[i]).c_str(),
                 ms(me.t_gloo4[i]).c_str());
   }
-  std::printf("\n### Fitted links: T(n) = a + b n per all-reduce; alpha, beta per ring step\n\n");
   std::printf(
-      "| link | a (µs) | 1/b (GB/s) | worst fit error | alpha (µs) | 1/beta (GB/s) "
-      "| source |\n|---|---:|---:|---:|---:|---:|---|\n");
+      "\n### Fitted links: T(n) = max(a + b n, a' + b' n) per all-reduce; alpha, beta per ring "
+      "step\n\n");
+  std::printf(
+      "| link | a (µs) | 1/b (GB/s) | a' (ms), 1 MB up | 1/b' (GB/s), 1 MB up | worst fit error "
+      "| alpha (µs) | 1/beta (GB/s) | source |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
   auto row = [](const char* name, const Fit& f, int p, bool ring) {
     const Link l = ring_link(name, f, p);
     char per_step[64] = " | ";  // the ring reading applies to Gloo's ring only
     if (ring) std::snprintf(per_step, sizeof per_step, "%.1f | %.2f", 1e6 * l.alpha, 1e-9 / l.beta);
-    std::printf("| %s | %.1f | %.2f | %.0f %% | %s | measured |\n", name, 1e6 * f.a, 1e-9 / f.b,
+    std::printf("| %s | %.1f | %.2f | %.2f | %.2f | %.0f %% | %s | measured |\n", name,
+                1e6 * f.latency.a, 1e-9 / f.latency.b, 1e3 * f.bandwidth.a, 1e-9 / f.bandwidth.b,
                 100 * f.max_relative_residual, per_step);
   };
   row("shared memory, 2 ranks", me.shm2, 2, false);
@@ -414,7 +436,7 @@ void print_links(const Measured& me, const std::vector<Link>& networks) {
   row("Gloo loopback, 2 ranks", me.gloo2, 2, true);
   row("Gloo loopback, 4 ranks (oversubscribed)", me.gloo4, 4, true);
   for (const auto& l : networks) {
-    std::printf("| %s | | | | %.0f | %.2f | stated |\n", l.name.c_str(), 1e6 * l.alpha,
+    std::printf("| %s | | | | | | %.0f | %.2f | stated |\n", l.name.c_str(), 1e6 * l.alpha,
                 1e-9 / l.beta);
   }
   std::printf("\n");
@@ -434,7 +456,7 @@ void print_schedule(const ModelSpec& m) {
       sizes.c_str(), ms(m.compute()).c_str(), m.compute_source.c_str());
 }
 
-void print_predictions(const ModelSpec& m, const Fit& shm, const std::vector<Link>& networks) {
+void print_predictions(const ModelSpec& m, const Line& shm, const std::vector<Link>& networks) {
   std::printf("\n#### %s\n\nStep time (scaling efficiency = 1-rank step / step):\n\n| ranks |",
               m.name.c_str());
   for (const auto& l : networks) {
@@ -469,13 +491,14 @@ struct ValidationRow {
   int processes = 1;
   StepTimes measured, no_sync;
   double predicted = 0, predicted_oversubscribed = 0, predicted_exposed = 0;
+  double predicted_measured_compute = 0;  // compute measured at this many processes (no_sync)
 };
 
 void print_validation(const std::vector<ValidationRow>& rows) {
   std::printf(
-      "| model | processes | measured step | predicted | error | predicted, "
-      "oversubscription term | error | measured exposed | predicted exposed | "
-      "compute alone (no_sync) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+      "| model | processes | measured step | (A) predicted | error | (B) oversubscription term "
+      "| error | (C) compute measured at N (no_sync) | error | measured exposed | predicted "
+      "exposed (A) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const auto& r : rows) {
     // The 1-process run is the model's compute input, so its "error" is 0 by construction.
     auto err = [&](double p) {
@@ -485,11 +508,12 @@ void print_validation(const std::vector<ValidationRow>& rows) {
       }
       return std::string(buf);
     };
-    std::printf("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.model.c_str(),
+    std::printf("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.model.c_str(),
                 r.processes, ms(r.measured.step).c_str(), ms(r.predicted).c_str(),
                 err(r.predicted).c_str(), ms(r.predicted_oversubscribed).c_str(),
-                err(r.predicted_oversubscribed).c_str(), ms(r.measured.exposed).c_str(),
-                ms(r.predicted_exposed).c_str(), r.processes > 1 ? ms(r.no_sync.step).c_str() : "");
+                err(r.predicted_oversubscribed).c_str(), ms(r.predicted_measured_compute).c_str(),
+                err(r.predicted_measured_compute).c_str(), ms(r.measured.exposed).c_str(),
+                ms(r.predicted_exposed).c_str());
   }
 }
 
@@ -524,6 +548,10 @@ std::vector<ValidationRow> validate(const Measured& me, int steps) {
       r.predicted_oversubscribed =
           one.step * stretch +
           simulate_buckets(bucket_bytes(spec), one.backward * stretch, cost).exposed;
+      r.predicted_measured_compute =
+          p == 1 ? r.predicted
+                 : r.no_sync.step +
+                       simulate_buckets(bucket_bytes(spec), r.no_sync.backward, cost).exposed;
       rows.push_back(r);
     }
   }
@@ -566,7 +594,7 @@ int main(int argc, char** argv) {
       stated_model("1 B parameters (d 2048, 20 blocks)", transformer_numels(2048, 20))};
   std::printf("### Predictions: 8 ranks per machine, shared memory inside a machine\n\n");
   for (const auto& m : models) print_schedule(m);
-  for (const auto& m : models) print_predictions(m, me.shm2, networks);
+  for (const auto& m : models) print_predictions(m, me.shm2.latency, networks);
   if (!rows.empty()) {
     std::printf("\n### Validation on this machine (%d cores)\n\n", kCores);
     print_validation(rows);
