@@ -116,7 +116,7 @@ Line fit_line(const std::vector<double>& bytes, const std::vector<double>& secon
 // Two regimes: one alpha-beta line cannot hold both ends on this loaded 2-core machine, where
 // the shared-memory path moves 5-7 GB/s up to 4 MB and falls to a fraction of that from 16 MB
 // (its ranks' threads get descheduled between the barriers of each chunk). `latency` is the
-// relative fit over every size, `bandwidth` the absolute fit over 1 MB and up; a collective costs
+// relative fit over every size, `bandwidth` the absolute fit over 4 MB and up; a collective costs
 // the larger of the two.
 struct Fit {
   Line latency, bandwidth;
@@ -125,7 +125,7 @@ struct Fit {
 };
 
 Fit fit_alpha_beta(const std::vector<double>& bytes, const std::vector<double>& seconds) {
-  Fit f{fit_line(bytes, seconds, true, 0), fit_line(bytes, seconds, false, 1 << 20)};
+  Fit f{fit_line(bytes, seconds, true, 0), fit_line(bytes, seconds, false, 4 << 20)};
   for (size_t i = 0; i < bytes.size(); ++i) {
     f.max_relative_residual =
         std::max(f.max_relative_residual, std::abs(f(bytes[i]) - seconds[i]) / seconds[i]);
@@ -421,7 +421,7 @@ void print_links(const Measured& me, const std::vector<Link>& networks) {
       "\n### Fitted links: T(n) = max(a + b n, a' + b' n) per all-reduce; alpha, beta per ring "
       "step\n\n");
   std::printf(
-      "| link | a (µs) | 1/b (GB/s) | a' (ms), 1 MB up | 1/b' (GB/s), 1 MB up | worst fit error "
+      "| link | a (µs) | 1/b (GB/s) | a' (ms), 4 MB up | 1/b' (GB/s), 4 MB up | worst fit error "
       "| alpha (µs) | 1/beta (GB/s) | source |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
   auto row = [](const char* name, const Fit& f, int p, bool ring) {
     const Link l = ring_link(name, f, p);
