@@ -32,6 +32,7 @@ using Clock = std::chrono::steady_clock;
 const std::vector<int64_t> kSizes = {4 << 10, 16 << 10, 64 << 10, 256 << 10,
                                      1 << 20, 4 << 20,  16 << 20, 64 << 20};
 constexpr int kRanksPerMachine = 8;
+constexpr double kBandwidthRegimeBytes = 4 << 20;  // where the second line of a Fit takes over
 constexpr int kCores = 2;  // this machine; the oversubscription term of the validation uses it
 
 double median(std::vector<double> v) {
@@ -116,16 +117,20 @@ Line fit_line(const std::vector<double>& bytes, const std::vector<double>& secon
 // Two regimes: one alpha-beta line cannot hold both ends on this loaded 2-core machine, where
 // the shared-memory path moves 5-7 GB/s up to 4 MB and falls to a fraction of that from 16 MB
 // (its ranks' threads get descheduled between the barriers of each chunk). `latency` is the
-// relative fit over every size, `bandwidth` the absolute fit over 4 MB and up; a collective costs
-// the larger of the two.
+// relative fit over every size, `bandwidth` the absolute fit over 4 MB and up; a collective of
+// 4 MB or more costs the larger of the two, a smaller one the latency line's (the bandwidth line's
+// intercept is meaningless below its range).
 struct Fit {
   Line latency, bandwidth;
   double max_relative_residual = 0;
-  double operator()(double bytes) const { return std::max(latency(bytes), bandwidth(bytes)); }
+  double operator()(double bytes) const {
+    return bytes < kBandwidthRegimeBytes ? latency(bytes)
+                                         : std::max(latency(bytes), bandwidth(bytes));
+  }
 };
 
 Fit fit_alpha_beta(const std::vector<double>& bytes, const std::vector<double>& seconds) {
-  Fit f{fit_line(bytes, seconds, true, 0), fit_line(bytes, seconds, false, 4 << 20)};
+  Fit f{fit_line(bytes, seconds, true, 0), fit_line(bytes, seconds, false, kBandwidthRegimeBytes)};
   for (size_t i = 0; i < bytes.size(); ++i) {
     f.max_relative_residual =
         std::max(f.max_relative_residual, std::abs(f(bytes[i]) - seconds[i]) / seconds[i]);
