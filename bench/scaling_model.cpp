@@ -422,8 +422,8 @@ void print_links(const Measured& me, const Line& intra, const std::vector<Link>&
                 ms(me.t_gloo4[i]).c_str());
   }
   std::printf(
-      "\n### Fitted links: T(n) = max(a + b n, a' + b' n) per all-reduce; alpha, beta per ring "
-      "step\n\n");
+      "\n### Fitted links: T(n) = a + b n below 4 MB, max(a + b n, a' + b' n) from 4 MB; alpha, "
+      "beta per ring step\n\n");
   std::printf(
       "| link | a (µs) | 1/b (GB/s) | a' (ms), 4 MB up | 1/b' (GB/s), 4 MB up | worst fit error "
       "| alpha (µs) | 1/beta (GB/s) | source |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
@@ -458,10 +458,11 @@ void print_schedule(const ModelSpec& m) {
   }
   if (buckets.size() > 6) sizes += ", ...";
   std::printf(
-      "- %s: %.3g parameters (%s of fp32 gradients), %zu buckets (%s); compute %s per "
+      "- %s: %.3g parameters (%s of fp32 gradients), %zu bucket%s (%s); compute %s per "
       "step (%s)\n",
       m.name.c_str(), m.parameters(), size_text(4 * m.parameters()).c_str(), buckets.size(),
-      sizes.c_str(), ms(m.compute()).c_str(), m.compute_source.c_str());
+      buckets.size() == 1 ? "" : "s", sizes.c_str(), ms(m.compute()).c_str(),
+      m.compute_source.c_str());
 }
 
 void print_predictions(const ModelSpec& m, const Line& shm, const std::vector<Link>& networks) {
@@ -598,9 +599,9 @@ int main(int argc, char** argv) {
     cnn.forward_s = rows[0].measured.forward, cnn.backward_s = rows[0].measured.backward;
     cnn.optimizer_s = rows[0].measured.optimizer;
     cnn.compute_source = "measured here: 1 process, 1 thread, batch 64";
-  } else {  // the value measured for docs/scaling.md, so that predictions print without training
-    cnn.forward_s = 1.2e-3, cnn.backward_s = 2.6e-3, cnn.optimizer_s = 0.3e-3;
-    cnn.compute_source = "stated: the 1-process step measured for docs/scaling.md";
+  } else {  // run 1's 1-process compute in docs/scaling.md, split 1:2 as for the stated models
+    cnn.forward_s = 16.7e-3 / 3, cnn.backward_s = 2 * 16.7e-3 / 3, cnn.optimizer_s = 0;
+    cnn.compute_source = "stated: the 1-process step of docs/scaling.md's run 1, split 1:2";
   }
   const std::vector<ModelSpec> models = {
       cnn, stated_model("100 M parameters (d 1024, 8 blocks)", transformer_numels(1024, 8)),
