@@ -11,8 +11,11 @@
 #include <sys/wait.h>
 #include <zlib.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "test_support.h"
@@ -39,7 +42,7 @@ std::pair<torch::Tensor, torch::Tensor> global_batch(int step) {
   return {torch::randn({kGlobalBatch, 16}), torch::randn({kGlobalBatch, 4})};
 }
 
-struct Run {
+struct TrainingRun {
   int stage = 0;
   bool fused_type = false;  // accelerant::FusedAdamW (state at the top) instead of prepare's
   int steps = kSavedAt;
@@ -48,7 +51,7 @@ struct Run {
 };
 
 // Trains with a fused AdamW; returns the parameters, flattened.
-torch::Tensor train(int rank, int world, const Run& run) {
+torch::Tensor train(int rank, int world, const TrainingRun& run) {
   Accelerator acc(
       AcceleratorOptions().cpu(true).zero_stage(run.stage).fused_optimizers(true).bucket_cap_mb(1));
   auto model = merge_model();
@@ -78,7 +81,7 @@ torch::Tensor train(int rank, int world, const Run& run) {
   return flat_parameters(*m);
 }
 
-std::vector<torch::Tensor> train_on(int world, const Run& run) {
+std::vector<torch::Tensor> train_on(int world, const TrainingRun& run) {
   auto options =
       LaunchOptions().processes_per_node(world).timeout(std::chrono::seconds(90)).verbose(false);
   return launch([run, world](int rank) { return train(rank, world, run); }, options);
@@ -131,7 +134,7 @@ class CheckpointMerge : public ::testing::TestWithParam<bool> {};
 TEST_P(CheckpointMerge, ShardedCheckpointBecomesWeightsAndWholeOptimizerState) {
   ScratchDir scratch;
   const std::string ckpt = scratch.path + "/ckpt", out = scratch.path + "/merged";
-  Run saved;
+  TrainingRun saved;
   saved.stage = 2;
   saved.fused_type = GetParam();
   saved.save_dir = ckpt;
@@ -187,7 +190,7 @@ TEST_P(CheckpointMerge, ShardedCheckpointBecomesWeightsAndWholeOptimizerState) {
   // The optimizer state: a 1-process run without ZeRO saves its own checkpoint after loading the
   // shards; its optimizer_0.pt is replaced by the merged one, and it must continue exactly as the
   // resume from the shards.
-  Run resume;
+  TrainingRun resume;
   resume.fused_type = GetParam();
   resume.load_dir = ckpt;
   resume.steps = kSavedAt;
@@ -204,7 +207,7 @@ TEST_P(CheckpointMerge, ShardedCheckpointBecomesWeightsAndWholeOptimizerState) {
       << (from_merged[0] - from_shards[0]).abs().max().item<double>();
   EXPECT_GT((from_merged[0] - trained[0]).abs().max().item<double>(), 1e-4) << "nothing trained";
   // And as the 2 ranks under ZeRO continue, up to the order of fp32 sums.
-  Run zero = resume;
+  TrainingRun zero = resume;
   zero.stage = 2;
   zero.load_dir = ckpt;
   const auto two = train_on(2, zero);
@@ -232,7 +235,7 @@ class CheckpointMergeRefuses : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = make_temp_dir();
-    Run run;
+    TrainingRun run;
     run.stage = 2;
     run.steps = 2;
     run.save_dir = dir_ + "/ckpt";
