@@ -76,8 +76,8 @@ void add_checkpoint_merge_command(CLI::App& app, Action& action) {
       "Loading the weights:\n"
       "  C++:    accelerant::load_model_safetensors(*model, \"runs/exp1/merged\");\n"
       "  Python: safetensors.torch.load_file(\"runs/exp1/merged/model.safetensors\")\n"
-      "Loading the optimizer state into a run without ZeRO: copy OUT/optimizer_<i>.pt over the\n"
-      "optimizer files of a checkpoint that run saved, or read it with the optimizer's load().\n"
+      "The optimizer state: OUT/optimizer_<i>.pt is the optimizer_<i>.pt that a run without ZeRO\n"
+      "saves (and its load_state reads) for the same model and optimizer.\n"
       "\n"
       "A missing rank_<r>/optimizer_<i>.pt means that rank's shard never reached DIR (checkpoints\n"
       "on machine-local disks): copy that rank's rank_<r>/ folder into DIR and merge again.");
