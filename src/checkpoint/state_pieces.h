@@ -17,6 +17,12 @@
 
 namespace accelerant::detail {
 
+/// Keys of what optimizer_state_bytes writes beside the optimizer's own save(): the parameter
+/// groups' options (one sub-archive per group, "0", "1", ...), and a prepare-bound fused update's
+/// state (a fused type, FusedAdamW..., saves that state at the top level instead).
+extern const char* kGroupOptions;
+extern const char* kFusedUpdater;
+
 /// An archive built by `fill`, as bytes.
 std::string archive_to_bytes(const std::function<void(torch::serialize::OutputArchive&)>& fill);
 /// An archive over `bytes`, its tensors on `device`. `what` names it in errors.

@@ -246,13 +246,16 @@ int verify(const std::string& path) {
 
 void add_checkpoint_command(CLI::App& app, Action& action) {
   auto* checkpoint =
-      app.add_subcommand("checkpoint", "Inspect or verify checkpoints and saved weights");
+      app.add_subcommand("checkpoint", "Inspect, verify or merge checkpoints and saved weights");
   checkpoint->require_subcommand(1);
   checkpoint->footer(
       "Examples:\n"
       "  accelerant checkpoint inspect runs/exp1/checkpoints/checkpoint_3\n"
       "  accelerant checkpoint inspect runs/exp1          list the complete checkpoints\n"
       "  accelerant checkpoint verify runs/exp1/checkpoints/checkpoint_3\n"
+      "  accelerant checkpoint merge --optimizer runs/exp1/checkpoints/checkpoint_3 merged\n"
+      "                                                   model.safetensors, whole optimizer "
+      "state\n"
       "  accelerant checkpoint inspect weights/           tensors saved by save_model "
       "(safetensors)");
 

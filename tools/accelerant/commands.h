@@ -21,6 +21,8 @@ void add_config_command(CLI::App& app, Action& action);
 void add_launch_command(CLI::App& app, Action& action);
 /// `accelerant checkpoint inspect|verify DIR`.
 void add_checkpoint_command(CLI::App& app, Action& action);
+/// `accelerant checkpoint merge DIR OUT [--optimizer] [--force]` (in the helper).
+void add_checkpoint_merge_command(CLI::App& app, Action& action);
 /// `accelerant report RUN_DIR [-o FILE] [--log_dir DIR] [--checkpoints DIR]`.
 void add_report_command(CLI::App& app, Action& action);
 /// `accelerant trace merge DIR`.
@@ -53,6 +55,9 @@ void add_env_command(CLI::App& app, Action& action);
 /// The front end's `env` and `test`: listed with the other sub-commands, run by exec'ing the
 /// helper with this command line (they need LibTorch, which the front end does not load).
 void add_libtorch_commands(CLI::App& app, Action& action, int argc, char** argv);
+/// The front end's `checkpoint merge`, under its `checkpoint` sub-command: exec'd in the helper as
+/// `env` and `test` are.
+void add_libtorch_checkpoint_commands(CLI::App& checkpoint, Action& action, int argc, char** argv);
 
 /// --mixed_precision's check: the one parser (accelerant::parse_mixed_precision); the value is
 /// rewritten to its canonical spelling (no, fp16, bf16).

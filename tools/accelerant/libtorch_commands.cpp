@@ -1,8 +1,8 @@
-// The front end's `env` and `test`. Both need LibTorch (versions and devices; collectives and
-// training steps), which the front end does not load, so they run in the helper program
-// accelerant-libtorch: the front end finds it next to itself and execs it with the same command
-// line. The helper lives at ACCELERANT_HELPER_PATH relative to the front end's own directory
-// (found through /proc/self/exe, not PATH): <prefix>/bin/accelerant and
+// The front end's `env`, `test` and `checkpoint merge`. They need LibTorch (versions and devices;
+// collectives and training steps; LibTorch archives), which the front end does not load, so they
+// run in the helper program accelerant-libtorch: the front end finds it next to itself and execs it
+// with the same command line. The helper lives at ACCELERANT_HELPER_PATH relative to the front
+// end's own directory (found through /proc/self/exe, not PATH): <prefix>/bin/accelerant and
 // <prefix>/libexec/accelerant/accelerant-libtorch when installed; build/bin and
 // build/libexec/accelerant in the build tree.
 #include <accelerant/error.h>
@@ -25,7 +25,7 @@ std::string helper_path() {
   if (n <= 0) {
     throw Error(
         "accelerant: cannot find its own executable (/proc/self/exe is unreadable), and with it "
-        "the helper that runs `env` and `test`. Fix: mount /proc.");
+        "the helper that runs `env`, `test` and `checkpoint merge`. Fix: mount /proc.");
   }
   std::string dir(self, static_cast<size_t>(n));
   dir.erase(dir.rfind('/'));
@@ -38,11 +38,13 @@ std::string helper_path() {
   for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
   args.push_back(nullptr);
   ::execv(helper.c_str(), args.data());
-  throw Error("accelerant: `env` and `test` need LibTorch and run in the helper " + helper +
-              ", which cannot be run: " + std::strerror(errno) +
-              ". Likely cause: an incomplete installation. Fix: reinstall Accelerant (the package "
-              "installs bin/accelerant and libexec/accelerant/accelerant-libtorch together), or "
-              "build the accelerant_libtorch target.");
+  throw Error(
+      "accelerant: `env`, `test` and `checkpoint merge` need LibTorch and run in the "
+      "helper " +
+      helper + ", which cannot be run: " + std::strerror(errno) +
+      ". Likely cause: an incomplete installation. Fix: reinstall Accelerant (the package "
+      "installs bin/accelerant and libexec/accelerant/accelerant-libtorch together), or "
+      "build the accelerant_libtorch target.");
 }
 
 // A sub-command whose arguments, --help included, all go to the helper.
@@ -77,6 +79,16 @@ void add_libtorch_commands(CLI::App& app, Action& action, int argc, char** argv)
       "  srun -n 2 accelerant test       the 2 tasks of a Slurm job as one group (also torchrun,\n"
       "                                  mpirun, accelerant launch)",
       argc, argv);
+}
+
+// The description is checkpoint_merge_command.cpp's first line, with where it runs.
+void add_libtorch_checkpoint_commands(CLI::App& checkpoint, Action& action, int argc, char** argv) {
+  add_forwarded(checkpoint, action, "merge",
+                "Consolidate a checkpoint (sharded by ZeRO or not) into OUT/model.safetensors and, "
+                "with --optimizer, whole optimizer state. Runs in the LibTorch helper; see "
+                "`accelerant checkpoint merge --help`.\n\nExample:\n  accelerant checkpoint merge "
+                "--optimizer runs/exp1/checkpoints/checkpoint_3 runs/exp1/merged",
+                argc, argv);
 }
 
 }  // namespace accelerant::cli

@@ -1,4 +1,5 @@
-// accelerant-libtorch: the helper that runs the sub-commands needing LibTorch (`env`, `test`).
+// accelerant-libtorch: the helper that runs the sub-commands needing LibTorch (`env`, `test`,
+// `checkpoint merge`).
 // Users do not call it: the `accelerant` front end, which does not load LibTorch, execs it with
 // its own command line (libtorch_commands.cpp), so its help and errors read as the front end's.
 #include <accelerant/error.h>
@@ -14,6 +15,7 @@ int main(int argc, char** argv) {
   accelerant::cli::Action action;
   accelerant::cli::add_env_command(app, action);
   accelerant::cli::add_test_command(app, action);
+  accelerant::cli::add_checkpoint_merge_command(app, action);
   app.require_subcommand(1);
   try {
     app.parse(argc, argv);

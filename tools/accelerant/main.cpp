@@ -25,6 +25,8 @@ int main(int argc, char** argv) {
       "  accelerant test              self-test: collectives and training across processes\n"
       "  accelerant checkpoint verify runs/exp1/checkpoints/checkpoint_3\n"
       "                               check a checkpoint's files against its manifest\n"
+      "  accelerant checkpoint merge --optimizer runs/exp1/checkpoints/checkpoint_3 merged\n"
+      "                               one model.safetensors and whole optimizer state (ZeRO)\n"
       "  accelerant report runs/exp1/fashion_mnist\n"
       "                               one HTML page: curves, step time per rank, restarts\n"
       "  accelerant trace merge runs/exp1/traces\n"
@@ -40,6 +42,8 @@ int main(int argc, char** argv) {
   accelerant::cli::add_launch_command(app, action);
   accelerant::cli::add_libtorch_commands(app, action, argc, argv);
   accelerant::cli::add_checkpoint_command(app, action);
+  accelerant::cli::add_libtorch_checkpoint_commands(*app.get_subcommand("checkpoint"), action, argc,
+                                                    argv);
   accelerant::cli::add_report_command(app, action);
   accelerant::cli::add_trace_command(app, action);
   accelerant::cli::add_estimate_memory_command(app, action);
