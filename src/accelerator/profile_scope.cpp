@@ -79,13 +79,9 @@ void add_spans(const std::vector<detail::TraceRecord>& records, int pid, uint64_
   }
 }
 
-// Every rank's `problem` ("" = none). Each is sent with a leading byte: Gloo's allgather divides
-// by the payload's size, so gather_bytes of empty strings on every rank dies of SIGFPE.
+// Every rank's `problem` ("" = none).
 std::vector<std::string> gather_problems(const std::string& problem) {
-  std::vector<std::string> problems =
-      ProcessState::get().communicator().gather_bytes("+" + problem);
-  for (auto& p : problems) p.erase(0, 1);
-  return problems;
+  return ProcessState::get().communicator().gather_bytes(problem);
 }
 
 // "" when this process can create files in `dir` (created when missing), else why not.
