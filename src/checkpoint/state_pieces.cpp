@@ -175,6 +175,20 @@ const char* kGroupOptions = "accelerant_param_group_options";
 
 const char* kFusedUpdater = "accelerant_fused_updater";
 
+namespace {
+// The parameter groups' options (learning rate, momentum, ...) saved beside the state, when there.
+void restore_group_options(torch::optim::Optimizer& optimizer,
+                           torch::serialize::InputArchive& archive) {
+  torch::serialize::InputArchive groups;
+  if (!archive.try_read(kGroupOptions, groups)) return;
+  for (size_t i = 0; i < optimizer.param_groups().size(); ++i) {
+    torch::serialize::InputArchive options;
+    groups.read(std::to_string(i), options);
+    optimizer.param_groups()[i].options().serialize(options);
+  }
+}
+}  // namespace
+
 std::string optimizer_state_bytes(const torch::optim::Optimizer& optimizer,
                                   const FusedUpdater* fused) {
   return archive_to_bytes([&](torch::serialize::OutputArchive& archive) {
@@ -217,14 +231,7 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::string&
       }
       fused->load(state);
     }
-    torch::serialize::InputArchive groups;
-    if (archive.try_read(kGroupOptions, groups)) {
-      for (size_t i = 0; i < optimizer.param_groups().size(); ++i) {
-        torch::serialize::InputArchive options;
-        groups.read(std::to_string(i), options);
-        optimizer.param_groups()[i].options().serialize(options);
-      }
-    }
+    restore_group_options(optimizer, archive);
   } catch (const std::exception& e) {
     throw CheckpointError(
         str(what, " does not fit this optimizer (", e.what(), "). Likely cause: a different ",
@@ -272,14 +279,7 @@ void load_sharded_optimizer_state(torch::optim::Optimizer& optimizer,
     auto whole = archive_from_bytes(merged, what, device);
     if (fused) optimizer.state().clear();
     updater->load(whole);
-    torch::serialize::InputArchive groups;
-    if (archives[0].try_read(kGroupOptions, groups)) {
-      for (size_t i = 0; i < optimizer.param_groups().size(); ++i) {
-        torch::serialize::InputArchive options;
-        groups.read(std::to_string(i), options);
-        optimizer.param_groups()[i].options().serialize(options);
-      }
-    }
+    restore_group_options(optimizer, archives[0]);
   } catch (const std::exception& e) {
     throw CheckpointError(
         str(what, " does not fit this optimizer (", e.what(), "). Likely cause: a different ",
