@@ -168,13 +168,15 @@ struct FusedUpdater::Impl {
                              : torch::TensorOptions(torch::kFloat).device(now.front().device());
     torch::Tensor new_params = torch::empty({total}, options);
     torch::Tensor new_grads = torch::zeros({total}, options);  // filled as gradients appear
-    // Sharded state is laid out by pieces, not by the arena: it stays as it is.
-    torch::Tensor new_state1 = is_sharded      ? state1
-                               : uses_state1() ? torch::zeros({total}, options)
-                                               : torch::Tensor();
-    torch::Tensor new_state2 = is_sharded      ? state2
-                               : uses_state2() ? torch::zeros({total}, options)
-                                               : torch::Tensor();
+    // Sharded state is laid out by pieces, not by the arena: it stays as it is. State not made
+    // yet is made at its first use (ensure_packed), so that an updater sharded before its first
+    // step never holds the whole arena's moments, not even for a moment.
+    torch::Tensor new_state1 = is_sharded         ? state1
+                               : state1.defined() ? torch::zeros({total}, options)
+                                                  : torch::Tensor();
+    torch::Tensor new_state2 = is_sharded         ? state2
+                               : state2.defined() ? torch::zeros({total}, options)
+                                                  : torch::Tensor();
     torch::Tensor new_steps =
         torch::zeros({static_cast<int64_t>(now.size())}, options.dtype(torch::kDouble));
     torch::NoGradGuard no_grad;
@@ -243,8 +245,11 @@ struct FusedUpdater::Impl {
 
   void ensure_packed() {
     if (!packed()) pack();
-    if (uses_state1() && !state1.defined())  // momentum turned on
+    // First use, or momentum turned on.
+    if (uses_state1() && !state1.defined())
       state1 = torch::zeros({state_numel()}, param_arena.options());
+    if (uses_state2() && !state2.defined())
+      state2 = torch::zeros({state_numel()}, param_arena.options());
   }
 
   // A gradient as fp32 contiguous memory on the arena's device: itself when it already is.
@@ -501,7 +506,7 @@ struct FusedUpdater::Impl {
 
   void shard(std::vector<FusedShardPiece> new_pieces) {
     torch::NoGradGuard no_grad;
-    ensure_packed();
+    if (!packed()) pack();  // not ensure_packed: it would make the whole state first
     std::vector<std::pair<int64_t, int64_t>> ranges;  // arena [begin, end) of each piece
     for (const auto& piece : new_pieces) {
       const bool inside = piece.param >= 0 && piece.param < static_cast<int64_t>(params.size()) &&
