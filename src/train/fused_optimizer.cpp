@@ -273,28 +273,22 @@ struct FusedUpdater::Impl {
     std::vector<GroupConstants> constants;
     for (size_t g = 0; g < groups.size(); ++g)
       constants.push_back(constants_of(kind, groups[g].options(), g));
-    // Unsharded, a parameter is one piece of itself, with its state at its arena offset.
-    std::vector<FusedShardPiece> whole;
-    if (!is_sharded) {
-      for (size_t i = 0; i < params.size(); ++i)
-        whole.push_back({static_cast<int64_t>(i), 0, numels[i]});
-    }
-    const std::vector<FusedShardPiece>& run = is_sharded ? pieces : whole;
     // Every parameter with a gradient counts a step, owned here or not, so that the counts (and
-    // the bias corrections) are the same on every process.
-    std::vector<char> stepping(params.size(), 0);
+    // the bias corrections) are the same on every process. Undefined: no step for it.
     std::vector<torch::Tensor> grads(params.size());
     for (size_t i = 0; i < params.size(); ++i) {
       const torch::Tensor& grad = params[i].grad();
       if (!grad.defined() || numels[i] == 0) continue;
-      stepping[i] = 1;
       grads[i] = usable_grad(grad, params[i]);
       if (!grads[i].is_same(grad)) converted.push_back(grads[i]);
     }
-    for (size_t k = 0; k < run.size(); ++k) {
-      const FusedShardPiece& piece = run[k];
+    // Unsharded, parameter k is one piece of itself, with its state at its arena offset.
+    const size_t count = is_sharded ? pieces.size() : params.size();
+    for (size_t k = 0; k < count; ++k) {
+      const FusedShardPiece piece =
+          is_sharded ? pieces[k] : FusedShardPiece{static_cast<int64_t>(k), 0, numels[k]};
       const auto i = static_cast<size_t>(piece.param);
-      if (!stepping[i] || piece.length == 0) continue;
+      if (!grads[i].defined() || piece.length == 0) continue;
       const torch::Tensor& g = grads[i];
       const int64_t state_at = is_sharded ? state_offsets[k] : offsets[i];
       const GroupConstants& c = constants[group_of[i]];
@@ -324,7 +318,7 @@ struct FusedUpdater::Impl {
       segments.push_back(s);
     }
     for (size_t i = 0; i < params.size(); ++i) {
-      if (stepping[i]) step_counts[i] += 1;
+      if (grads[i].defined()) step_counts[i] += 1;
     }
     detail::run_fused_update(kind, segments);
   }
