@@ -5,8 +5,12 @@
 // another; and misuse must be refused with the fix.
 #include <accelerant/accelerant.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <fstream>
+#include <optional>
+#include <set>
 
 #include "test_support.h"
 
@@ -23,6 +27,8 @@ struct TrainingRun {
   bool accumulate = false;  // two micro-steps of half the batch per optimizer step
   bool clip = false;        // clip the gradient norm to 0.05 (below the norms seen: it acts)
   bool bf16 = false;        // bf16 autocast
+  bool graph = false;       // steps through accelerator.compile, replays emulated (the device
+                            // path of the fused update, the all-gather as a host effect)
   int steps = 50;
   std::string save_dir;  // save after step save_at (1-based), then go on
   int save_at = 0;
@@ -65,9 +71,28 @@ torch::Tensor train(int rank, int world, const TrainingRun& run) {
     first = static_cast<int>(acc.state()->optimizer_steps);
   }
   const int per_rank = kGlobalBatch / world;
+  std::optional<GraphStep> graph_step;
+  if (run.graph) {
+    auto& net = m;
+    auto& optimizer = opt;
+    graph_step = acc.compile(
+        [&, clip = run.clip](const GraphStep::Inputs& in) {
+          auto loss = (net->forward(in[0]) - in[1]).pow(2).mean();
+          acc.backward(loss);
+          if (clip) acc.clip_grad_norm_tensor(net, 0.05);
+          optimizer.step();
+          optimizer.zero_grad();
+          return GraphStep::Outputs{loss.detach()};
+        },
+        GraphStepOptions().emulate_replays(true));
+  }
   for (int step = first; step < run.steps; ++step) {
     auto [x, y] = global_batch(step);
     x = x.narrow(0, rank * per_rank, per_rank), y = y.narrow(0, rank * per_rank, per_rank);
+    if (graph_step) {
+      (*graph_step)({x, y});
+      continue;
+    }
     const int micro = run.accumulate ? 2 : 1;
     for (int k = 0; k < micro; ++k) {
       auto guard = acc.accumulate(m);
@@ -174,6 +199,27 @@ TEST(Zero, AccumulationClippingAndBf16TrainAsStage0) {
   }
 }
 
+// Graph mode: the sharded update takes the fused update's device path (tensor operations on
+// gathered pieces) and the all-gather runs after each (emulated) replay.
+TEST(Zero, GraphStepsTrainAsEagerStage0) {
+  for (bool clip : {false, true}) {
+    TrainingRun run;
+    run.steps = 20;
+    run.clip = clip;
+    const auto base = train_on(2, run);
+    run.graph = true;
+    for (int stage : {0, 1, 2}) {
+      run.stage = stage;
+      const auto sharded = train_on(2, run);
+      for (int r = 0; r < 2; ++r) {
+        expect_same_training(parameters_of(sharded[r]), parameters_of(base[0]),
+                             std::string("graph mode") + (clip ? " with clipping" : "") +
+                                 ", stage " + std::to_string(stage));
+      }
+    }
+  }
+}
+
 TEST(Zero, ASavedShardedRunResumesBitForBitAndLoadsOnAnotherNumberOfProcesses) {
   const std::string dir = make_temp_dir();
   TrainingRun whole;
@@ -203,6 +249,88 @@ TEST(Zero, ASavedShardedRunResumesBitForBitAndLoadsOnAnotherNumberOfProcesses) {
   const auto one = train_on(1, resumed);
   expect_same_training(parameters_of(one[0]), parameters_of(uninterrupted[0]), "resumed on 1");
   remove_tree(dir);
+}
+
+// Bytes of the pages under the tensors' elements that are resident in memory (mincore), each
+// page counted once.
+int64_t resident_bytes(const std::vector<torch::Tensor>& tensors) {
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  std::set<uintptr_t> pages;
+  for (const auto& t : tensors) {
+    const auto begin = reinterpret_cast<uintptr_t>(t.data_ptr());
+    const uintptr_t end = begin + t.numel() * t.element_size();
+    for (uintptr_t p = begin / page * page; p < end; p += page) pages.insert(p);
+  }
+  int64_t resident = 0;
+  for (uintptr_t p : pages) {
+    unsigned char in_core = 0;
+    if (mincore(reinterpret_cast<void*>(p), page, &in_core) != 0) ADD_FAILURE() << "mincore failed";
+    if (in_core & 1) resident += static_cast<int64_t>(page);
+  }
+  return resident;
+}
+
+// Under stage 2, once backward has reduce-scattered the buckets, a process keeps only its share
+// of the gradients in memory, and none after zero_grad(); stage 1 keeps them all. Two steps, so
+// that the pages given back come back for the second backward. Returns, per rank and step, the
+// gradients' bytes, then the resident bytes after backward and after zero_grad.
+torch::Tensor resident_gradients(int rank, int world, int stage) {
+  Accelerator acc(
+      AcceleratorOptions().cpu(true).zero_stage(stage).fused_optimizers(true).bucket_cap_mb(1));
+  auto model = zero_model();
+  torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  auto [m, opt] = acc.prepare(model, adamw);
+  std::vector<float> out;
+  for (int step = 0; step < 2; ++step) {
+    auto [x, y] = global_batch(step);
+    const int per_rank = kGlobalBatch / world;
+    auto loss = (m->forward(x.narrow(0, rank * per_rank, per_rank)) -
+                 y.narrow(0, rank * per_rank, per_rank))
+                    .pow(2)
+                    .mean();
+    acc.backward(loss);
+    std::vector<torch::Tensor> grads;
+    int64_t bytes = 0;
+    for (const auto& p : m->parameters()) {
+      grads.push_back(p.grad());
+      bytes += p.grad().numel() * p.grad().element_size();
+    }
+    out.push_back(static_cast<float>(bytes));
+    out.push_back(static_cast<float>(resident_bytes(grads)));
+    opt.step();
+    opt.zero_grad();
+    out.push_back(static_cast<float>(resident_bytes(grads)));
+    for (const auto& g : grads) {
+      if (g.abs().max().item<float>() != 0.0f) ADD_FAILURE() << "zero_grad left a gradient";
+    }
+  }
+  return torch::tensor(out);
+}
+
+TEST(Zero, Stage2KeepsOnlyItsShareOfTheGradientsInMemory) {
+  for (int stage : {1, 2}) {
+    const auto results = launch(
+        [stage](int rank) { return resident_gradients(rank, 2, stage); },
+        LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(60)).verbose(false));
+    for (int r = 0; r < 2; ++r) {
+      for (int step = 0; step < 2; ++step) {
+        const double bytes = results[r][3 * step].item<double>();
+        const double after_backward = results[r][3 * step + 1].item<double>() / bytes;
+        const double after_zero = results[r][3 * step + 2].item<double>() / bytes;
+        const std::string what = "stage " + std::to_string(stage) + ", rank " + std::to_string(r) +
+                                 ", step " + std::to_string(step);
+        if (stage == 1) {
+          EXPECT_GT(after_backward, 0.95) << what;
+          EXPECT_GT(after_zero, 0.95) << what;
+        } else {
+          // Half of the gradients, plus the partial pages at the shares' edges.
+          EXPECT_LT(after_backward, 0.6) << what;
+          EXPECT_GT(after_backward, 0.4) << what;
+          EXPECT_LT(after_zero, 0.1) << what;
+        }
+      }
+    }
+  }
 }
 
 TEST(Zero, MisuseIsRefusedWithTheFix) {

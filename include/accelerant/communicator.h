@@ -38,6 +38,10 @@ class PendingCollective {
   void wait();
   /// True while the collective has been started and not yet waited for.
   bool pending() const { return state_ != nullptr; }
+  /// True when wait() would return (or throw) without blocking: the transport has finished, or
+  /// nothing is pending. Lets a caller act on collectives that finished while it went on working
+  /// (ZeRO stage 2 frees a bucket's gradients once its reduce-scatter is done).
+  bool done() const;
 
   /// The collective's in-flight work, defined inside the library.
   struct State;

@@ -47,7 +47,10 @@ struct GradientReducerOptions {
   /// ZeRO (AcceleratorOptions::zero_stage): with 1 or 2 each bucket is split into equal shares,
   /// one per process (shard_pieces), and gather_parameters() all-gathers the parameters after a
   /// sharded update; with 2 the buckets are reduce-scattered instead of all-reduced, each process
-  /// receiving the average of its share only (the rest of its .grad is zeroed). Default: 0.
+  /// receiving the average of its share only: once a bucket's reduce-scatter is done (while
+  /// backward goes on), the bucket's memory outside this process's share goes back to the system
+  /// and reads as zeros, so that gradients between backward and the next one take 1/N of the
+  /// memory (CPU buckets; on a GPU the rest is zeroed). Default: 0.
   TORCH_ARG(int, zero_stage) = 0;
 };
 
@@ -97,6 +100,12 @@ class GradientReducer {
   /// Under ZeRO, after each process has updated its share: every parameter gets the values its
   /// owner computed (one all-gather per bucket). A collective: every process calls it.
   void gather_parameters();
+  /// Zeros every gradient that lives in a bucket, as Optimizer::zero_grad would. Under ZeRO
+  /// stage 2 on the CPU it does so by returning the buckets' memory to the system (the pages read
+  /// as zeros and come back as the next backward writes them), so that between steps the
+  /// gradients take no memory; otherwise it writes zeros. Gradients outside the buckets (another
+  /// dtype) are zeroed too.
+  void zero_gradients();
 
   struct State;
 

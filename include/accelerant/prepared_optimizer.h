@@ -33,11 +33,14 @@ class PreparedOptimizer {
   /// `optimizer` that is itself fused (FusedSGD / FusedAdam / FusedAdamW) runs its own updater.
   /// Which update runs is decided here, once, and step() calls the scaler's matching entry.
   /// `after_update` runs after every update step() makes, skipped or not (under ZeRO: the
-  /// all-gather of the parameters). Throws Error when `state` is null or `fused` is bound to
+  /// all-gather of the parameters). `zero_gradients`, when set, clears the gradients in place of
+  /// the optimizer's zero_grad() (under ZeRO stage 2: GradientReducer::zero_gradients, which
+  /// returns the gradients' memory). Throws Error when `state` is null or `fused` is bound to
   /// another optimizer.
   PreparedOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<TrainingState> state,
                     std::shared_ptr<FusedUpdater> fused = nullptr,
-                    std::function<void()> after_update = nullptr);
+                    std::function<void()> after_update = nullptr,
+                    std::function<void()> zero_gradients = nullptr);
 
   /// Updates the parameters unless accumulating; under fp16 unscales first and skips on
   /// overflow. Returns whether the parameters were updated. Inside a GraphStep's capture it
@@ -59,9 +62,10 @@ class PreparedOptimizer {
  private:
   torch::optim::Optimizer* optimizer_;
   std::shared_ptr<TrainingState> state_;
-  std::shared_ptr<FusedUpdater> fused_;  // owned here when prepare bound it
-  FusedUpdater* updater_;
-  std::function<void()> after_update_;  // fused_, the optimizer's own, or null: decided once
+  std::shared_ptr<FusedUpdater> fused_;   // owned here when prepare bound it
+  FusedUpdater* updater_;                 // fused_, the optimizer's own, or null: decided once
+  std::function<void()> after_update_;    // under ZeRO: the parameters' all-gather
+  std::function<void()> zero_gradients_;  // replaces optimizer_->zero_grad() when set
   // Graph steps under fp16: this step's skip flag, kept past the scaler's update(). Shared by
   // copies of the handle, written in place by every step and replay.
   std::shared_ptr<torch::Tensor> skip_flag_ = std::make_shared<torch::Tensor>();

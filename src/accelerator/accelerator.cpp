@@ -327,21 +327,30 @@ void Accelerator::prepare_model(const std::shared_ptr<torch::nn::Module>& model)
 
 PreparedOptimizer Accelerator::prepare_optimizer(torch::optim::Optimizer& optimizer) {
   auto& optimizers = checkpointed_->optimizers;
-  for (const auto& prepared : optimizers) {
-    if (prepared.optimizer == &optimizer)
-      return PreparedOptimizer(optimizer, state_, prepared.fused);
+  auto prepared = std::find_if(optimizers.begin(), optimizers.end(),
+                               [&](const auto& o) { return o.optimizer == &optimizer; });
+  if (prepared == optimizers.end()) {
+    // A fused type already steps fused; a torch::optim one gets an updater bound to it. ZeRO
+    // shards the fused update, so it binds one whatever fused_optimizers says.
+    const bool zero = options_.zero_stage() > 0 && communicator().size() > 1;
+    const bool wrap =
+        (options_.fused_optimizers() || zero) && fused_updater_of(optimizer) == nullptr;
+    optimizers.push_back({&optimizer, wrap ? std::make_shared<FusedUpdater>(optimizer) : nullptr});
+    prepared = std::prev(optimizers.end());
+    if (zero) {
+      FusedUpdater& updater = wrap ? *prepared->fused : *fused_updater_of(optimizer);
+      prepared->zero_reducer = &zero_reducer_for(optimizer);
+      updater.shard(prepared->zero_reducer->shard_pieces(optimizer_parameters(optimizer)));
+    }
   }
-  // A fused type already steps fused; a torch::optim one gets an updater bound to it. ZeRO
-  // shards the fused update, so it binds one whatever fused_optimizers says.
-  const bool zero = options_.zero_stage() > 0 && communicator().size() > 1;
-  const bool wrap = (options_.fused_optimizers() || zero) && fused_updater_of(optimizer) == nullptr;
-  optimizers.push_back({&optimizer, wrap ? std::make_shared<FusedUpdater>(optimizer) : nullptr});
-  if (!zero) return PreparedOptimizer(optimizer, state_, optimizers.back().fused);
-  FusedUpdater& updater = wrap ? *optimizers.back().fused : *fused_updater_of(optimizer);
-  GradientReducer& reducer = zero_reducer_for(optimizer);
-  updater.shard(reducer.shard_pieces(optimizer_parameters(optimizer)));
-  return PreparedOptimizer(optimizer, state_, optimizers.back().fused,
-                           [reducer = &reducer] { reducer->gather_parameters(); });
+  GradientReducer* reducer = prepared->zero_reducer;
+  if (!reducer) return PreparedOptimizer(optimizer, state_, prepared->fused);
+  // Preparing it again (another handle) keeps the same all-gather and gradient release.
+  std::function<void()> zero_gradients;
+  if (options_.zero_stage() == 2) zero_gradients = [reducer] { reducer->zero_gradients(); };
+  return PreparedOptimizer(
+      optimizer, state_, prepared->fused, [reducer] { reducer->gather_parameters(); },
+      std::move(zero_gradients));
 }
 
 // The reducer of the prepared model whose trainable parameters the optimizer updates.

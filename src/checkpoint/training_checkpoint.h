@@ -27,6 +27,7 @@
 #include "accelerant/checkpoint.h"
 #include "accelerant/data_loader.h"
 #include "accelerant/fused_optimizer.h"
+#include "accelerant/gradient_reducer.h"
 #include "accelerant/prepared_optimizer.h"
 #include "accelerant/stream_loader.h"
 #include "accelerant/training_state.h"
@@ -44,6 +45,9 @@ struct RegisteredObject {
 struct CheckpointedOptimizer {
   torch::optim::Optimizer* optimizer = nullptr;
   std::shared_ptr<FusedUpdater> fused;
+  // Under ZeRO: the reducer whose shares the fused update is restricted to (not saved; kept so
+  // that preparing the optimizer again gets the same all-gather).
+  GradientReducer* zero_reducer = nullptr;
 };
 
 /// Everything a checkpoint holds, in prepare order; the objects behind the pointers outlive

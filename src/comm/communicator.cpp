@@ -1,6 +1,8 @@
 #include "accelerant/communicator.h"
 
 #include <algorithm>
+#include <chrono>
+#include <future>
 
 #include "accelerant/error.h"
 #include "base/file_io.h"
@@ -304,6 +306,14 @@ struct PendingCollective::State {
                        shape_text(target));
   }
 };
+
+bool PendingCollective::done() const {
+  if (!state_) return true;
+  if (state_->shm_done.valid()) {
+    return state_->shm_done.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  }
+  return !state_->work || state_->work->isCompleted();
+}
 
 void PendingCollective::wait() {
   if (!state_) return;

@@ -334,6 +334,14 @@ struct FusedUpdater::Impl {
     torch::Tensor keep;            // float [members] on the device: 1 where a gradient exists
     torch::Tensor neg_lr;          // float 0-dim on the device: -lr, what the update reads
     double lr_in_tensor = 0;       // the lr neg_lr holds
+    // Sharded (ZeRO): this process's elements of the group, the pieces' one after the other. The
+    // update gathers them by index and scatters the result back, so that its operations stay
+    // those of one group however many pieces there are.
+    int64_t shard_elements = 0;
+    torch::Tensor shard_local;    // int64 [shard_elements]: element index in [begin, end)
+    torch::Tensor shard_state;    // int64 [shard_elements]: element index in state1 / state2
+    torch::Tensor shard_member;   // int64 [pieces]: the piece's parameter, as a member position
+    torch::Tensor shard_lengths;  // int64 [pieces]
   };
   std::vector<GroupLayout> layouts;  // rebuilt after every packing
 
@@ -354,9 +362,35 @@ struct FusedUpdater::Impl {
         layout.begin = offsets[layout.first],
         layout.end = offsets[layout.last] + numels[layout.last];
         layout.sizes = torch::tensor(sizes, torch::kLong).to(param_arena.device());
+        if (is_sharded) add_shard_runs(layout);
       }
       layouts.push_back(std::move(layout));
     }
+  }
+
+  void add_shard_runs(GroupLayout& layout) const {
+    const auto on_device = torch::TensorOptions(torch::kLong).device(param_arena.device());
+    std::unordered_map<int64_t, int64_t> member_position;
+    for (size_t m = 0; m < layout.members.size(); ++m)
+      member_position[layout.members[m]] = static_cast<int64_t>(m);
+    std::vector<torch::Tensor> local, state;
+    std::vector<int64_t> member, lengths;
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      const FusedShardPiece& piece = pieces[k];
+      auto found = member_position.find(piece.param);
+      if (found == member_position.end() || piece.length == 0) continue;
+      const int64_t at = offsets[piece.param] + piece.begin - layout.begin;
+      local.push_back(torch::arange(at, at + piece.length, on_device));
+      state.push_back(torch::arange(state_offsets[k], state_offsets[k] + piece.length, on_device));
+      member.push_back(found->second);
+      lengths.push_back(piece.length);
+      layout.shard_elements += piece.length;
+    }
+    if (local.empty()) return;
+    layout.shard_local = torch::cat(local);
+    layout.shard_state = torch::cat(state);
+    layout.shard_member = torch::tensor(member, torch::kLong).to(param_arena.device());
+    layout.shard_lengths = torch::tensor(lengths, torch::kLong).to(param_arena.device());
   }
 
   // -lr of group g as a device tensor. A scheduler changes the lr on the host between steps;
@@ -391,12 +425,6 @@ struct FusedUpdater::Impl {
   // number of parameters. `keep` (per parameter, 1 = update) folds in both "has a gradient" and
   // the skip flag, so nothing is read on the host.
   void step_with_tensor_ops(const torch::Tensor& skip) {
-    if (is_sharded) {
-      throw Error(detail::str("The sharded (ZeRO) fused ", kind_name(kind),
-                              " updates on the CPU only so far; ", "its parameters are on ",
-                              param_arena.device(), ". Fix: zero_stage(0) on this ",
-                              "device (docs/zero.md lists what is pending)."));
-    }
     auto& groups = optimizer->param_groups();
     const auto float_options = param_arena.options();
     if (layouts.size() != groups.size()) build_layouts();
@@ -431,18 +459,39 @@ struct FusedUpdater::Impl {
         layout.keep = torch::tensor(ones).to(float_options.device());
         layout.has_grad = has_grad;
       }
-      torch::Tensor P = param_arena.slice(0, begin, end);
+      torch::Tensor group_params = param_arena.slice(0, begin, end);
       const torch::Tensor& lr_neg = neg_lr(g, c.lr);
       torch::Tensor keep = layout.keep;
       if (skip.defined()) keep = keep * (1 - skip.to(float_options).reshape({}));
       const torch::Tensor& sizes = layout.sizes;
       // output_size: without it repeat_interleave reads the sizes' sum on the host.
       auto per_element = [&](const torch::Tensor& per_param) {
+        if (is_sharded) {
+          return torch::repeat_interleave(per_param.index_select(0, layout.shard_member),
+                                          layout.shard_lengths, 0, layout.shard_elements);
+        }
         return torch::repeat_interleave(per_param, sizes, 0, elements);
       };
       torch::Tensor group_steps = steps.slice(0, layout.first, layout.last + 1);
       torch::Tensor was_first = group_steps == 0;
-      group_steps.add_(keep.to(torch::kDouble));
+      group_steps.add_(keep.to(torch::kDouble));  // every process counts, owner or not
+      if (is_sharded && layout.shard_elements == 0) continue;
+      // The elements updated here: the group's slices, or copies of this process's pieces that
+      // put_back() writes back.
+      auto updated = [&](const torch::Tensor& group_slice) {
+        return is_sharded ? group_slice.index_select(0, layout.shard_local) : group_slice;
+      };
+      auto state_of = [&](const torch::Tensor& state) {
+        return is_sharded ? state.index_select(0, layout.shard_state) : state.slice(0, begin, end);
+      };
+      auto put_back = [&](torch::Tensor& state, const torch::Tensor& value) {
+        if (is_sharded) state.index_copy_(0, layout.shard_state, value);
+      };
+      torch::Tensor P = updated(group_params);
+      G = updated(G);
+      auto put_back_params = [&] {
+        if (is_sharded) group_params.index_copy_(0, layout.shard_local, P);
+      };
       torch::Tensor k = per_element(keep);
       // Where nothing may change, the gradient becomes 0: an overflowed (inf / nan) gradient of a
       // skipped step would otherwise leak through the zero weights (0 * inf is nan).
@@ -450,16 +499,18 @@ struct FusedUpdater::Impl {
       if (kind == FusedKind::kSGD) {
         torch::Tensor d = c.weight_decay != 0 ? G + c.weight_decay * P : G;
         if (c.momentum != 0) {
-          torch::Tensor B = state1.slice(0, begin, end);
+          torch::Tensor B = state_of(state1);
           torch::Tensor first_e = per_element(was_first);
-          torch::Tensor updated = torch::where(first_e, d, B * c.momentum + (1 - c.dampening) * d);
-          B.copy_(torch::where(k > 0, updated, B));
+          torch::Tensor next = torch::where(first_e, d, B * c.momentum + (1 - c.dampening) * d);
+          B.copy_(torch::where(k > 0, next, B));
+          put_back(state1, B);
           d = c.nesterov ? d + c.momentum * B : B;
         }
         P.addcmul_(d, k * lr_neg);
+        put_back_params();
         continue;
       }
-      torch::Tensor M = state1.slice(0, begin, end), V = state2.slice(0, begin, end);
+      torch::Tensor M = state_of(state1), V = state_of(state2);
       torch::Tensor counted = group_steps.clamp_min(1);  // never-stepped parameters: k is 0 there
       torch::Tensor bc1 = per_element((1 - torch::pow(c.beta1, counted)).to(torch::kFloat));
       torch::Tensor bc2 = per_element((1 - torch::pow(c.beta2, counted)).to(torch::kFloat));
@@ -473,6 +524,9 @@ struct FusedUpdater::Impl {
       V.lerp_(grad * grad, (1 - c.beta2) * k);
       torch::Tensor denom = V.sqrt() / bc2.sqrt() + c.eps;
       P.addcmul_(M / denom, (k / bc1) * lr_neg);
+      put_back(state1, M);
+      put_back(state2, V);
+      put_back_params();
     }
   }
 
@@ -537,6 +591,7 @@ struct FusedUpdater::Impl {
       shard_numel += piece.length;
     }
     is_sharded = true;
+    layouts.clear();  // the device path's layouts now need the shard's runs
     state1 = pieces_of(whole1);
     state2 = pieces_of(whole2);
   }

@@ -10,6 +10,7 @@
 
 #include "accelerant/error.h"
 #include "accelerant/gradient_buckets.h"
+#include "base/page_release.h"
 #include "base/step_timing.h"
 #include "base/tensor_alias.h"
 #include "base/text.h"
@@ -24,6 +25,18 @@ namespace {
 // Gloo cannot reduce bf16, so bf16 gradients travel in an fp32 bucket (also the more exact sum).
 torch::ScalarType wire_dtype(const GradientBucket& bucket) {
   return bucket.dtype == torch::kBFloat16 && bucket.device.is_cpu() ? torch::kFloat : bucket.dtype;
+}
+
+// Zeros elements [begin, begin + count) of a bucket; on the CPU its whole pages among them go back
+// to the system (base/page_release.h). Buckets are LibTorch CPU allocations: private memory.
+void zero_releasing_memory(const torch::Tensor& flat, int64_t begin, int64_t count) {
+  if (count <= 0) return;
+  if (!flat.is_cpu()) {
+    flat.narrow(0, begin, count).zero_();
+    return;
+  }
+  detail::zero_releasing_pages(static_cast<char*>(flat.data_ptr()) + begin * flat.element_size(),
+                               static_cast<size_t>(count * flat.element_size()));
 }
 
 }  // namespace
@@ -64,15 +77,18 @@ struct GradientReducer::State {
   bool zero = false;
   std::vector<int64_t> share_numel;
   std::vector<torch::Tensor> averaged_share;  // stage 2: per bucket, this rank's reduced share
-  torch::Tensor gather_in, gather_out;        // gather_parameters' scratch (largest bucket)
+  size_t next_share = 0;  // stage 2, this pass: the first bucket not yet reduced to its share
+  torch::Tensor gather_in, gather_out;  // gather_parameters' scratch (largest bucket)
 
   int64_t share_begin(size_t b) const { return communicator->rank() * share_numel[b]; }
+  bool scatters_gradients() const { return zero && options.zero_stage() == 2; }
 
   void start_pass() {
     std::fill(ready.begin(), ready.end(), false);
     for (size_t b = 0; b < plan.size(); ++b)
       waiting[b] = static_cast<int64_t>(plan[b].params.size());
     next_bucket = 0;
+    next_share = 0;
     ready_count = 0;
     stats.buckets_started_during_backward = 0;
     stats.gradient_copies = 0;
@@ -86,11 +102,28 @@ struct GradientReducer::State {
       flat[b].div_(communicator->size());  // average = sum of (grad / N): no pass after the wait
       detail::ScopedCollectiveLabel label("backward bucket", static_cast<int64_t>(b));
       launched_us[b] = detail::tracing() ? detail::trace_now_us() : -1;
-      in_flight[b] = options.zero_stage() == 2 && zero
+      in_flight[b] = scatters_gradients()
                          ? communicator->reduce_scatter_async_(flat[b], averaged_share[b])
                          : communicator->all_reduce_async_(flat[b], ReduceOp::kSum);
       if (ready_count < trainable) ++stats.buckets_started_during_backward;
     }
+    // While backward goes on, so that at most the buckets in flight are whole.
+    if (scatters_gradients()) {
+      while (next_share < next_bucket && in_flight[next_share].done()) keep_share(next_share++);
+    }
+  }
+
+  // Stage 2, once bucket b's reduce-scatter is done: the bucket shows the average in this rank's
+  // share and zeros elsewhere (its local sum there went to the owner), and the memory outside
+  // the share goes back to the system. A norm of the shares, summed across ranks, is the norm.
+  void keep_share(size_t b) {
+    in_flight[b].wait();  // returns at once, or throws the collective's failure
+    trace_bucket(b);
+    torch::NoGradGuard no_grad;
+    const int64_t lo = share_begin(b), hi = lo + share_numel[b];
+    zero_releasing_memory(flat[b], 0, lo);
+    zero_releasing_memory(flat[b], hi, flat[b].numel() - hi);
+    flat[b].narrow(0, lo, share_numel[b]).copy_(averaged_share[b]);
   }
 
   bool in_bucket(size_t i) const {
@@ -195,6 +228,9 @@ struct GradientReducer::State {
     const auto wait_start = std::chrono::steady_clock::now();
     {
       detail::PhaseTimer waiting(detail::StepPhase::all_reduce, "all-reduce wait");
+      if (scatters_gradients()) {
+        while (next_share < plan.size()) keep_share(next_share++);
+      }
       for (size_t b = 0; b < in_flight.size(); ++b) {
         in_flight[b].wait();
         trace_bucket(b);
@@ -203,14 +239,6 @@ struct GradientReducer::State {
     stats.exposed_wait_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
     torch::NoGradGuard no_grad;
-    if (zero && options.zero_stage() == 2) {
-      // Each .grad shows the average where this rank updates, and 0 elsewhere (its local sum
-      // there was sent to the owner): a norm of the shares, summed across ranks, is the norm.
-      for (size_t b = 0; b < plan.size(); ++b) {
-        flat[b].zero_();
-        flat[b].narrow(0, share_begin(b), share_numel[b]).copy_(averaged_share[b]);
-      }
-    }
     for (size_t b = 0; b < plan.size(); ++b) {
       for (size_t k = 0; k < plan[b].params.size(); ++k) {
         const size_t i = plan[b].params[k];
@@ -406,6 +434,24 @@ void GradientReducer::gather_parameters() {
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       torch::Tensor flat_param = s.params[bucket.params[k]].detach().view({-1});
       flat_param.copy_(out.narrow(0, bucket.offsets[k], flat_param.numel()));
+    }
+  }
+}
+
+void GradientReducer::zero_gradients() {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    torch::Tensor& param = s.params[i];
+    if (s.bucket_of[i] >= 0 && param.grad().defined() && !s.in_bucket(i))
+      param.mutable_grad().zero_();
+  }
+  for (torch::Tensor& flat : s.flat) {
+    if (s.scatters_gradients()) {
+      zero_releasing_memory(flat, 0, flat.numel());
+    } else {
+      flat.zero_();
     }
   }
 }

@@ -10,12 +10,14 @@ namespace accelerant {
 PreparedOptimizer::PreparedOptimizer(torch::optim::Optimizer& optimizer,
                                      std::shared_ptr<TrainingState> state,
                                      std::shared_ptr<FusedUpdater> fused,
-                                     std::function<void()> after_update)
+                                     std::function<void()> after_update,
+                                     std::function<void()> zero_gradients)
     : optimizer_(&optimizer),
       state_(std::move(state)),
       fused_(std::move(fused)),
       updater_(fused_ ? fused_.get() : fused_updater_of(optimizer)),
-      after_update_(std::move(after_update)) {
+      after_update_(std::move(after_update)),
+      zero_gradients_(std::move(zero_gradients)) {
   if (!state_)
     throw Error(
         "PreparedOptimizer needs a TrainingState; got null. Fix: pass "
@@ -52,14 +54,10 @@ bool PreparedOptimizer::step() {
 
 // Inside a captured step nothing is read on the host: the update is queued with the skip
 // decision on the device, and the step counters become a host effect that runs after every
-// replay and reads the flag then, once the step's work has been queued in full.
+// replay and reads the flag then, once the step's work has been queued in full. Under ZeRO the
+// parameters' all-gather is a host effect too, before the counters: a collective of the
+// transport (shared memory, Gloo) that no capture holds, run after every replay instead.
 bool PreparedOptimizer::step_in_graph() {
-  if (after_update_) {
-    throw Error(
-        "PreparedOptimizer::step() inside a graph step under ZeRO (AcceleratorOptions::"
-        "zero_stage): the all-gather of the parameters after a sharded update is not captured "
-        "yet. Fix: zero_stage(0) for graph mode, or step eagerly (outside accelerator.compile).");
-  }
   if (!updater_) {
     throw Error(detail::str(
         "PreparedOptimizer::step() inside a graph step with an unfused torch::optim optimizer: "
@@ -72,6 +70,7 @@ bool PreparedOptimizer::step_in_graph() {
   if (state_->scaler && state_->scaler->enabled()) {
     GradScaler& scaler = *state_->scaler;
     scaler.step_on_device(*updater_);
+    if (after_update_) detail::host_effect(after_update_);
     // update() resets found_inf, and the effect runs after the whole step: keep this step's flag,
     // in one tensor that every step (and replay) writes in place.
     if (!skip_flag_->defined()) *skip_flag_ = torch::empty_like(scaler.found_inf());
@@ -84,6 +83,7 @@ bool PreparedOptimizer::step_in_graph() {
     });
   } else {
     updater_->step();
+    if (after_update_) detail::host_effect(after_update_);
     detail::host_effect([state, owner = optimizer_] {
       state->last_step_skipped = false;
       ++state->optimizer_steps;
@@ -94,7 +94,12 @@ bool PreparedOptimizer::step_in_graph() {
 }
 
 void PreparedOptimizer::zero_grad() {
-  if (state_->sync_gradients) optimizer_->zero_grad();
+  if (!state_->sync_gradients) return;
+  if (zero_gradients_) {
+    zero_gradients_();
+  } else {
+    optimizer_->zero_grad();
+  }
 }
 
 PreparedScheduler::PreparedScheduler(torch::optim::LRScheduler& scheduler,
