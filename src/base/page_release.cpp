@@ -35,4 +35,11 @@ void zero_releasing_pages(void* data, size_t bytes) {
   }
 }
 
+void prefer_huge_pages(void* data, size_t bytes) {
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto first = reinterpret_cast<uintptr_t>(data);
+  const uintptr_t lo = (first + page - 1) / page * page, hi = (first + bytes) / page * page;
+  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);  // a hint
+}
+
 }  // namespace accelerant::detail

@@ -16,4 +16,10 @@ namespace accelerant::detail {
 /// shared or file-backed mapping would not read as zeros afterwards.
 void zero_releasing_pages(void* data, size_t bytes);
 
+/// Asks the kernel to back the whole pages of [data, data + bytes) with transparent huge pages
+/// (madvise(MADV_HUGEPAGE); ignored where the kernel has them off). Memory that
+/// zero_releasing_pages gives back on every step comes back through page faults: one per 2 MiB
+/// instead of one per 4 KiB.
+void prefer_huge_pages(void* data, size_t bytes);
+
 }  // namespace accelerant::detail

@@ -76,7 +76,9 @@ struct GradientReducer::State {
   static constexpr int64_t kShareAlignment = 16;
   bool zero = false;
   std::vector<int64_t> share_numel;
-  std::vector<torch::Tensor> averaged_share;  // stage 2: per bucket, this rank's reduced share
+  // Stage 2: per bucket, where its reduce-scatter puts this rank's share; made when the bucket
+  // starts and dropped once copied into the bucket, so that it costs memory only in flight.
+  std::vector<torch::Tensor> averaged_share;
   size_t next_share = 0;  // stage 2, this pass: the first bucket not yet reduced to its share
   torch::Tensor gather_in, gather_out;  // gather_parameters' scratch (largest bucket)
 
@@ -102,6 +104,8 @@ struct GradientReducer::State {
       flat[b].div_(communicator->size());  // average = sum of (grad / N): no pass after the wait
       detail::ScopedCollectiveLabel label("backward bucket", static_cast<int64_t>(b));
       launched_us[b] = detail::tracing() ? detail::trace_now_us() : -1;
+      if (scatters_gradients())
+        averaged_share[b] = torch::empty({share_numel[b]}, flat[b].options());
       in_flight[b] = scatters_gradients()
                          ? communicator->reduce_scatter_async_(flat[b], averaged_share[b])
                          : communicator->all_reduce_async_(flat[b], ReduceOp::kSum);
@@ -124,6 +128,7 @@ struct GradientReducer::State {
     zero_releasing_memory(flat[b], 0, lo);
     zero_releasing_memory(flat[b], hi, flat[b].numel() - hi);
     flat[b].narrow(0, lo, share_numel[b]).copy_(averaged_share[b]);
+    averaged_share[b] = torch::Tensor();
   }
 
   bool in_bucket(size_t i) const {
@@ -296,8 +301,7 @@ GradientReducer::GradientReducer(
       const int64_t share = (bucket.numel + world * unit - 1) / (world * unit) * unit;
       s.share_numel.push_back(share);
       padded = share * world;
-      s.averaged_share.push_back(
-          torch::zeros({share}, torch::TensorOptions(torch::kFloat).device(bucket.device)));
+      s.averaged_share.emplace_back();
     }
     s.flat.push_back(
         torch::zeros({padded}, torch::TensorOptions(wire_dtype(bucket)).device(bucket.device)));
@@ -324,8 +328,19 @@ GradientReducer::GradientReducer(
   if (communicator.size() == 1) return;  // nothing to average: no hooks, no cost
   {
     torch::NoGradGuard no_grad;
+    std::vector<bool> holds_gradients(s.plan.size(), false);
     for (size_t i = 0; i < s.params.size(); ++i) {
+      if (s.bucket_of[i] >= 0 && s.params[i].grad().defined())
+        holds_gradients[s.bucket_of[i]] = true;
       if (s.bindable[i]) s.bind_to_bucket(i);
+    }
+    // Stage 2: a bucket of zeros takes no memory until the first backward writes it, and its
+    // pages, given back every step, come back in huge pages (far fewer page faults).
+    for (size_t b = 0; b < s.plan.size(); ++b) {
+      if (!s.scatters_gradients() || !s.flat[b].is_cpu()) continue;
+      torch::Tensor& flat = s.flat[b];
+      detail::prefer_huge_pages(flat.data_ptr(), flat.numel() * flat.element_size());
+      if (!holds_gradients[b]) zero_releasing_memory(flat, 0, flat.numel());
     }
   }
   for (size_t i = 0; i < s.params.size(); ++i) {
