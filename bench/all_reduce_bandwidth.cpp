@@ -72,6 +72,32 @@ std::vector<double> all_reduce_seconds(int ranks, bool shared_memory) {
   return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
 }
 
+// --series: one launch, the shared-memory all-reduce of `bytes` `iterations` times, each time
+// maxed across ranks; rank 0 returns them in order. To look for the slow mode inside one run (and
+// to run under `perf sched record`), not for the tables.
+std::vector<double> shared_memory_series(int ranks, int64_t bytes, int iterations) {
+  ::setenv("ACCELERANT_SHM_ALLREDUCE", "1", 1);
+  auto results = accelerant::launch(
+      [bytes, iterations]() {
+        auto& comm = accelerant::ProcessState::get().communicator();
+        auto tensor = torch::rand({bytes / 4});
+        std::vector<double> times;
+        for (int i = 0; i < iterations; ++i) {
+          const auto t0 = Clock::now();
+          comm.all_reduce_(tensor);
+          auto t = torch::tensor({std::chrono::duration<double>(Clock::now() - t0).count()},
+                                 torch::kDouble);
+          comm.all_reduce_(t, accelerant::ReduceOp::kMax);
+          times.push_back(t.item<double>());
+        }
+        return torch::tensor(times, torch::kDouble);
+      },
+      accelerant::LaunchOptions().processes_per_node(ranks).verbose(false));
+  ::unsetenv("ACCELERANT_SHM_ALLREDUCE");
+  const auto& t = results[0];
+  return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+}
+
 double memcpy_seconds(int64_t bytes) {
   std::vector<char> from(bytes, 1), to(bytes, 0);
   return time_median([&] { std::memcpy(to.data(), from.data(), bytes); },
@@ -92,7 +118,21 @@ int main(int argc, char** argv) {
   app.add_option("--ranks", world_sizes, "world sizes to measure")->delimiter(',');
   app.add_option("--rounds", rounds, "alternating rounds per transport; the median is kept")
       ->check(CLI::PositiveNumber);
+  int64_t series_mb = 0;
+  int iterations = 200;
+  app.add_option("--series", series_mb,
+                 "instead of the tables: the shared-memory all-reduce of this many MB, "
+                 "--iterations times in one run on the first --ranks, each time printed");
+  app.add_option("--iterations", iterations, "all-reduces of --series")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
+  if (series_mb > 0) {
+    const int64_t bytes = series_mb << 20;
+    const auto times = shared_memory_series(world_sizes.front(), bytes, iterations);
+    for (size_t i = 0; i < times.size(); ++i)
+      std::printf("%zu %.3f ms %.2f GB/s\n", i, times[i] * 1e3, bytes / 1e9 / times[i]);
+    std::printf("median %.2f GB/s\n", bytes / 1e9 / median(times));
+    return 0;
+  }
 
   std::vector<double> copy;
   for (int64_t bytes : kSizes) copy.push_back(memcpy_seconds(bytes));
