@@ -511,9 +511,10 @@ double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters
         "which a captured step cannot do. Fix: use accelerator.clip_grad_norm_tensor(...), which "
         "clips on the device and returns the norm as a tensor (read it in a step closure).");
   }
-  if (state_->scaler && state_->sync_gradients) state_->scaler->unscale_(parameters);
+  // The sharded norm is a collective: clip_grad_norm_tensor has it (and unscales itself).
   if (gradients_sharded())
     return clip_grad_norm_tensor(parameters, max_norm, norm_type).item<double>();
+  if (state_->scaler && state_->sync_gradients) state_->scaler->unscale_(parameters);
   return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
 }
 
