@@ -42,6 +42,11 @@ struct FusedShardPiece {
   int64_t param = 0;   ///< index of the parameter among all of the optimizer's, group by group
   int64_t begin = 0;   ///< first element, in the flattened parameter
   int64_t length = 0;  ///< elements
+  /// Where the piece's gradient is when not in the parameter's .grad: `length` contiguous fp32
+  /// elements on the parameter's device (ZeRO stage 2: this process's share of a reduced bucket,
+  /// the parameters' .grad being left unset). Undefined: elements [begin, begin + length) of
+  /// .grad. When the pieces carry their gradients, every parameter counts as having one.
+  torch::Tensor grad;
 };
 
 /// How a FusedUpdater runs its update.

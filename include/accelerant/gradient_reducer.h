@@ -38,19 +38,21 @@ struct GradientReducerOptions {
   /// bucket could never be reduced, and the ranks would wait for each other until the timeout).
   /// With this set, such parameters count as a zero gradient instead. Default: false.
   TORCH_ARG(bool, allow_unused_parameters) = false;
-  /// Each parameter's .grad is a slice of its bucket (as DDP's gradient_as_bucket_view), so
-  /// autograd accumulates into the bucket and the all-reduce averages the gradients in place: no
-  /// copy into the bucket and none back. Gradients of another dtype than their bucket's (bf16 on
-  /// the CPU, which travels as fp32) are still copied. A .grad replaced from outside (set to none,
-  /// assigned) is copied once and bound again. Default: true.
+  /// Each parameter's .grad is a slice of its bucket (as DDP's gradient_as_bucket_view; not
+  /// under ZeRO stage 2, which leaves .grad unset), so autograd accumulates into the bucket and
+  /// the all-reduce averages the gradients in place: no copy into the bucket and none back.
+  /// Gradients of another dtype than their bucket's (bf16 on the CPU, which travels as fp32) are
+  /// still copied. A .grad replaced from outside (set to none, assigned) is copied once and bound
+  /// again. Default: true.
   TORCH_ARG(bool, gradient_as_bucket_view) = true;
   /// ZeRO (AcceleratorOptions::zero_stage): with 1 or 2 each bucket is split into equal shares,
   /// one per process (shard_pieces), and gather_parameters() all-gathers the parameters after a
-  /// sharded update; with 2 the buckets are reduce-scattered instead of all-reduced, each process
-  /// receiving the average of its share only: once a bucket's reduce-scatter is done (while
-  /// backward goes on), the bucket's memory outside this process's share goes back to the system
-  /// and reads as zeros, so that gradients between backward and the next one take 1/N of the
-  /// memory (CPU buckets; on a GPU the rest is zeroed). Default: 0.
+  /// sharded update. With 2 the gradients do not stay in the buckets: as each parameter's
+  /// gradient is ready it is copied into its bucket and its .grad is released (left unset), a
+  /// full bucket is reduce-scattered, and once that is done its buffer serves the next bucket (at
+  /// most 2 reduce-scatters in flight, then backward waits for the oldest). What stays is this
+  /// process's share of every bucket (gradient_shares(), which shard_pieces hands to the sharded
+  /// update): gradient memory is 1/N plus about 3 buffers of the largest bucket. Default: 0.
   TORCH_ARG(int, zero_stage) = 0;
 };
 
@@ -93,18 +95,21 @@ class GradientReducer {
 
   /// Under ZeRO, the elements this process updates: its share of every bucket, as runs of
   /// elements of the parameters in the order of `optimizer_params` (an optimizer's parameters,
-  /// group by group), for FusedUpdater::shard. Throws Error when ZeRO is off, or a trainable
+  /// group by group), for FusedUpdater::shard; under stage 2 each run carries its gradient (a
+  /// slice of gradient_shares()). Throws Error when ZeRO is off, or a trainable
   /// parameter of the model is not among `optimizer_params` (or the reverse).
   std::vector<FusedShardPiece> shard_pieces(
       const std::vector<torch::Tensor>& optimizer_params) const;
   /// Under ZeRO, after each process has updated its share: every parameter gets the values its
   /// owner computed (one all-gather per bucket). A collective: every process calls it.
   void gather_parameters();
-  /// Zeros every gradient that lives in a bucket, as Optimizer::zero_grad would. Under ZeRO
-  /// stage 2 on the CPU it does so by returning the buckets' memory to the system (the pages read
-  /// as zeros and come back as the next backward writes them), so that between steps the
-  /// gradients take no memory; otherwise it writes zeros. Gradients outside the buckets (another
-  /// dtype) are zeroed too.
+  /// Under ZeRO stage 2: this process's share of every bucket's averaged gradient, one 1-D fp32
+  /// tensor per bucket (zeros in the padding), valid after a synchronising backward until the
+  /// next one; clipping scales them in place. Empty otherwise.
+  std::vector<torch::Tensor> gradient_shares() const;
+  /// Zeros the model's gradients, as Optimizer::zero_grad would: under ZeRO stage 2 the shares
+  /// (the parameters' .grad are unset there anyway), otherwise the buckets and any gradient
+  /// outside them.
   void zero_gradients();
 
   struct State;

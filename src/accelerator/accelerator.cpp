@@ -10,6 +10,7 @@
 #include <iostream>
 #include <map>
 #include <sstream>
+#include <unordered_set>
 
 #include "accelerant/error.h"
 #include "accelerant/metrics.h"
@@ -518,7 +519,7 @@ double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters
   return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
 }
 
-// Under ZeRO stage 2 each process's .grad holds its shares of the average and zeros elsewhere.
+// Under ZeRO stage 2 the gradients are the reducers' shares (the parameters' .grad are unset).
 bool Accelerator::gradients_sharded() const {
   return options_.zero_stage() == 2 && state_->sync_gradients && communicator().size() > 1;
 }
@@ -527,16 +528,46 @@ torch::Tensor Accelerator::clip_grad_norm_tensor(const std::vector<torch::Tensor
                                                  double max_norm, double norm_type) {
   if (state_->scaler && state_->sync_gradients) state_->scaler->unscale_(parameters);
   torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> grads, norms;
-  for (const auto& p : parameters) {
-    if (!p.grad().defined()) continue;
-    grads.push_back(p.grad());
-    norms.push_back(std::isinf(norm_type) ? p.grad().abs().max().to(torch::kFloat)
-                                          : p.grad().norm(norm_type).to(torch::kFloat));
+  std::vector<torch::Tensor> grads;
+  if (gradients_sharded()) {
+    // Stage 2: the gradients are the shares of the reducers of the models these parameters are
+    // (every trainable parameter of a model, or none: a share cuts across parameters).
+    std::unordered_set<const c10::TensorImpl*> given;
+    for (const auto& p : parameters) given.insert(p.unsafeGetTensorImpl());
+    for (const auto& prepared : models_) {
+      size_t in = 0, trainable = 0;
+      for (const auto& p : prepared.module->parameters()) {
+        if (!p.requires_grad()) continue;
+        ++trainable;
+        in += given.count(p.unsafeGetTensorImpl());
+      }
+      if (in == 0) continue;
+      if (in != trainable) {
+        throw Error(detail::str(
+            rank_prefix_, "clip_grad_norm under ZeRO stage 2 got ", in, " of a model's ", trainable,
+            " trainable parameters. Its gradients are shares of its buckets, which ",
+            "cut across parameters, so only a whole model can be clipped. Fix: pass the model "
+            "(or all of its parameters), or zero_stage(1)."));
+      }
+      for (const auto& share : prepared.reducer->gradient_shares()) grads.push_back(share);
+    }
+  } else {
+    for (const auto& p : parameters) {
+      if (p.grad().defined()) grads.push_back(p.grad());
+    }
   }
-  if (grads.empty()) return torch::zeros({}, torch::TensorOptions(torch::kFloat).device(device_));
-  const torch::Tensor all = torch::stack(norms);
-  torch::Tensor total = std::isinf(norm_type) ? all.max() : all.norm(norm_type);
+  std::vector<torch::Tensor> norms;
+  for (const auto& g : grads) {
+    norms.push_back(std::isinf(norm_type) ? g.abs().max().to(torch::kFloat)
+                                          : g.norm(norm_type).to(torch::kFloat));
+  }
+  const torch::Tensor none = torch::zeros({}, torch::TensorOptions(torch::kFloat).device(device_));
+  if (grads.empty() && !gradients_sharded()) return none;
+  torch::Tensor total = none;
+  if (!norms.empty()) {
+    const torch::Tensor all = torch::stack(norms);
+    total = std::isinf(norm_type) ? all.max() : all.norm(norm_type);
+  }
   if (gradients_sharded()) {
     // The norm of the shares on every process: max of maxima, or (sum of |g|^p)^(1/p).
     if (std::isinf(norm_type)) {

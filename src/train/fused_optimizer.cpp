@@ -98,6 +98,10 @@ struct FusedUpdater::Impl {
   std::vector<int64_t> state_offsets;
   int64_t state_numel() const { return is_sharded ? shard_numel : param_arena.numel(); }
   int64_t shard_numel = 0;
+  // The pieces carry their gradients (ZeRO stage 2): the parameters' .grad are unset, and every
+  // parameter counts as having a gradient (the reducer gave each one, zeros for an unused one).
+  bool gradients_in_pieces = false;
+  bool has_gradient(size_t i) const { return gradients_in_pieces || params[i].grad().defined(); }
 
   bool uses_state2() const { return kind != FusedKind::kSGD; }
   bool uses_state1() const {
@@ -286,15 +290,17 @@ struct FusedUpdater::Impl {
     const size_t count = is_sharded ? pieces.size() : params.size();
     for (size_t k = 0; k < count; ++k) {
       const FusedShardPiece piece =
-          is_sharded ? pieces[k] : FusedShardPiece{static_cast<int64_t>(k), 0, numels[k]};
+          is_sharded ? pieces[k]
+                     : FusedShardPiece{static_cast<int64_t>(k), 0, numels[k], torch::Tensor()};
       const auto i = static_cast<size_t>(piece.param);
-      if (!grads[i].defined() || piece.length == 0) continue;
+      if (!has_gradient(i) || piece.length == 0) continue;
       const torch::Tensor& g = grads[i];
       const int64_t state_at = is_sharded ? state_offsets[k] : offsets[i];
       const GroupConstants& c = constants[group_of[i]];
       FusedSegment s;
       s.param = param_arena.data_ptr<float>() + offsets[i] + piece.begin;
-      s.grad = g.data_ptr<float>() + piece.begin;
+      s.grad =
+          piece.grad.defined() ? piece.grad.data_ptr<float>() : g.data_ptr<float>() + piece.begin;
       s.numel = piece.length;
       s.weight_decay = static_cast<float>(c.weight_decay);
       const double step = step_counts[i] + 1;
@@ -318,7 +324,7 @@ struct FusedUpdater::Impl {
       segments.push_back(s);
     }
     for (size_t i = 0; i < params.size(); ++i) {
-      if (grads[i].defined()) step_counts[i] += 1;
+      if (has_gradient(i)) step_counts[i] += 1;
     }
     detail::run_fused_update(kind, segments);
   }
@@ -342,6 +348,7 @@ struct FusedUpdater::Impl {
     torch::Tensor shard_state;    // int64 [shard_elements]: element index in state1 / state2
     torch::Tensor shard_member;   // int64 [pieces]: the piece's parameter, as a member position
     torch::Tensor shard_lengths;  // int64 [pieces]
+    std::vector<torch::Tensor> shard_grads;  // gradients_in_pieces: the pieces' gradients
   };
   std::vector<GroupLayout> layouts;  // rebuilt after every packing
 
@@ -384,6 +391,7 @@ struct FusedUpdater::Impl {
       state.push_back(torch::arange(state_offsets[k], state_offsets[k] + piece.length, on_device));
       member.push_back(found->second);
       lengths.push_back(piece.length);
+      if (gradients_in_pieces) layout.shard_grads.push_back(piece.grad);
       layout.shard_elements += piece.length;
     }
     if (local.empty()) return;
@@ -439,7 +447,7 @@ struct FusedUpdater::Impl {
       bool in_arena = true;
       for (int64_t i : layout.members) {
         const torch::Tensor& grad = params[i].grad();
-        has_grad.push_back(grad.defined());
+        has_grad.push_back(has_gradient(static_cast<size_t>(i)));
         in_arena = in_arena && (!grad.defined() || detail::aliases(grad, grad_arena, offsets[i]));
       }
       torch::Tensor G;
@@ -488,7 +496,7 @@ struct FusedUpdater::Impl {
         if (is_sharded) state.index_copy_(0, layout.shard_state, value);
       };
       torch::Tensor P = updated(group_params);
-      G = updated(G);
+      G = gradients_in_pieces ? torch::cat(layout.shard_grads) : updated(G);
       auto put_back_params = [&] {
         if (is_sharded) group_params.index_copy_(0, layout.shard_local, P);
       };
@@ -570,6 +578,16 @@ struct FusedUpdater::Impl {
                 : std::string(),
             "). Fix: take the pieces from GradientReducer::shard_pieces for this optimizer."));
       }
+      if (piece.grad.defined() &&
+          (piece.grad.scalar_type() != torch::kFloat || !piece.grad.is_contiguous() ||
+           piece.grad.numel() != piece.length || piece.grad.device() != param_arena.device())) {
+        throw Error(detail::str(
+            "FusedUpdater::shard: the gradient of piece {param ", piece.param, ", begin ",
+            piece.begin, ", length ", piece.length, "} is ",
+            c10::toString(piece.grad.scalar_type()), " with ", piece.grad.numel(), " elements on ",
+            piece.grad.device(), "; it must be contiguous fp32 with `length` elements on ",
+            param_arena.device(), ". Fix: take the pieces from GradientReducer::shard_pieces."));
+      }
       ranges.emplace_back(offsets[piece.param] + piece.begin,
                           offsets[piece.param] + piece.begin + piece.length);
     }
@@ -591,6 +609,9 @@ struct FusedUpdater::Impl {
       shard_numel += piece.length;
     }
     is_sharded = true;
+    gradients_in_pieces = false;
+    for (const auto& piece : pieces)
+      gradients_in_pieces = gradients_in_pieces || piece.grad.defined();
     layouts.clear();  // the device path's layouts now need the shard's runs
     state1 = pieces_of(whole1);
     state2 = pieces_of(whole2);

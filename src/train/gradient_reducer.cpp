@@ -10,7 +10,6 @@
 
 #include "accelerant/error.h"
 #include "accelerant/gradient_buckets.h"
-#include "base/page_release.h"
 #include "base/step_timing.h"
 #include "base/tensor_alias.h"
 #include "base/text.h"
@@ -25,18 +24,6 @@ namespace {
 // Gloo cannot reduce bf16, so bf16 gradients travel in an fp32 bucket (also the more exact sum).
 torch::ScalarType wire_dtype(const GradientBucket& bucket) {
   return bucket.dtype == torch::kBFloat16 && bucket.device.is_cpu() ? torch::kFloat : bucket.dtype;
-}
-
-// Zeros elements [begin, begin + count) of a bucket; on the CPU its whole pages among them go back
-// to the system (base/page_release.h). Buckets are LibTorch CPU allocations: private memory.
-void zero_releasing_memory(const torch::Tensor& flat, int64_t begin, int64_t count) {
-  if (count <= 0) return;
-  if (!flat.is_cpu()) {
-    flat.narrow(0, begin, count).zero_();
-    return;
-  }
-  detail::zero_releasing_pages(static_cast<char*>(flat.data_ptr()) + begin * flat.element_size(),
-                               static_cast<size_t>(count * flat.element_size()));
 }
 
 }  // namespace
@@ -74,11 +61,19 @@ struct GradientReducer::State {
   // shares of share_numel[b] elements (a multiple of kShareAlignment, so that every share starts
   // on a 64-byte line); this rank owns share `rank` of every bucket.
   static constexpr int64_t kShareAlignment = 16;
+  static constexpr size_t kBucketsInFlight = 2;
   bool zero = false;
   std::vector<int64_t> share_numel;
-  // Stage 2: per bucket, where its reduce-scatter puts this rank's share; made when the bucket
-  // starts and dropped once copied into the bucket, so that it costs memory only in flight.
+  // Stage 2: per bucket, where its reduce-scatter puts this rank's share: the gradient that stays
+  // (the sharded update reads it through its pieces). The buckets themselves exist only from
+  // their first gradient of a pass until their reduce-scatter is done.
   std::vector<torch::Tensor> averaged_share;
+  // Stage 2: the buffers behind the buckets alive now, and those free for the next ones. Each is
+  // as large as the largest bucket, so that any bucket fits any buffer: after the first pass
+  // backward takes no new memory for them (kBucketsInFlight + 1 buffers at most, as a rule).
+  std::vector<torch::Tensor> bucket_buffer;
+  std::vector<torch::Tensor> spare_buffers;
+  int64_t largest_bucket = 0;
   size_t next_share = 0;  // stage 2, this pass: the first bucket not yet reduced to its share
   torch::Tensor gather_in, gather_out;  // gather_parameters' scratch (largest bucket)
 
@@ -104,36 +99,56 @@ struct GradientReducer::State {
       flat[b].div_(communicator->size());  // average = sum of (grad / N): no pass after the wait
       detail::ScopedCollectiveLabel label("backward bucket", static_cast<int64_t>(b));
       launched_us[b] = detail::tracing() ? detail::trace_now_us() : -1;
-      if (scatters_gradients())
-        averaged_share[b] = torch::empty({share_numel[b]}, flat[b].options());
       in_flight[b] = scatters_gradients()
                          ? communicator->reduce_scatter_async_(flat[b], averaged_share[b])
                          : communicator->all_reduce_async_(flat[b], ReduceOp::kSum);
       if (ready_count < trainable) ++stats.buckets_started_during_backward;
     }
-    // While backward goes on, so that at most the buckets in flight are whole.
+    // Stage 2: buckets whose reduce-scatter is done go back to the allocator while backward goes
+    // on; beyond kBucketsInFlight the oldest is waited for, which bounds the whole buckets alive
+    // (DeepSpeed bounds its reduction buffers the same way).
     if (scatters_gradients()) {
-      while (next_share < next_bucket && in_flight[next_share].done()) keep_share(next_share++);
+      while (next_share < next_bucket &&
+             (in_flight[next_share].done() || next_bucket - next_share > kBucketsInFlight)) {
+        keep_share(next_share++);
+      }
     }
   }
 
-  // Stage 2, once bucket b's reduce-scatter is done: the bucket shows the average in this rank's
-  // share and zeros elsewhere (its local sum there went to the owner), and the memory outside
-  // the share goes back to the system. A norm of the shares, summed across ranks, is the norm.
+  // Stage 2, once bucket b's reduce-scatter is done: its average is in averaged_share[b], and the
+  // bucket goes back to the allocator (for the next bucket of this pass to reuse).
   void keep_share(size_t b) {
     in_flight[b].wait();  // returns at once, or throws the collective's failure
     trace_bucket(b);
-    torch::NoGradGuard no_grad;
-    const int64_t lo = share_begin(b), hi = lo + share_numel[b];
-    zero_releasing_memory(flat[b], 0, lo);
-    zero_releasing_memory(flat[b], hi, flat[b].numel() - hi);
-    flat[b].narrow(0, lo, share_numel[b]).copy_(averaged_share[b]);
-    averaged_share[b] = torch::Tensor();
+    views[b].clear();
+    flat[b] = torch::Tensor();
+    spare_buffers.push_back(std::move(bucket_buffer[b]));
+    bucket_buffer[b] = torch::Tensor();
+  }
+
+  // Stage 2: bucket b's buffer for this pass, made at its first gradient. Every element is
+  // written before the reduce-scatter: the gradients by mark_ready, the padding here.
+  void ensure_bucket(size_t b) {
+    if (flat[b].defined()) return;
+    const GradientBucket& bucket = plan[b];
+    if (spare_buffers.empty()) {
+      bucket_buffer[b] =
+          torch::empty({largest_bucket}, torch::TensorOptions(torch::kFloat).device(bucket.device));
+    } else {
+      bucket_buffer[b] = std::move(spare_buffers.back());
+      spare_buffers.pop_back();
+    }
+    flat[b] = bucket_buffer[b].narrow(0, 0, share_numel[b] * communicator->size());
+    flat[b].narrow(0, bucket.numel, flat[b].numel() - bucket.numel).zero_();
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      views[b].push_back(flat[b].narrow(0, bucket.offsets[k], params[bucket.params[k]].numel()));
+    }
   }
 
   bool in_bucket(size_t i) const {
     const int b = bucket_of[i];
-    return detail::aliases(params[i].grad(), flat[b], plan[b].offsets[slot_of[i]]);
+    return flat[b].defined() &&
+           detail::aliases(params[i].grad(), flat[b], plan[b].offsets[slot_of[i]]);
   }
 
   // The gradient of parameter i becomes its bucket slot's alias (autograd then accumulates into
@@ -153,13 +168,29 @@ struct GradientReducer::State {
   void mark_ready(size_t i) {
     const int b = bucket_of[i];
     const torch::Tensor& grad = params[i].grad();
-    torch::Tensor& view = views[b][slot_of[i]];
     if (grad.defined() && grad.is_sparse()) {
       throw Error(detail::str("Parameter '", names[i],
                               "' has a sparse gradient, which the gradient ",
                               "reducer cannot bucket. Fix: use dense gradients (e.g. Embedding ",
                               "without sparse=true)."));
     }
+    if (scatters_gradients()) {
+      // Into the bucket, and the .grad goes: after the reduce-scatter only the share stays.
+      ensure_bucket(b);
+      torch::NoGradGuard no_grad;
+      torch::Tensor& view = views[b][slot_of[i]];
+      if (grad.defined()) {
+        view.copy_(grad.reshape({-1}));
+      } else {
+        view.zero_();
+      }
+      params[i].mutable_grad() = torch::Tensor();
+      ready[i] = true;
+      ++ready_count;
+      --waiting[b];
+      return;
+    }
+    torch::Tensor& view = views[b][slot_of[i]];
     if (in_bucket(i)) {
       // Already there: autograd accumulated into the bucket.
     } else if (bindable[i]) {
@@ -244,7 +275,7 @@ struct GradientReducer::State {
     stats.exposed_wait_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
     torch::NoGradGuard no_grad;
-    for (size_t b = 0; b < plan.size(); ++b) {
+    for (size_t b = 0; b < plan.size() && !scatters_gradients(); ++b) {
       for (size_t k = 0; k < plan[b].params.size(); ++k) {
         const size_t i = plan[b].params[k];
         torch::Tensor& param = params[i];
@@ -301,46 +332,45 @@ GradientReducer::GradientReducer(
       const int64_t share = (bucket.numel + world * unit - 1) / (world * unit) * unit;
       s.share_numel.push_back(share);
       padded = share * world;
-      s.averaged_share.emplace_back();
     }
+    // Stage 2 makes its buckets during each backward (ensure_bucket) and keeps the shares.
+    const bool per_pass = s.scatters_gradients();
+    s.largest_bucket = std::max(s.largest_bucket, padded);
+    s.averaged_share.push_back(
+        per_pass ? torch::zeros({padded / world},
+                                torch::TensorOptions(torch::kFloat).device(bucket.device))
+                 : torch::Tensor());
     s.flat.push_back(
-        torch::zeros({padded}, torch::TensorOptions(wire_dtype(bucket)).device(bucket.device)));
+        per_pass ? torch::Tensor()
+                 : torch::zeros({padded},
+                                torch::TensorOptions(wire_dtype(bucket)).device(bucket.device)));
     s.views.emplace_back();
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       const size_t i = bucket.params[k];
       s.bucket_of[i] = static_cast<int>(b);
       s.slot_of[i] = k;
-      s.views[b].push_back(s.flat[b].narrow(0, bucket.offsets[k], s.params[i].numel()));
+      if (!per_pass)
+        s.views[b].push_back(s.flat[b].narrow(0, bucket.offsets[k], s.params[i].numel()));
       ++s.trainable;
     }
   }
   s.bindable.assign(s.params.size(), false);
   for (size_t i = 0; i < s.params.size(); ++i) {
     const int b = s.bucket_of[i];
-    s.bindable[i] = b >= 0 && options.gradient_as_bucket_view() &&
+    s.bindable[i] = b >= 0 && options.gradient_as_bucket_view() && !s.scatters_gradients() &&
                     s.flat[b].scalar_type() == s.params[i].scalar_type();
   }
   s.ready.assign(s.params.size(), false);
   s.waiting.assign(s.plan.size(), 0);
   s.in_flight.resize(s.plan.size());
+  s.bucket_buffer.resize(s.plan.size());
   s.launched_us.assign(s.plan.size(), -1);
   s.stats.buckets = static_cast<int64_t>(s.plan.size());
   if (communicator.size() == 1) return;  // nothing to average: no hooks, no cost
   {
     torch::NoGradGuard no_grad;
-    std::vector<bool> holds_gradients(s.plan.size(), false);
     for (size_t i = 0; i < s.params.size(); ++i) {
-      if (s.bucket_of[i] >= 0 && s.params[i].grad().defined())
-        holds_gradients[s.bucket_of[i]] = true;
       if (s.bindable[i]) s.bind_to_bucket(i);
-    }
-    // Stage 2: a bucket of zeros takes no memory until the first backward writes it, and its
-    // pages, given back every step, come back in huge pages (far fewer page faults).
-    for (size_t b = 0; b < s.plan.size(); ++b) {
-      if (!s.scatters_gradients() || !s.flat[b].is_cpu()) continue;
-      torch::Tensor& flat = s.flat[b];
-      detail::prefer_huge_pages(flat.data_ptr(), flat.numel() * flat.element_size());
-      if (!holds_gradients[b]) zero_releasing_memory(flat, 0, flat.numel());
     }
   }
   for (size_t i = 0; i < s.params.size(); ++i) {
@@ -407,7 +437,11 @@ std::vector<FusedShardPiece> GradientReducer::shard_pieces(
       seen[found->second] = true;
       const int64_t first = s.plan[b].offsets[k], last = first + s.params[i].numel();
       const int64_t from = std::max(first, lo), to = std::min(last, hi);
-      if (from < to) pieces.push_back({found->second, from - first, to - from});
+      if (from >= to) continue;
+      FusedShardPiece piece{found->second, from - first, to - from, torch::Tensor()};
+      // Stage 2: the piece's gradient is where the reduce-scatter leaves it.
+      if (s.scatters_gradients()) piece.grad = s.averaged_share[b].narrow(0, from - lo, to - from);
+      pieces.push_back(std::move(piece));
     }
   }
   for (size_t j = 0; j < optimizer_params.size(); ++j) {
@@ -430,11 +464,13 @@ void GradientReducer::gather_parameters() {
   for (size_t b = 0; b < s.plan.size(); ++b) {
     const GradientBucket& bucket = s.plan[b];
     const int64_t share = s.share_numel[b], lo = s.share_begin(b), hi = lo + share;
+    const int64_t padded = share * s.communicator->size();
+    const auto options = torch::TensorOptions(torch::kFloat).device(bucket.device);
     if (!s.gather_in.defined() || s.gather_in.numel() < share) {
-      s.gather_in = torch::zeros({share}, s.flat[b].options());
+      s.gather_in = torch::zeros({share}, options);
     }
-    if (!s.gather_out.defined() || s.gather_out.numel() < s.flat[b].numel()) {
-      s.gather_out = torch::empty({s.flat[b].numel()}, s.flat[b].options());
+    if (!s.gather_out.defined() || s.gather_out.numel() < padded) {
+      s.gather_out = torch::empty({padded}, options);
     }
     torch::Tensor in = s.gather_in.narrow(0, 0, share),
                   out = s.gather_out.narrow(0, 0, share * s.communicator->size());
@@ -453,6 +489,11 @@ void GradientReducer::gather_parameters() {
   }
 }
 
+std::vector<torch::Tensor> GradientReducer::gradient_shares() const {
+  const State& s = *state_;
+  return s.scatters_gradients() ? s.averaged_share : std::vector<torch::Tensor>();
+}
+
 void GradientReducer::zero_gradients() {
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mutex);
@@ -463,11 +504,10 @@ void GradientReducer::zero_gradients() {
       param.mutable_grad().zero_();
   }
   for (torch::Tensor& flat : s.flat) {
-    if (s.scatters_gradients()) {
-      zero_releasing_memory(flat, 0, flat.numel());
-    } else {
-      flat.zero_();
-    }
+    if (flat.defined()) flat.zero_();
+  }
+  for (torch::Tensor& share : s.averaged_share) {
+    if (share.defined()) share.zero_();
   }
 }
 

@@ -205,8 +205,8 @@ void print_table(const Estimate& e) {
   }
   std::cout << "Not included: the CUDA context, cached allocator blocks, gradient buckets in "
                "flight, temporaries.\n"
-               "Accelerant's stage 2 keeps its gradient buffers whole so far: count its stage 1 "
-               "row (docs/zero.md).\n";
+               "Accelerant's stage 2 adds about 3 buffers of the largest gradient bucket (25 MiB "
+               "by default) to its 1/N of the gradients (docs/zero.md).\n";
 }
 
 void print_json(const Estimate& e) {
@@ -325,8 +325,8 @@ void add_estimate_memory_command(CLI::App& app, Action& action) {
       "  stage 0; stage 2 on 4 ranks: 4 + 4/4 + 8/4 = 7 B/param.\n"
       "Accelerant's ZeRO (AcceleratorOptions::zero_stage, docs/zero.md) gives each rank 1/N of\n"
       "the optimizer state (the padding that aligns a shard for vector loads, at most 16\n"
-      "elements per bucket and rank, is left out); its stage 2 reduce-scatters the gradients but\n"
-      "keeps the gradient buffers whole so far: its memory is the stage 1 row.\n"
+      "elements per bucket and rank, is left out); its stage 2 keeps each rank's 1/N of the\n"
+      "gradients plus about 3 buffers of the largest gradient bucket, which are not counted.\n"
       "Accelerant's mixed_precision bf16/fp16 today is\n"
       "autocast, which keeps weights and gradients fp32: estimate it with --precision fp32.\n"
       "Activations are left out unless asked for: --batch_size B with\n"
