@@ -180,6 +180,7 @@ struct GradientReducer::State {
       torch::NoGradGuard no_grad;
       torch::Tensor& view = views[b][slot_of[i]];
       if (grad.defined()) {
+        ++stats.gradient_copies;
         view.copy_(grad.reshape({-1}));
       } else {
         view.zero_();
