@@ -131,12 +131,15 @@ struct GradientReducer::State {
   void ensure_bucket(size_t b) {
     if (flat[b].defined()) return;
     const GradientBucket& bucket = plan[b];
-    if (spare_buffers.empty()) {
+    // A spare on the bucket's device (a model may span devices), else a new buffer.
+    auto spare = std::find_if(spare_buffers.begin(), spare_buffers.end(),
+                              [&](const torch::Tensor& t) { return t.device() == bucket.device; });
+    if (spare == spare_buffers.end()) {
       bucket_buffer[b] =
           torch::empty({largest_bucket}, torch::TensorOptions(torch::kFloat).device(bucket.device));
     } else {
-      bucket_buffer[b] = std::move(spare_buffers.back());
-      spare_buffers.pop_back();
+      bucket_buffer[b] = std::move(*spare);
+      spare_buffers.erase(spare);
     }
     flat[b] = bucket_buffer[b].narrow(0, 0, share_numel[b] * communicator->size());
     flat[b].narrow(0, bucket.numel, flat[b].numel() - bucket.numel).zero_();
