@@ -338,6 +338,14 @@ TEST(Zero, MisuseIsRefusedWithTheFix) {
           torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-3));
           auto opt = acc.prepare(adamw);  // before its model
         });
+        out += "\n";
+        out += error_message([] {
+          Accelerator acc(AcceleratorOptions().cpu(true).zero_stage(1));
+          auto model = zero_model();
+          auto other = torch::nn::Linear(4, 4);
+          torch::optim::AdamW adamw(other->parameters(), torch::optim::AdamWOptions(1e-3));
+          auto prepared = acc.prepare(model, adamw);  // an optimizer of another model
+        });
         return out;
       },
       LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(60)).verbose(false));
@@ -345,6 +353,7 @@ TEST(Zero, MisuseIsRefusedWithTheFix) {
   EXPECT_TRUE(contains(m, "zero_stage is 3")) << m;
   EXPECT_TRUE(contains(m, "is not a trainable parameter of the prepared model")) << m;
   EXPECT_TRUE(contains(m, "no model is prepared yet")) << m;
+  EXPECT_TRUE(contains(m, "none of the optimizer's 2 parameters")) << m;
   EXPECT_TRUE(contains(m, "Fix:")) << m;
 }
 

@@ -354,7 +354,8 @@ PreparedOptimizer Accelerator::prepare_optimizer(torch::optim::Optimizer& optimi
       std::move(zero_gradients));
 }
 
-// The reducer of the prepared model whose trainable parameters the optimizer updates.
+// The reducer of the prepared model that owns the optimizer's parameters; shard_pieces then
+// checks that they are exactly its trainable ones, naming any that is not.
 GradientReducer& Accelerator::zero_reducer_for(torch::optim::Optimizer& optimizer) {
   if (models_.empty()) {
     throw Error(detail::str(
@@ -363,16 +364,18 @@ GradientReducer& Accelerator::zero_reducer_for(torch::optim::Optimizer& optimize
         "first, or together: accelerator.prepare(model, optimizer, ...)."));
   }
   const std::vector<torch::Tensor> params = optimizer_parameters(optimizer);
-  std::string first_error;
+  std::unordered_set<const c10::TensorImpl*> updated;
+  for (const auto& p : params) updated.insert(p.unsafeGetTensorImpl());
   for (auto& prepared : models_) {
-    try {
-      prepared.reducer->shard_pieces(params);  // throws unless this model's parameters match
-      return *prepared.reducer;
-    } catch (const Error& e) {
-      if (first_error.empty()) first_error = e.what();
+    for (const auto& p : prepared.module->parameters()) {
+      if (p.requires_grad() && updated.count(p.unsafeGetTensorImpl())) return *prepared.reducer;
     }
   }
-  throw Error(rank_prefix_ + first_error);
+  throw Error(detail::str(
+      rank_prefix_, "ZeRO (zero_stage ", options_.zero_stage(), "): none of the optimizer's ",
+      params.size(), " parameters is a trainable parameter of a prepared model, so no gradient ",
+      "buckets can shard its update. Fix: build the optimizer over model->parameters() of a "
+      "model passed to prepare, before preparing the optimizer."));
 }
 
 PreparedScheduler Accelerator::prepare_scheduler(torch::optim::LRScheduler& scheduler) {

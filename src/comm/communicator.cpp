@@ -367,6 +367,29 @@ PendingCollective Communicator::all_reduce_async_(const torch::Tensor& tensor, R
   return PendingCollective(std::move(state));
 }
 
+namespace {
+
+// A reduce-scatter's or all-gather's pending state with its call begun (numbered, recorded,
+// checked across ranks in debug mode): what both set up alike. The payload is the whole side,
+// the input of a reduce-scatter and the output of an all-gather.
+std::shared_ptr<PendingCollective::State> begin_sharded(Communicator::Impl& c, const char* name,
+                                                        const torch::Tensor& input,
+                                                        const torch::Tensor& output, ReduceOp op,
+                                                        bool reduces) {
+  auto state = std::make_shared<PendingCollective::State>();
+  state->comm = &c;
+  state->name = name;
+  state->input = input;
+  state->target = output;
+  state->op = op;
+  state->reduces = reduces;
+  state->call =
+      begin_call(c, name, payload_of(reduces ? input : output), [&] { return state->describe(); });
+  return state;
+}
+
+}  // namespace
+
 void Communicator::reduce_scatter_(const torch::Tensor& input, const torch::Tensor& output,
                                    ReduceOp op) {
   reduce_scatter_async_(input, output, op).wait();
@@ -379,14 +402,8 @@ PendingCollective Communicator::reduce_scatter_async_(const torch::Tensor& input
     output.copy_(input.view(output.sizes()));
     return {};
   }
-  auto state = std::make_shared<PendingCollective::State>();
-  state->comm = impl_.get();
-  state->name = "reduce_scatter";
-  state->input = input;
-  state->target = output;
-  state->op = op;
+  auto state = begin_sharded(*impl_, "reduce_scatter", input, output, op, /*reduces=*/true);
   auto describe = [&] { return state->describe(); };
-  state->call = begin_call(*impl_, "reduce_scatter", payload_of(input), describe);
   run_or_fail(*impl_, state->call, describe, [&] {
     if (input.numel() == 0) return;  // every rank agrees on it (else debug mode or the timeout)
     const int64_t shard = output.numel();
@@ -435,14 +452,9 @@ PendingCollective Communicator::all_gather_async_(const torch::Tensor& input,
     output.copy_(input.view(output.sizes()));
     return {};
   }
-  auto state = std::make_shared<PendingCollective::State>();
-  state->comm = impl_.get();
-  state->name = "all_gather";
-  state->input = input;
-  state->target = output;
-  state->reduces = false;
+  auto state =
+      begin_sharded(*impl_, "all_gather", input, output, ReduceOp::kSum, /*reduces=*/false);
   auto describe = [&] { return state->describe(); };
-  state->call = begin_call(*impl_, "all_gather", payload_of(output), describe);
   run_or_fail(*impl_, state->call, describe, [&] {
     if (input.numel() == 0) return;  // Gloo would die of SIGFPE on an empty payload
     state->result = output;          // every path writes straight into it
