@@ -8,6 +8,7 @@
 #include <malloc.h>
 
 #include <fstream>
+#include <limits>
 #include <map>
 #include <optional>
 
@@ -23,11 +24,14 @@ constexpr int kGlobalBatch = 8;
 // How one training run goes.
 struct TrainingRun {
   int stage = 0;
-  bool accumulate = false;  // two micro-steps of half the batch per optimizer step
-  bool clip = false;        // clip the gradient norm to 0.05 (below the norms seen: it acts)
-  bool bf16 = false;        // bf16 autocast
-  bool graph = false;       // steps through accelerator.compile, replays emulated (the device
-                            // path of the fused update, the all-gather as a host effect)
+  bool accumulate = false;   // two micro-steps of half the batch per optimizer step
+  bool clip = false;         // clip the gradient norm to 0.05 (below the norms seen: it acts)
+  bool bf16 = false;         // bf16 autocast
+  bool graph = false;        // steps through accelerator.compile, replays emulated (the device
+                             // path of the fused update, the all-gather as a host effect)
+  bool loss_scaler = false;  // fp16's GradScaler (init scale 1024) on fp32 training: fp16 itself
+                             // needs CUDA, so the scaler is set in the Accelerator's state
+  int overflow_at = -1;      // at this step rank 0's gradient of one weight element is inf
   int steps = 50;
   std::string save_dir;  // save after step save_at (1-based), then go on
   int save_at = 0;
@@ -60,6 +64,10 @@ torch::Tensor train(int rank, int world, const TrainingRun& run) {
                       .bucket_cap_mb(1)
                       .mixed_precision(run.bf16 ? "bf16" : "no")
                       .gradient_accumulation_steps(run.accumulate ? 2 : 1));
+  if (run.loss_scaler) {
+    acc.state()->scaler =
+        std::make_shared<GradScaler>(GradScalerOptions().init_scale(1024), torch::kCPU);
+  }
   auto model = zero_model();
   torch::optim::AdamW adamw(model->parameters(),
                             torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
@@ -102,6 +110,11 @@ torch::Tensor train(int rank, int world, const TrainingRun& run) {
         auto out = m->forward(x.narrow(0, k * rows, rows));
         loss = (out.to(torch::kFloat) - y.narrow(0, k * rows, rows)).pow(2).mean();
       }
+      if (step == run.overflow_at && rank == 0) {
+        // One element's gradient becomes inf; under stage 2 only that element's owner sees it.
+        const auto weight = m->parameters()[0].flatten()[7];
+        loss = loss + weight * std::numeric_limits<float>::infinity();
+      }
       acc.backward(loss);
       if (acc.sync_gradients() && run.clip) acc.clip_grad_norm_(m, 0.05);
       opt.step();
@@ -115,7 +128,9 @@ torch::Tensor train(int rank, int world, const TrainingRun& run) {
   } else {
     state_elements = opt.fused_updater() ? opt.fused_updater()->numel() : -1;
   }
-  return torch::cat({flat_parameters(*m), torch::tensor({static_cast<float>(state_elements)})});
+  return torch::cat(
+      {flat_parameters(*m), torch::tensor({static_cast<float>(state_elements),
+                                           static_cast<float>(acc.state()->optimizer_steps)})});
 }
 
 std::vector<torch::Tensor> train_on(int world, const TrainingRun& run) {
@@ -131,10 +146,14 @@ int64_t parameter_count() {
 }
 
 torch::Tensor parameters_of(const torch::Tensor& result) {
-  return result.narrow(0, 0, result.numel() - 1);
+  return result.narrow(0, 0, result.numel() - 2);
 }
 
 int64_t state_elements_of(const torch::Tensor& result) {
+  return static_cast<int64_t>(result[result.numel() - 2].item<float>());
+}
+
+int64_t optimizer_steps_of(const torch::Tensor& result) {
   return static_cast<int64_t>(result[result.numel() - 1].item<float>());
 }
 
@@ -195,6 +214,31 @@ TEST(Zero, AccumulationClippingAndBf16TrainAsStage0) {
       }
     }
     run.stage = 0;
+  }
+}
+
+// fp16's loss scaler: under stage 2 each process unscales and checks only its share of the
+// gradients, so an overflow in one share must skip the step on every process, as it does when
+// every process holds whole gradients. Also through clipping, which unscales first.
+TEST(Zero, Stage2WithALossScalerSkipsAnOverflowOnEveryProcess) {
+  for (bool clip : {false, true}) {
+    TrainingRun run;
+    run.steps = 12;
+    run.loss_scaler = true;
+    run.clip = clip;
+    run.overflow_at = 5;
+    const auto base = train_on(2, run);
+    ASSERT_EQ(optimizer_steps_of(base[0]), run.steps - 1) << "stage 0 did not skip the overflow";
+    for (int stage : {1, 2}) {
+      run.stage = stage;
+      const auto sharded = train_on(2, run);
+      for (int r = 0; r < 2; ++r) {
+        const std::string what = std::string("loss scaler") + (clip ? " with clipping" : "") +
+                                 ", stage " + std::to_string(stage) + ", rank " + std::to_string(r);
+        EXPECT_EQ(optimizer_steps_of(sharded[r]), run.steps - 1) << what;
+        expect_same_training(parameters_of(sharded[r]), parameters_of(base[0]), what);
+      }
+    }
   }
 }
 

@@ -24,6 +24,7 @@
 
 namespace accelerant {
 
+class Communicator;
 class FusedUpdater;
 
 /// How a GradScaler scales; the defaults are PyTorch's GradScaler's. The GradScaler constructor
@@ -59,6 +60,16 @@ class GradScaler {
   /// unscale_ over the parameters of every parameter group of `optimizer`. Throws Error when
   /// called twice in one step (between update() calls).
   void unscale_(torch::optim::Optimizer& optimizer);
+  /// unscale_ for gradients sharded across processes (ZeRO stage 2): `shares` are this process's
+  /// (GradientReducer::gradient_shares()). Divides them by the scale, then makes found_inf the
+  /// maximum over `communicator`: an inf or nan in any process's share skips the step on every
+  /// process, as it would with whole gradients. A collective: every process calls it once per
+  /// step. Throws Error when called twice in one step, or inside a graph step (the agreement is
+  /// a collective that no capture holds).
+  void unscale_shares_(const std::vector<torch::Tensor>& shares, Communicator& communicator);
+  /// Whether the gradients were unscaled this step (by unscale_ or unscale_shares_); update()
+  /// starts a new step.
+  bool unscaled() const { return unscaled_; }
   /// Unscales if needed, then runs optimizer.step() unless a gradient overflowed. Returns whether
   /// it stepped. The skip decision is read on the host, whatever the optimizer: a FusedSGD /
   /// FusedAdam / FusedAdamW passed here is stepped as any torch::optim optimizer (same result).

@@ -245,14 +245,6 @@ void Accelerator::check_zero_stage() const {
                             "; ZeRO has stages 0 (off), 1 (optimizer state sharded) and 2 (also ",
                             "gradients reduce-scattered). Fix: zero_stage(0), (1) or (2)."));
   }
-  if (stage == 2 && state_->scaler && communicator().size() > 1) {
-    // Each process would test only its own shares of the gradients for overflow, and the
-    // processes could disagree about skipping a step.
-    throw Error(detail::str(
-        rank_prefix_, "ZeRO stage 2 with fp16 mixed precision is not supported yet: the loss ",
-        "scaler's overflow check would see only this process's share of the gradients. Fix: ",
-        "zero_stage(1) with fp16, or bf16 mixed precision (no scaler) with stage 2."));
-  }
 }
 
 void Accelerator::start_step_breakdown() {
@@ -347,11 +339,19 @@ PreparedOptimizer Accelerator::prepare_optimizer(torch::optim::Optimizer& optimi
   GradientReducer* reducer = prepared->zero_reducer;
   if (!reducer) return PreparedOptimizer(optimizer, state_, prepared->fused);
   // Preparing it again (another handle) keeps the same all-gather and gradient release.
-  std::function<void()> zero_gradients;
-  if (options_.zero_stage() == 2) zero_gradients = [reducer] { reducer->zero_gradients(); };
+  std::function<void()> zero_gradients, unscale_shares;
+  if (options_.zero_stage() == 2) {
+    zero_gradients = [reducer] { reducer->zero_gradients(); };
+    // The scaler is read at each step: TrainingState::scaler may be set after prepare.
+    unscale_shares = [state = state_, reducer, comm = &communicator()] {
+      const auto& scaler = state->scaler;
+      if (scaler && scaler->enabled() && !scaler->unscaled())
+        scaler->unscale_shares_(reducer->gradient_shares(), *comm);
+    };
+  }
   return PreparedOptimizer(
       optimizer, state_, prepared->fused, [reducer] { reducer->gather_parameters(); },
-      std::move(zero_gradients));
+      std::move(zero_gradients), std::move(unscale_shares));
 }
 
 // The reducer of the prepared model that owns the optimizer's parameters; shard_pieces then
@@ -529,7 +529,8 @@ bool Accelerator::gradients_sharded() const {
 
 torch::Tensor Accelerator::clip_grad_norm_tensor(const std::vector<torch::Tensor>& parameters,
                                                  double max_norm, double norm_type) {
-  if (state_->scaler && state_->sync_gradients) state_->scaler->unscale_(parameters);
+  const bool unscale = state_->scaler && state_->sync_gradients;
+  if (unscale && !gradients_sharded()) state_->scaler->unscale_(parameters);
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads;
   if (gradients_sharded()) {
@@ -554,6 +555,7 @@ torch::Tensor Accelerator::clip_grad_norm_tensor(const std::vector<torch::Tensor
       }
       for (const auto& share : prepared.reducer->gradient_shares()) grads.push_back(share);
     }
+    if (unscale) state_->scaler->unscale_shares_(grads, communicator());
   } else {
     for (const auto& p : parameters) {
       if (p.grad().defined()) grads.push_back(p.grad());

@@ -1,5 +1,6 @@
 #include "accelerant/grad_scaler.h"
 
+#include "accelerant/communicator.h"
 #include "accelerant/error.h"
 #include "accelerant/fused_optimizer.h"  // the FusedUpdater entry points
 #include "base/step_recording.h"
@@ -14,6 +15,29 @@ std::vector<torch::Tensor> optimizer_params(torch::optim::Optimizer& optimizer) 
     for (auto& p : group.params()) params.push_back(p);
   }
   return params;
+}
+
+// Divides `grads` by `scale` in place and records in `found_inf` whether any is inf or nan. Stays
+// on the device: no .item() here. In place, as all of the scaler's state: a captured step reads
+// and writes the tensors it was captured with.
+void unscale_gradients(const std::vector<torch::Tensor>& grads, const torch::Tensor& scale,
+                       const torch::Tensor& found_inf) {
+  torch::NoGradGuard no_grad;
+  const auto inverse = scale.reciprocal();
+  std::vector<torch::Tensor> non_finite;  // one 0-dim flag per gradient, reduced once below
+  for (const auto& g : grads) {
+    g.mul_(inverse.to(g.scalar_type()));
+    non_finite.push_back(torch::isfinite(g).logical_not().any());
+  }
+  if (!non_finite.empty()) found_inf.copy_(torch::stack(non_finite).any());
+}
+
+void check_not_unscaled(bool unscaled, const char* call) {
+  if (unscaled) {
+    throw Error(detail::str("GradScaler::", call,
+                            " was called twice in one step. Fix: unscale at most once between "
+                            "update() calls (step() unscales only when you have not)."));
+  }
 }
 
 }  // namespace
@@ -42,23 +66,30 @@ torch::Tensor GradScaler::scale(const torch::Tensor& loss) const {
 
 void GradScaler::unscale_(const std::vector<torch::Tensor>& params) {
   if (!enabled()) return;
-  if (unscaled_) {
-    throw Error(
-        "GradScaler::unscale_ was called twice in one step. Fix: call it at most once "
-        "between update() calls (step() unscales only when you have not).");
-  }
-  torch::NoGradGuard no_grad;
-  const auto inverse = scale_.reciprocal();
-  std::vector<torch::Tensor> non_finite;  // one 0-dim flag per gradient, reduced once below
+  check_not_unscaled(unscaled_, "unscale_");
+  std::vector<torch::Tensor> grads;
   for (const auto& p : params) {
-    const auto& g = p.grad();
-    if (!g.defined()) continue;
-    g.mul_(inverse.to(g.scalar_type()));
-    non_finite.push_back(torch::isfinite(g).logical_not().any());
+    if (p.grad().defined()) grads.push_back(p.grad());
   }
-  // Stays on the device: no .item() here. In place, as all of the scaler's state: a captured
-  // step reads and writes the tensors it was captured with.
-  if (!non_finite.empty()) found_inf_.copy_(torch::stack(non_finite).any());
+  unscale_gradients(grads, scale_, found_inf_);
+  unscaled_ = true;
+}
+
+void GradScaler::unscale_shares_(const std::vector<torch::Tensor>& shares,
+                                 Communicator& communicator) {
+  if (!enabled()) return;
+  if (detail::recording_step()) {
+    throw Error(
+        "GradScaler::unscale_shares_ inside a graph step: the processes agree on an overflow "
+        "through an all-reduce, which a graph step does not record. Fix: run ZeRO stage 2 with "
+        "fp16 eagerly, or use zero_stage(1) in graph mode (its gradients are whole: each "
+        "process sees every overflow).");
+  }
+  check_not_unscaled(unscaled_, "unscale_shares_");
+  unscale_gradients(shares, scale_, found_inf_);
+  // Each process tested only its share: an overflow anywhere must skip the step everywhere, or
+  // the processes' parameters would part (an owner skipping its shard, the others updating).
+  communicator.all_reduce_(found_inf_, ReduceOp::kMax);
   unscaled_ = true;
 }
 

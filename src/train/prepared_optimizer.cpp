@@ -11,13 +11,15 @@ PreparedOptimizer::PreparedOptimizer(torch::optim::Optimizer& optimizer,
                                      std::shared_ptr<TrainingState> state,
                                      std::shared_ptr<FusedUpdater> fused,
                                      std::function<void()> after_update,
-                                     std::function<void()> zero_gradients)
+                                     std::function<void()> zero_gradients,
+                                     std::function<void()> before_update)
     : optimizer_(&optimizer),
       state_(std::move(state)),
       fused_(std::move(fused)),
       updater_(fused_ ? fused_.get() : fused_updater_of(optimizer)),
       after_update_(std::move(after_update)),
-      zero_gradients_(std::move(zero_gradients)) {
+      zero_gradients_(std::move(zero_gradients)),
+      before_update_(std::move(before_update)) {
   if (!state_)
     throw Error(
         "PreparedOptimizer needs a TrainingState; got null. Fix: pass "
@@ -35,6 +37,7 @@ bool PreparedOptimizer::step() {
   bool stepped = true;
   {
     detail::PhaseTimer updating(detail::StepPhase::optimizer, "optimizer");
+    if (before_update_) before_update_();
     if (state_->scaler && state_->scaler->enabled()) {
       stepped = updater_ ? state_->scaler->step(*updater_) : state_->scaler->step(*optimizer_);
       state_->scaler->update();
@@ -67,6 +70,7 @@ bool PreparedOptimizer::step_in_graph() {
         "accelerant::FusedAdamW / FusedAdam / FusedSGD."));
   }
   auto state = state_;
+  if (before_update_) before_update_();
   if (state_->scaler && state_->scaler->enabled()) {
     GradScaler& scaler = *state_->scaler;
     scaler.step_on_device(*updater_);
