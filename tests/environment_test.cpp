@@ -86,7 +86,7 @@ TEST(EnvironmentAccessor, InjectedLookupsStillWork) {
                                            {"ACCELERANT_MIXED_PRECISION", "BF16"}}));
   EXPECT_EQ(env.rank, 1);
   EXPECT_TRUE(env.debug_mode);
-  EXPECT_EQ(env.mixed_precision, "bf16");
+  EXPECT_EQ(env.mixed_precision, MixedPrecision::kBf16);
 }
 
 TEST(ParseBool, AcceptsEverySpellingInAnyCase) {

@@ -136,7 +136,7 @@ TEST(LaunchContract, DefaultsAndExtras) {
   EXPECT_TRUE(env.debug_mode);
   ASSERT_TRUE(env.timeout.has_value());
   EXPECT_EQ(env.timeout->count(), 1500);
-  EXPECT_EQ(env.mixed_precision, "bf16");
+  EXPECT_EQ(env.mixed_precision, MixedPrecision::kBf16);
 }
 
 // `mpirun -np 2 ./train` on one machine needs no MASTER_ADDR; across machines it still must be set.
@@ -171,7 +171,7 @@ TEST(LaunchContract, RoundTripsThroughLauncherVariables) {
   in.restart_count = 1;
   in.debug_mode = true;
   in.timeout = std::chrono::milliseconds(777);
-  in.mixed_precision = "bf16";
+  in.mixed_precision = MixedPrecision::kBf16;
   in.threads_per_process = 2;
   in.downcast_bf16 = true;
   in.use_cpu = false;
@@ -189,7 +189,7 @@ TEST(LaunchContract, RoundTripsThroughLauncherVariables) {
   EXPECT_EQ(out.restart_count, 1);
   EXPECT_TRUE(out.debug_mode);
   EXPECT_EQ(out.timeout->count(), 777);
-  EXPECT_EQ(out.mixed_precision, "bf16");
+  EXPECT_EQ(out.mixed_precision, MixedPrecision::kBf16);
   EXPECT_EQ(out.threads_per_process, 2);
   EXPECT_EQ(vars.at("OMP_NUM_THREADS"), "2");
   EXPECT_EQ(out.downcast_bf16, std::optional<bool>(true));

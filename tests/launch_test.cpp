@@ -58,7 +58,8 @@ TEST(Launch, WorkersSeeTheOptionsAndTheTorchrunContract) {
       [](int) {
         auto& state = ProcessState::get();
         return std::string(std::getenv("RANK")) + "," + std::getenv("WORLD_SIZE") + "," +
-               std::getenv("ACCELERANT_MIXED_PRECISION") + "," + state.env().mixed_precision + "," +
+               std::getenv("ACCELERANT_MIXED_PRECISION") + "," +
+               to_string(state.env().mixed_precision.value_or(MixedPrecision::kNo)) + "," +
                (state.debug_mode() ? "debug" : "nodebug") + "," +
                std::to_string(state.restart_count());
       },

@@ -22,6 +22,8 @@
 #include <optional>
 #include <string>
 
+#include "accelerant/environment.h"  // MixedPrecision
+
 namespace accelerant {
 
 /// Which launcher's variables described the process: kNone (none set: one process), kAccelerant
@@ -58,8 +60,10 @@ struct LaunchContract {
   bool debug_mode = false;  ///< ACCELERANT_DEBUG_MODE
   /// ACCELERANT_TIMEOUT_MS: collective and rendezvous timeout chosen by the launcher.
   std::optional<std::chrono::milliseconds> timeout;
-  std::string mixed_precision = "no";  ///< ACCELERANT_MIXED_PRECISION: no | fp16 | bf16
-  int threads_per_process = 0;         ///< ACCELERANT_THREADS_PER_PROCESS; 0 = not set
+  /// ACCELERANT_MIXED_PRECISION (parse_mixed_precision); unset = the launcher left it to the
+  /// Accelerator's other sources (AcceleratorOptions, then the config file).
+  std::optional<MixedPrecision> mixed_precision;
+  int threads_per_process = 0;  ///< ACCELERANT_THREADS_PER_PROCESS; 0 = not set
   /// CPUs the launcher allotted to each process: SLURM_CPUS_PER_TASK (srun -c N); 0 = not set.
   /// The Accelerator's CPU defaults size the thread pools from it (cpu_settings.h).
   int cpus_per_process = 0;

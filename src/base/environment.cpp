@@ -87,7 +87,7 @@ const std::vector<EnvVariable> kTable = {
     {"ACCELERANT_MIXED_PRECISION", "no | fp16 | bf16", "no (then the config file)",
      "Mixed precision: no (fp32), fp16 (CUDA, loss scaling) or bf16 (CPU and CUDA); any case; "
      "fp32 and none are refused.",
-     "settings (launch_contract.cpp, accelerator_options.cpp)"},
+     kOptions},
     {"ACCELERANT_THREADS_PER_PROCESS", "integer 0..4096", "0 (cores / processes on the machine)",
      "Intra-op threads per worker, chosen by the launcher.", kContract},
     {"ACCELERANT_ERROR_FILE", "path", "unset",

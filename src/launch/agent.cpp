@@ -357,7 +357,8 @@ class Agent {
       env.restart_count = attempt;
       env.debug_mode = debug;
       env.timeout = timeout_;
-      env.mixed_precision = o_.mixed_precision();
+      env.mixed_precision =
+          parse_mixed_precision(o_.mixed_precision(), "LaunchOptions::mixed_precision");
       env.threads_per_process = threads_;
       env.downcast_bf16 = o_.downcast_bf16();
       env.use_cpu = o_.use_cpu();

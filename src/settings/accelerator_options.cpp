@@ -103,9 +103,11 @@ AcceleratorSettings resolve_accelerator_settings(const AcceleratorOptions& o, co
   if (o.mixed_precision())
     precision_option =
         parse_mixed_precision(*o.mixed_precision(), "AcceleratorOptions::mixed_precision");
-  r.resolve("mixed_precision", precision_option, "ACCELERANT_MIXED_PRECISION", "mixed_precision",
-            parse_mixed_precision, s.mixed_precision);
+  // The launch contract is the one reader of the variables a launcher sets.
   const LaunchContract launched = parse_launch_contract(env);
+  r.resolve_launched("mixed_precision", precision_option, launched.mixed_precision,
+                     "ACCELERANT_MIXED_PRECISION", "mixed_precision", parse_mixed_precision,
+                     s.mixed_precision);
   r.resolve_launched("downcast_bf16", o.downcast_bf16(), launched.downcast_bf16,
                      "ACCELERANT_DOWNCAST_BF16", "downcast_bf16", parse_bool, s.downcast_bf16);
   if (o.gradient_accumulation_steps() && *o.gradient_accumulation_steps() < 1) {

@@ -164,7 +164,7 @@ void read_accelerant_extras(const Reader& r, LaunchContract& env) {
     env.timeout = std::chrono::milliseconds(*ms);
   }
   if (auto mp = r.text("ACCELERANT_MIXED_PRECISION")) {
-    env.mixed_precision = to_string(parse_mixed_precision(*mp, "ACCELERANT_MIXED_PRECISION"));
+    env.mixed_precision = parse_mixed_precision(*mp, "ACCELERANT_MIXED_PRECISION");
   }
   env.threads_per_process = static_cast<int>(
       r.integer("ACCELERANT_THREADS_PER_PROCESS", 0, 4096, "set the number of threads per worker")
@@ -289,8 +289,8 @@ std::map<std::string, std::string> to_environment(const LaunchContract& env) {
       {"ACCELERANT_AGENT_STORE", env.agent_hosts_store ? "1" : "0"},
       {"ACCELERANT_RESTART_COUNT", std::to_string(env.restart_count)},
       {"ACCELERANT_DEBUG_MODE", env.debug_mode ? "1" : "0"},
-      {"ACCELERANT_MIXED_PRECISION", env.mixed_precision},
   };
+  if (env.mixed_precision) vars["ACCELERANT_MIXED_PRECISION"] = to_string(*env.mixed_precision);
   if (env.timeout) vars["ACCELERANT_TIMEOUT_MS"] = std::to_string(env.timeout->count());
   if (env.threads_per_process > 0) {
     vars["ACCELERANT_THREADS_PER_PROCESS"] = std::to_string(env.threads_per_process);
