@@ -114,17 +114,19 @@ inline void cpu_relax() {
 // Combines part [begin, end) of a chunk over every rank's slot in rank order,
 // ((s0 + s1) + s2) + ..., into the result chunk and this rank's own tensor. Blocks of a few KB
 // keep the running result in L1 while each further rank's values are folded in.
+// `own` may be one of `slots` (this rank's part is read from its tensor): each block is written
+// back to it only after the block was read, and only `result` needs to be restrict.
 template <class T, class Combine>
-void reduce_part(T* __restrict result, T* __restrict own, const std::vector<const T*>& slots,
-                 size_t begin, size_t end, Combine combine) {
+void reduce_part(T* __restrict result, T* own, const std::vector<const T*>& slots, size_t begin,
+                 size_t end, Combine combine) {
   constexpr size_t kBlock = 2048;
   for (size_t b = begin; b < end; b += kBlock) {
     const size_t e = std::min(end, b + kBlock);
-    const T* __restrict s0 = slots[0];
-    const T* __restrict s1 = slots[1];
+    const T* s0 = slots[0];
+    const T* s1 = slots[1];
     for (size_t i = b; i < e; ++i) result[i] = combine(s0[i], s1[i]);
     for (size_t r = 2; r < slots.size(); ++r) {
-      const T* __restrict s = slots[r];
+      const T* s = slots[r];
       for (size_t i = b; i < e; ++i) result[i] = combine(result[i], s[i]);
     }
     std::memcpy(own + b, result + b, (e - b) * sizeof(T));
@@ -155,11 +157,11 @@ void fold_parts(T* __restrict out, const std::vector<const T*>& parts, size_t n,
   constexpr size_t kBlock = 2048;
   for (size_t b = 0; b < n; b += kBlock) {
     const size_t e = std::min(n, b + kBlock);
-    const T* __restrict p0 = parts[0];
-    const T* __restrict p1 = parts[1];
+    const T* p0 = parts[0];
+    const T* p1 = parts[1];
     for (size_t i = b; i < e; ++i) out[i] = combine(p0[i], p1[i]);
     for (size_t r = 2; r < parts.size(); ++r) {
-      const T* __restrict p = parts[r];
+      const T* p = parts[r];
       for (size_t i = b; i < e; ++i) out[i] = combine(out[i], p[i]);
     }
   }
@@ -307,14 +309,20 @@ struct ShmAllReduce::Shared {
     std::vector<const T*> sources(size);
     for (int r = 0; r < size; ++r) sources[r] = reinterpret_cast<const T*>(slots[r]);
     T* result = reinterpret_cast<T*>(this->result);
+    T* mine = reinterpret_cast<T*>(slots[rank]);
     for (size_t offset = 0; offset < count; offset += chunk) {
       const size_t n = std::min(chunk, count - offset);
-      std::memcpy(slots[rank], data + offset, n * sizeof(T));
+      const size_t part = round_up((n + size - 1) / size, per_line);
+      const size_t begin = std::min(n, part * rank), end = std::min(n, begin + part);
+      // The peers read only their own parts of this rank's slot, and this rank folds its own
+      // part straight from `data`: (size - 1) / size of the chunk goes through the slot, not all
+      // of it (on 2 ranks a fifth less memory traffic per element). Same values, same order.
+      std::memcpy(mine, data + offset, begin * sizeof(T));
+      std::memcpy(mine + end, data + offset + end, (n - end) * sizeof(T));
+      sources[rank] = data + offset;
       barrier(deadline);  // every slot holds this chunk
       // Read before this chunk's second barrier, which no rank passes before all have read.
       if (offset == 0) check_same_call();
-      const size_t part = round_up((n + size - 1) / size, per_line);
-      const size_t begin = std::min(n, part * rank), end = std::min(n, begin + part);
       switch (op) {
         case ReduceOp::kMax:
           reduce_part(result, data + offset, sources, begin, end,
@@ -350,13 +358,18 @@ struct ShmAllReduce::Shared {
     size_t offset = 0;
     do {  // at least one step, so that even an empty shard meets the check
       const size_t k = std::min(window, shard - offset);
+      // This rank's own shard is folded straight from `input`: only the peers' parts go through
+      // the slot (as in all_reduce).
       for (int p = 0; p < size; ++p) {
+        if (p == rank) continue;
         std::memcpy(mine + p * window, input + p * shard + offset, k * sizeof(T));
       }
       barrier(deadline);  // every slot holds this window
       if (offset == 0) check_same_call();
       for (int q = 0; q < size; ++q) {
-        parts[q] = reinterpret_cast<const T*>(slots[q]) + static_cast<size_t>(rank) * window;
+        parts[q] = q == rank
+                       ? input + static_cast<size_t>(rank) * shard + offset
+                       : reinterpret_cast<const T*>(slots[q]) + static_cast<size_t>(rank) * window;
       }
       switch (op) {
         case ReduceOp::kMax:
