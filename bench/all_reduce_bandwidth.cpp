@@ -4,14 +4,17 @@
 // median time of one all-reduce (what a training step waits for).
 //   bench_all_reduce_bandwidth [--ranks 2,4] [--rounds 2] [--markdown]
 #include <accelerant/accelerant.h>
+#include <sys/mman.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <new>
 #include <vector>
 
 namespace {
@@ -20,6 +23,12 @@ using Clock = std::chrono::steady_clock;
 
 const std::vector<int64_t> kSizes = {1 << 10, 16 << 10, 256 << 10, 1 << 20,
                                      4 << 20, 25 << 20, 100 << 20};
+
+inline void spin_pause() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -72,30 +81,70 @@ std::vector<double> all_reduce_seconds(int ranks, bool shared_memory) {
   return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
 }
 
-// --series: one launch, the shared-memory all-reduce of `bytes` `iterations` times, each time
-// maxed across ranks; rank 0 returns them in order. To look for the slow mode inside one run (and
-// to run under `perf sched record`), not for the tables.
-std::vector<double> shared_memory_series(int ranks, int64_t bytes, int iterations) {
+// --series: one launch; `iterations` times, three timings of `bytes`, each maxed across ranks:
+// the shared-memory all-reduce, a memcpy on every rank at once (a private buffer to another),
+// and a memcpy on rank 0 alone while the others wait; then the round trip of a cache line
+// between ranks 0 and 1. Rank 0 returns them, one row per iteration. The copies are the
+// machine's own rates at that moment and the round trip where its two CPUs sit, so a slow
+// all-reduce can be told apart from a machine that copies slowly (run it under `perf sched
+// record` too).
+torch::Tensor shared_memory_series(int ranks, int64_t bytes, int iterations) {
   ::setenv("ACCELERANT_SHM_ALLREDUCE", "1", 1);
+  // Shared with the forked workers: the ping-pong's cache line.
+  void* page = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (page == MAP_FAILED) throw accelerant::Error("mmap of the ping-pong page failed");
+  auto* ping = new (page) std::atomic<uint32_t>(0);
   auto results = accelerant::launch(
-      [bytes, iterations]() {
+      [bytes, iterations, ping]() {
         auto& comm = accelerant::ProcessState::get().communicator();
         auto tensor = torch::rand({bytes / 4});
-        std::vector<double> times;
-        for (int i = 0; i < iterations; ++i) {
-          const auto t0 = Clock::now();
-          comm.all_reduce_(tensor);
+        std::vector<char> from(bytes, 1), to(bytes, 0);
+        auto slowest = [&](Clock::time_point t0) {
           auto t = torch::tensor({std::chrono::duration<double>(Clock::now() - t0).count()},
                                  torch::kDouble);
           comm.all_reduce_(t, accelerant::ReduceOp::kMax);
-          times.push_back(t.item<double>());
+          return t.item<double>();
+        };
+        auto rows = torch::zeros({iterations, 4}, torch::kDouble);
+        for (int i = 0; i < iterations; ++i) {
+          comm.barrier();
+          auto t0 = Clock::now();
+          comm.all_reduce_(tensor);
+          rows[i][0] = slowest(t0);
+          comm.barrier();
+          t0 = Clock::now();
+          std::memcpy(to.data(), from.data(), bytes);
+          rows[i][1] = slowest(t0);
+          comm.barrier();
+          if (comm.rank() == 0) {
+            t0 = Clock::now();
+            std::memcpy(to.data(), from.data(), bytes);
+            rows[i][2] = std::chrono::duration<double>(Clock::now() - t0).count();
+          }
+          comm.barrier();
+          // A cache line handed back and forth between ranks 0 and 1: its round trip tells how
+          // far apart their CPUs are (SMT siblings, cores sharing a cache, or further).
+          if (comm.rank() == 0) ping->store(0);
+          comm.barrier();
+          constexpr uint32_t kTrips = 2000;
+          t0 = Clock::now();
+          for (uint32_t k = 0; k < kTrips && comm.rank() < 2; ++k) {
+            const uint32_t mine = 2 * k + (comm.rank() == 0 ? 1 : 2);
+            if (comm.rank() == 0) ping->store(mine, std::memory_order_release);
+            while (ping->load(std::memory_order_acquire) !=
+                   (comm.rank() == 0 ? mine + 1 : mine - 1))
+              spin_pause();
+            if (comm.rank() == 1) ping->store(mine, std::memory_order_release);
+          }
+          rows[i][3] = std::chrono::duration<double>(Clock::now() - t0).count() / kTrips;
+          comm.barrier();
         }
-        return torch::tensor(times, torch::kDouble);
+        return rows;
       },
       accelerant::LaunchOptions().processes_per_node(ranks).verbose(false));
   ::unsetenv("ACCELERANT_SHM_ALLREDUCE");
-  const auto& t = results[0];
-  return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+  ::munmap(page, 4096);
+  return results[0];
 }
 
 double memcpy_seconds(int64_t bytes) {
@@ -122,15 +171,32 @@ int main(int argc, char** argv) {
   int iterations = 200;
   app.add_option("--series", series_mb,
                  "instead of the tables: the shared-memory all-reduce of this many MB, "
-                 "--iterations times in one run on the first --ranks, each time printed");
+                 "--iterations times in one run on the first --ranks, each time printed with "
+                 "the memcpy rates of that moment (every rank at once, rank 0 alone) and a "
+                 "cache line's round trip between ranks 0 and 1");
   app.add_option("--iterations", iterations, "all-reduces of --series")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   if (series_mb > 0) {
     const int64_t bytes = series_mb << 20;
-    const auto times = shared_memory_series(world_sizes.front(), bytes, iterations);
-    for (size_t i = 0; i < times.size(); ++i)
-      std::printf("%zu %.3f ms %.2f GB/s\n", i, times[i] * 1e3, bytes / 1e9 / times[i]);
-    std::printf("median %.2f GB/s\n", bytes / 1e9 / median(times));
+    const auto rows = shared_memory_series(world_sizes.front(), bytes, iterations);
+    const double gb = bytes / 1e9;
+    std::vector<std::vector<double>> rates(3);
+    std::vector<double> latency_ns;
+    std::printf(
+        "iteration  all-reduce GB/s  memcpy on every rank GB/s  memcpy alone GB/s  "
+        "cache-line round trip ns\n");
+    for (int64_t i = 0; i < rows.size(0); ++i) {
+      for (int k = 0; k < 3; ++k) rates[k].push_back(gb / rows[i][k].item<double>());
+      latency_ns.push_back(rows[i][3].item<double>() * 1e9);
+      std::printf("%lld %.2f %.2f %.2f %.1f\n", static_cast<long long>(i), rates[0].back(),
+                  rates[1].back(), rates[2].back(), latency_ns.back());
+    }
+    const double all_reduce = median(rates[0]), every = median(rates[1]), alone = median(rates[2]);
+    std::printf(
+        "median all-reduce %.2f GB/s, memcpy on every rank %.2f GB/s, memcpy alone %.2f "
+        "GB/s, cache-line round trip %.0f ns; all-reduce / memcpy alone %.2f, every "
+        "rank / alone %.2f\n",
+        all_reduce, every, alone, median(latency_ns), all_reduce / alone, every / alone);
     return 0;
   }
 
