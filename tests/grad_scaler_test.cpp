@@ -3,6 +3,7 @@
 #include <accelerant/fused_optimizer.h>
 #include <accelerant/grad_scaler.h>
 #include <accelerant/prepared_optimizer.h>
+#include <accelerant/process_state.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -134,4 +135,29 @@ TEST(GradScaler, APreparedFusedOptimizerUsesItsOwnUpdater) {
   EXPECT_TRUE(prepared.step_was_skipped());
   EXPECT_EQ(state->optimizer_steps, 0);
   EXPECT_TRUE(torch::equal(model->weight, before));
+}
+
+// Sharded gradients (ZeRO stage 2): the shares themselves are divided, an inf in one is found,
+// and, as unscale_, twice in one step is refused. The agreement across processes is
+// zero_test's Stage2WithALossScalerSkipsAnOverflowOnEveryProcess.
+TEST(GradScaler, UnscaleSharesDividesTheSharesAndFindsAnInf) {
+  auto& comm = ProcessState::get().communicator();  // this process alone
+  GradScaler scaler(GradScalerOptions().init_scale(4.0));
+  auto finite = torch::full({3}, 8.0f);
+  auto with_inf = torch::tensor({4.0f, std::numeric_limits<float>::infinity()});
+  EXPECT_FALSE(scaler.unscaled());
+  scaler.unscale_shares_({finite, with_inf}, comm);
+  EXPECT_TRUE(scaler.unscaled());
+  EXPECT_TRUE(torch::equal(finite, torch::full({3}, 2.0f)));
+  EXPECT_EQ(with_inf[0].item<float>(), 1.0f);
+  EXPECT_EQ(scaler.found_inf().item<float>(), 1.0f);
+  try {
+    scaler.unscale_shares_({finite}, comm);
+    FAIL() << "a second unscale in one step was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("twice in one step"), std::string::npos) << e.what();
+  }
+  scaler.update();
+  EXPECT_FALSE(scaler.unscaled());
+  EXPECT_EQ(scaler.current_scale(), 2.0);  // backed off after the overflow
 }
