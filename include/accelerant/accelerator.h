@@ -53,9 +53,6 @@ namespace accelerant {
 
 namespace detail {
 struct CheckpointRanks;
-struct CheckpointedState;
-class ResumeHook;
-class StepBreakdown;
 
 template <class T>
 struct is_shared_module : std::false_type {};
@@ -179,7 +176,7 @@ class Accelerator {
   template <class M>
   NoSyncGuard no_sync(const M& model);
   /// Whether this micro-step synchronises gradients (false while accumulating).
-  bool sync_gradients() const { return state_->sync_gradients; }
+  bool sync_gradients() const;
 
   /// Clips the gradients' global norm (they are averaged already, so every rank sees the same
   /// norm); unscales fp16 gradients first. Returns the norm before clipping.
@@ -355,29 +352,29 @@ class Accelerator {
   // The process getters below were read at construction: still valid after end_training().
   /// The settings in force, resolved at construction (option > environment > config file >
   /// default).
-  const AcceleratorSettings& settings() const { return settings_; }
+  const AcceleratorSettings& settings() const;
   /// The mixed precision in force: no, fp16 (CUDA only; with a loss scaler) or bf16.
-  MixedPrecision mixed_precision() const { return settings_.mixed_precision; }
+  MixedPrecision mixed_precision() const;
   /// Micro-steps per optimizer step; 1 = no gradient accumulation.
-  int64_t gradient_accumulation_steps() const { return settings_.gradient_accumulation_steps; }
+  int64_t gradient_accumulation_steps() const;
   /// Where this process trains and prepare puts models and batches: `cuda:<local rank>` when a
   /// GPU is visible and the cpu setting is off, else cpu.
-  torch::Device device() const { return device_; }
+  torch::Device device() const;
   /// This process's rank among all processes, 0 to num_processes() - 1 (0 when not launched).
-  int process_index() const { return process_index_; }
+  int process_index() const;
   /// The processes training together (the world size); 1 when not launched.
-  int num_processes() const { return num_processes_; }
+  int num_processes() const;
   /// This process's rank among the processes of its machine.
-  int local_process_index() const { return local_process_index_; }
+  int local_process_index() const;
   /// Whether this is rank 0, the process that writes files and prints.
-  bool is_main_process() const { return process_index_ == 0; }
+  bool is_main_process() const;
   /// Whether this is the first process (local rank 0) of its machine.
-  bool is_local_main_process() const { return local_process_index_ == 0; }
+  bool is_local_main_process() const;
   /// Threads per process in force (after the CPU defaults).
-  int threads() const { return threads_; }
+  int threads() const;
   /// The TrainingState this Accelerator shares with what it prepared: sync_gradients, the step
   /// counters, the end of the loader's epoch, the fp16 scaler.
-  const std::shared_ptr<TrainingState>& state() const { return state_; }
+  const std::shared_ptr<TrainingState>& state() const;
   /// The gradient reducer's counters for a prepared model.
   template <class M>
   GradientReducerStats reducer_stats(const M& model) const {
@@ -405,40 +402,15 @@ class Accelerator {
   /// loader was prepared (every rank then likely iterates the whole data set).
   void warn_if_data_unsharded();
 
-  struct PreparedModel {
-    std::shared_ptr<torch::nn::Module> module;
-    std::unique_ptr<GradientReducer> reducer;
-  };
-
-  AcceleratorOptions options_;
-  AcceleratorSettings settings_;
-  torch::Device device_ = torch::kCPU;
-  // Copied from ProcessState at construction: still valid after end_training() shut it down.
-  int process_index_ = 0;
-  int num_processes_ = 1;
-  int local_process_index_ = 0;
-  std::string rank_prefix_;
-  int threads_ = 1;
-  bool ended_ = false;
-  std::shared_ptr<TrainingState> state_;
-  std::vector<PreparedModel> models_;
-  /// What prepare gave it (optimizers, schedulers, loaders, registered objects): what a
-  /// checkpoint holds (checkpoint/training_checkpoint.h).
-  std::unique_ptr<detail::CheckpointedState> checkpointed_;
-  /// AcceleratorOptions::auto_resume, armed by the first prepared loader, fired by a loader's
-  /// begin() (train/resume_hook.h). Shared with the loaders, which may outlive the Accelerator.
-  std::shared_ptr<detail::ResumeHook> resume_hook_;
-  bool resume_armed_ = false;
-  bool warned_unsharded_data_ = false;
   void resume_from_latest();
-  /// Exchanges the ranks' step-time breakdown (AcceleratorOptions::step_breakdown_every).
-  std::unique_ptr<detail::StepBreakdown> step_breakdown_;
   void start_step_breakdown();
-  /// init_trackers's result: `<project_dir>/<project_name>`; empty before it.
-  std::string tracker_dir_;
-  std::vector<std::shared_ptr<Tracker>> trackers_;
   /// Flushes and closes the trackers (end_training, the destructor); reports no error twice.
   void close_trackers();
+
+  // Everything the Accelerator holds lives in the library (src/accelerator/accelerator_impl.h):
+  // this header states the contract, and the layout can change without rebuilding users.
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 /// What Accelerator::accumulate returns: while it lives, the models' all-reduce runs only on a

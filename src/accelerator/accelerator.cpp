@@ -15,6 +15,7 @@
 #include "accelerant/error.h"
 #include "accelerant/metrics.h"
 #include "accelerant/process_state.h"
+#include "accelerator/accelerator_impl.h"
 #include "accelerator/batch_to_device.h"
 #include "accelerator/step_breakdown.h"
 #include "base/cpu_settings.h"
@@ -191,64 +192,62 @@ void check_same_model_everywhere(Communicator& communicator, const torch::nn::Mo
 }  // namespace
 
 Accelerator::Accelerator(AcceleratorOptions options)
-    : options_(std::move(options)),
-      state_(std::make_shared<TrainingState>()),
-      checkpointed_(std::make_unique<detail::CheckpointedState>()),
-      resume_hook_(std::make_shared<detail::ResumeHook>()) {
+    : impl_(std::make_unique<Impl>(std::move(options))) {
   const EnvLookup lookup = process_environment();
-  const std::string config_path = options_.config_file().value_or(default_config_path(lookup));
-  settings_ =
-      resolve_accelerator_settings(options_, lookup, read_config_values(config_path), config_path);
-  if (settings_.downcast_bf16 && settings_.mixed_precision != MixedPrecision::kBf16) {
+  const std::string config_path =
+      impl_->options_.config_file().value_or(default_config_path(lookup));
+  impl_->settings_ = resolve_accelerator_settings(impl_->options_, lookup,
+                                                  read_config_values(config_path), config_path);
+  if (impl_->settings_.downcast_bf16 && impl_->settings_.mixed_precision != MixedPrecision::kBf16) {
     throw Error(detail::str(
-        "downcast_bf16 is set but mixed_precision is ", to_string(settings_.mixed_precision),
+        "downcast_bf16 is set but mixed_precision is ", to_string(impl_->settings_.mixed_precision),
         ". downcast_bf16 stores the weights in bf16 and belongs to bf16 training. ",
         "Fix: set mixed_precision to bf16 as well, or drop downcast_bf16."));
   }
   ProcessState& process =
       ProcessState::initialized() ? ProcessState::get() : ProcessState::initialize();
-  process_index_ = process.process_index();
-  num_processes_ = process.num_processes();
-  local_process_index_ = process.local_process_index();
-  rank_prefix_ = process.rank_prefix();
-  device_ = settings_.cpu ? torch::Device(torch::kCPU) : process.device();
-  if (settings_.mixed_precision == MixedPrecision::kFp16 && !device_.is_cuda()) {
+  impl_->process_index_ = process.process_index();
+  impl_->num_processes_ = process.num_processes();
+  impl_->local_process_index_ = process.local_process_index();
+  impl_->rank_prefix_ = process.rank_prefix();
+  impl_->device_ = impl_->settings_.cpu ? torch::Device(torch::kCPU) : process.device();
+  if (impl_->settings_.mixed_precision == MixedPrecision::kFp16 && !impl_->device_.is_cuda()) {
     throw Error(detail::str(process.rank_prefix(),
                             "mixed_precision fp16 needs a CUDA device, but this ",
                             "process trains on the CPU (LibTorch's CPU autocast has no fp16). ",
                             "Fix: use mixed_precision bf16 on the CPU, or run on a GPU."));
   }
-  threads_ = torch::get_num_threads();
-  if (settings_.cpu_defaults && device_.is_cpu()) {
+  impl_->threads_ = torch::get_num_threads();
+  if (impl_->settings_.cpu_defaults && impl_->device_.is_cpu()) {
     detail::CpuDefaultsInput cpu;
     cpu.local_processes = process.env().local_world_size;
     cpu.launcher_threads = process.env().threads_per_process;
     cpu.cpus_per_process = process.env().cpus_per_process;
     cpu.omp_num_threads_set = lookup("OMP_NUM_THREADS").value_or("") != "";
-    threads_ = detail::apply_cpu_defaults(cpu);
+    impl_->threads_ = detail::apply_cpu_defaults(cpu);
   }
-  if (settings_.seed) set_seed(*settings_.seed);
-  if (settings_.mixed_precision == MixedPrecision::kFp16) {
-    state_->scaler = std::make_shared<GradScaler>(GradScalerOptions(), device_);
+  if (impl_->settings_.seed) set_seed(*impl_->settings_.seed);
+  if (impl_->settings_.mixed_precision == MixedPrecision::kFp16) {
+    impl_->state_->scaler = std::make_shared<GradScaler>(GradScalerOptions(), impl_->device_);
   }
   check_zero_stage();
-  checkpointed_->state = state_;
-  checkpointed_->device = device_;
-  checkpointed_->mixed_precision = settings_.mixed_precision;
+  impl_->checkpointed_->state = impl_->state_;
+  impl_->checkpointed_->device = impl_->device_;
+  impl_->checkpointed_->mixed_precision = impl_->settings_.mixed_precision;
   start_step_breakdown();
 }
 
 void Accelerator::check_zero_stage() const {
-  const int stage = options_.zero_stage();
+  const int stage = impl_->options_.zero_stage();
   if (stage < 0 || stage > 2) {
-    throw Error(detail::str(rank_prefix_, "AcceleratorOptions::zero_stage is ", stage,
+    throw Error(detail::str(impl_->rank_prefix_, "AcceleratorOptions::zero_stage is ", stage,
                             "; ZeRO has stages 0 (off), 1 (optimizer state sharded) and 2 (also ",
                             "gradients reduce-scattered). Fix: zero_stage(0), (1) or (2)."));
   }
 }
 
 void Accelerator::start_step_breakdown() {
-  const int64_t every = options_.step_breakdown_every();
+  const int64_t every = impl_->options_.step_breakdown_every();
   if (every < 0) {
     throw Error(detail::str("step_breakdown_every is ", every,
                             "; it must be a number of optimizer steps, or 0 to turn the "
@@ -261,27 +260,43 @@ void Accelerator::start_step_breakdown() {
   detail::StepBreakdown::Hooks hooks;
   hooks.communicator = [this]() -> Communicator& { return communicator(); };
   hooks.log = [this](const TrackerScalars& values, int64_t step) {
-    if (!tracker_dir_.empty()) log(values, step);
+    if (!impl_->tracker_dir_.empty()) log(values, step);
   };
-  hooks.optimizer_step = [state = state_] { return state->optimizer_steps; };
-  hooks.rank = process_index_;
-  hooks.world = num_processes_;
-  hooks.rank_prefix = rank_prefix_;
-  step_breakdown_ = std::make_unique<detail::StepBreakdown>(every, std::move(hooks));
+  hooks.optimizer_step = [state = impl_->state_] { return state->optimizer_steps; };
+  hooks.rank = impl_->process_index_;
+  hooks.world = impl_->num_processes_;
+  hooks.rank_prefix = impl_->rank_prefix_;
+  impl_->step_breakdown_ = std::make_unique<detail::StepBreakdown>(every, std::move(hooks));
 }
 
 Accelerator::~Accelerator() {
-  resume_hook_->disarm();   // it points at this Accelerator; loaders may outlive it
-  step_breakdown_.reset();  // so do the optimizers that end the steps it listens to
+  impl_->resume_hook_->disarm();   // it points at this Accelerator; loaders may outlive it
+  impl_->step_breakdown_.reset();  // so do the optimizers that end the steps it listens to
   try {
     close_trackers();
   } catch (const std::exception& e) {  // a destructor cannot throw; say what was lost
-    std::cerr << rank_prefix_ << "accelerant: closing the trackers failed: " << e.what() << "\n";
+    std::cerr << impl_->rank_prefix_ << "accelerant: closing the trackers failed: " << e.what()
+              << "\n";
   }
 }
 
+bool Accelerator::sync_gradients() const { return impl_->state_->sync_gradients; }
+const AcceleratorSettings& Accelerator::settings() const { return impl_->settings_; }
+MixedPrecision Accelerator::mixed_precision() const { return impl_->settings_.mixed_precision; }
+int64_t Accelerator::gradient_accumulation_steps() const {
+  return impl_->settings_.gradient_accumulation_steps;
+}
+torch::Device Accelerator::device() const { return impl_->device_; }
+int Accelerator::process_index() const { return impl_->process_index_; }
+int Accelerator::num_processes() const { return impl_->num_processes_; }
+int Accelerator::local_process_index() const { return impl_->local_process_index_; }
+bool Accelerator::is_main_process() const { return impl_->process_index_ == 0; }
+bool Accelerator::is_local_main_process() const { return impl_->local_process_index_ == 0; }
+int Accelerator::threads() const { return impl_->threads_; }
+const std::shared_ptr<TrainingState>& Accelerator::state() const { return impl_->state_; }
+
 Communicator& Accelerator::communicator() const {
-  if (ended_) {
+  if (impl_->ended_) {
     throw Error(
         "This Accelerator's training has ended (end_training() was called), so it can no longer "
         "communicate. Fix: call end_training() last, after every gather, reduce and step.");
@@ -295,39 +310,39 @@ void Accelerator::prepare_model(const std::shared_ptr<torch::nn::Module>& model)
         "prepare() got an empty model pointer. Fix: construct the model first, e.g. "
         "std::make_shared<Net>(), and pass that.");
   }
-  for (const auto& prepared : models_) {
+  for (const auto& prepared : impl_->models_) {
     if (prepared.module == model) return;  // preparing twice changes nothing
   }
-  model->to(device_);
-  if (settings_.downcast_bf16) model->to(torch::kBFloat16);
+  model->to(impl_->device_);
+  if (impl_->settings_.downcast_bf16) model->to(torch::kBFloat16);
   Communicator& comm = communicator();
   detail::ScopedCollectiveLabel label("prepare");
   if (comm.size() > 1) {
-    check_same_model_everywhere(comm, *model, rank_prefix_);
+    check_same_model_everywhere(comm, *model, impl_->rank_prefix_);
     broadcast_from_main(comm, *model);
   }
-  const int64_t cap = options_.bucket_cap_mb() * 1024 * 1024;
+  const int64_t cap = impl_->options_.bucket_cap_mb() * 1024 * 1024;
   auto reducer = std::make_unique<GradientReducer>(
       model->named_parameters(), comm,
       GradientReducerOptions()
           .bucket_cap_bytes(cap)
           .first_bucket_cap_bytes(std::min<int64_t>(cap, 1024 * 1024))
-          .allow_unused_parameters(options_.allow_unused_parameters())
-          .zero_stage(options_.zero_stage()));
-  models_.push_back({model, std::move(reducer)});
-  checkpointed_->models.push_back(model);
+          .allow_unused_parameters(impl_->options_.allow_unused_parameters())
+          .zero_stage(impl_->options_.zero_stage()));
+  impl_->models_.push_back({model, std::move(reducer)});
+  impl_->checkpointed_->models.push_back(model);
 }
 
 PreparedOptimizer Accelerator::prepare_optimizer(torch::optim::Optimizer& optimizer) {
-  auto& optimizers = checkpointed_->optimizers;
+  auto& optimizers = impl_->checkpointed_->optimizers;
   auto prepared = std::find_if(optimizers.begin(), optimizers.end(),
                                [&](const auto& o) { return o.optimizer == &optimizer; });
   if (prepared == optimizers.end()) {
     // A fused type already steps fused; a torch::optim one gets an updater bound to it. ZeRO
     // shards the fused update, so it binds one whatever fused_optimizers says.
-    const bool zero = options_.zero_stage() > 0 && communicator().size() > 1;
+    const bool zero = impl_->options_.zero_stage() > 0 && communicator().size() > 1;
     const bool wrap =
-        (options_.fused_optimizers() || zero) && fused_updater_of(optimizer) == nullptr;
+        (impl_->options_.fused_optimizers() || zero) && fused_updater_of(optimizer) == nullptr;
     optimizers.push_back({&optimizer, wrap ? std::make_shared<FusedUpdater>(optimizer) : nullptr});
     prepared = std::prev(optimizers.end());
     if (zero) {
@@ -337,53 +352,55 @@ PreparedOptimizer Accelerator::prepare_optimizer(torch::optim::Optimizer& optimi
     }
   }
   GradientReducer* reducer = prepared->zero_reducer;
-  if (!reducer) return PreparedOptimizer(optimizer, state_, prepared->fused);
+  if (!reducer) return PreparedOptimizer(optimizer, impl_->state_, prepared->fused);
   // Preparing it again (another handle) keeps the same all-gather and gradient release.
   std::function<void()> zero_gradients, unscale_shares;
-  if (options_.zero_stage() == 2) {
+  if (impl_->options_.zero_stage() == 2) {
     zero_gradients = [reducer] { reducer->zero_gradients(); };
     // The scaler is read at each step: TrainingState::scaler may be set after prepare.
-    unscale_shares = [state = state_, reducer, comm = &communicator()] {
+    unscale_shares = [state = impl_->state_, reducer, comm = &communicator()] {
       const auto& scaler = state->scaler;
       if (scaler && scaler->enabled() && !scaler->unscaled())
         scaler->unscale_shares_(reducer->gradient_shares(), *comm);
     };
   }
   return PreparedOptimizer(
-      optimizer, state_, prepared->fused, [reducer] { reducer->gather_parameters(); },
+      optimizer, impl_->state_, prepared->fused, [reducer] { reducer->gather_parameters(); },
       std::move(zero_gradients), std::move(unscale_shares));
 }
 
 // The reducer of the prepared model that owns the optimizer's parameters; shard_pieces then
 // checks that they are exactly its trainable ones, naming any that is not.
 GradientReducer& Accelerator::zero_reducer_for(torch::optim::Optimizer& optimizer) {
-  if (models_.empty()) {
+  if (impl_->models_.empty()) {
     throw Error(detail::str(
-        rank_prefix_, "ZeRO (zero_stage ", options_.zero_stage(), ") shards an optimizer over ",
+        impl_->rank_prefix_, "ZeRO (zero_stage ", impl_->options_.zero_stage(),
+        ") shards an optimizer over ",
         "its model's gradient buckets, and no model is prepared yet. Fix: prepare the model ",
         "first, or together: accelerator.prepare(model, optimizer, ...)."));
   }
   const std::vector<torch::Tensor> params = optimizer_parameters(optimizer);
   std::unordered_set<const c10::TensorImpl*> updated;
   for (const auto& p : params) updated.insert(p.unsafeGetTensorImpl());
-  for (auto& prepared : models_) {
+  for (auto& prepared : impl_->models_) {
     for (const auto& p : prepared.module->parameters()) {
       if (p.requires_grad() && updated.count(p.unsafeGetTensorImpl())) return *prepared.reducer;
     }
   }
   throw Error(detail::str(
-      rank_prefix_, "ZeRO (zero_stage ", options_.zero_stage(), "): none of the optimizer's ",
-      params.size(), " parameters is a trainable parameter of a prepared model, so no gradient ",
+      impl_->rank_prefix_, "ZeRO (zero_stage ", impl_->options_.zero_stage(),
+      "): none of the optimizer's ", params.size(),
+      " parameters is a trainable parameter of a prepared model, so no gradient ",
       "buckets can shard its update. Fix: build the optimizer over model->parameters() of a "
       "model passed to prepare, before preparing the optimizer."));
 }
 
 PreparedScheduler Accelerator::prepare_scheduler(torch::optim::LRScheduler& scheduler) {
-  auto& schedulers = checkpointed_->schedulers;
+  auto& schedulers = impl_->checkpointed_->schedulers;
   for (const auto& prepared : schedulers) {
     if (&prepared.scheduler() == &scheduler) return prepared;
   }
-  schedulers.emplace_back(scheduler, state_);
+  schedulers.emplace_back(scheduler, impl_->state_);
   return schedulers.back();
 }
 
@@ -392,12 +409,12 @@ DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
   ShardingOptions sharding = ShardingOptions()
                                  .batch_size(o.batch_size())
                                  .shuffle(o.shuffle())
-                                 .seed(o.seed().value_or(settings_.seed.value_or(0)))
+                                 .seed(o.seed().value_or(impl_->settings_.seed.value_or(0)))
                                  .drop_last(o.drop_last())
-                                 .even_batches(settings_.even_batches)
-                                 .split_batches(settings_.split_batches);
-  const torch::Device device = device_;
-  const bool downcast = settings_.downcast_bf16;
+                                 .even_batches(impl_->settings_.even_batches)
+                                 .split_batches(impl_->settings_.split_batches);
+  const torch::Device device = impl_->device_;
+  const bool downcast = impl_->settings_.downcast_bf16;
   // To a GPU: page-locked staging and a side-stream copy in the loader's worker thread
   // (detail::to_device_from_worker), overlapping the step that runs meanwhile.
   const bool pin = device.is_cuda() && o.pin_memory().value_or(true);
@@ -409,20 +426,20 @@ DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
   DataLoader prepared = [&] {
     try {
       return detail::DataLoaderAccess::sharded(
-          source,
-          {process_index(), num_processes(), sharding, state_, std::move(transform), resume_hook_});
+          source, {process_index(), num_processes(), sharding, impl_->state_, std::move(transform),
+                   impl_->resume_hook_});
     } catch (const Error& e) {
-      throw Error(detail::str(rank_prefix_, "prepare(data loader): ", e.what()));
+      throw Error(detail::str(impl_->rank_prefix_, "prepare(data loader): ", e.what()));
     }
   }();
-  const size_t index = checkpointed_->loaders.size();
-  checkpointed_->loaders.push_back(prepared);
+  const size_t index = impl_->checkpointed_->loaders.size();
+  impl_->checkpointed_->loaders.push_back(prepared);
   // A checkpoint loaded before this loader existed (auto_resume) still knows where it was.
-  if (index < checkpointed_->loaded_loaders.size()) {
-    const CheckpointLoaderState& saved = checkpointed_->loaded_loaders[index];
+  if (index < impl_->checkpointed_->loaded_loaders.size()) {
+    const CheckpointLoaderState& saved = impl_->checkpointed_->loaded_loaders[index];
     if (saved.dataset_size != prepared.dataset_size()) {
       throw CheckpointError(detail::str(
-          rank_prefix_, "prepare(data loader ", index,
+          impl_->rank_prefix_, "prepare(data loader ", index,
           "): the checkpoint loaded by auto_resume saved this loader ", "over ", saved.dataset_size,
           " samples, but it has ", prepared.dataset_size(),
           ". Fix: prepare the same datasets, in the same order, as the run that saved it."));
@@ -430,9 +447,9 @@ DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
     prepared.set_seed(saved.seed);
     prepared.set_position({saved.epoch, saved.samples_done});
   }
-  if (options_.auto_resume() && !resume_armed_) {  // armed once, by the first loader
-    resume_armed_ = true;
-    resume_hook_->arm([this] { resume_from_latest(); });
+  if (impl_->options_.auto_resume() && !impl_->resume_armed_) {  // armed once, by the first loader
+    impl_->resume_armed_ = true;
+    impl_->resume_hook_->arm([this] { resume_from_latest(); });
   }
   return prepared;
 }
@@ -446,28 +463,28 @@ void Accelerator::backward(const torch::Tensor& loss) {
   }
   warn_if_data_unsharded();
   torch::Tensor scaled = loss;
-  if (settings_.gradient_accumulation_steps > 1)
-    scaled = scaled / settings_.gradient_accumulation_steps;
-  if (state_->scaler) scaled = state_->scaler->scale(scaled);
+  if (impl_->settings_.gradient_accumulation_steps > 1)
+    scaled = scaled / impl_->settings_.gradient_accumulation_steps;
+  if (impl_->state_->scaler) scaled = impl_->state_->scaler->scale(scaled);
   scaled.backward();
 }
 
 void Accelerator::warn_if_data_unsharded() {
   // Training of a prepared model on several processes without a prepared loader: the data most
   // likely comes from a loader every rank iterates whole, which is not an error anyone would see.
-  if (warned_unsharded_data_ || num_processes_ == 1 || models_.empty() ||
-      !checkpointed_->loaders.empty() || !checkpointed_->streams.empty()) {
+  if (impl_->warned_unsharded_data_ || impl_->num_processes_ == 1 || impl_->models_.empty() ||
+      !impl_->checkpointed_->loaders.empty() || !impl_->checkpointed_->streams.empty()) {
     return;
   }
-  warned_unsharded_data_ = true;
+  impl_->warned_unsharded_data_ = true;
   if (!is_main_process()) return;  // the same on every rank: said once
   std::cerr << detail::str(
-                   rank_prefix_, "warning: backward() on ", num_processes_,
+                   impl_->rank_prefix_, "warning: backward() on ", impl_->num_processes_,
                    " processes, but this Accelerator prepared no data loader. Unless each rank "
                    "reads its own part of the data, every rank sees the whole data set: each "
                    "optimizer step averages ",
-                   num_processes_, " copies of the same batches and an epoch takes ",
-                   num_processes_,
+                   impl_->num_processes_, " copies of the same batches and an epoch takes ",
+                   impl_->num_processes_,
                    " times the work it should. Fix: pass the loader to prepare, e.g. auto [model, "
                    "opt, loader] = acc.prepare(model, opt, make_data_loader(...)) (wrap a "
                    "torch::data dataset with make_data_loader); it gives each rank its share. "
@@ -484,13 +501,13 @@ Accelerator::AccumulationGuard Accelerator::accumulate_modules(
         "accelerator.compile(fn), which decides it before each step (and keeps one graph per kind "
         "of micro-step), and remove accumulate() from the step function.");
   }
-  TrainingState& s = *state_;
+  TrainingState& s = *impl_->state_;
   ++s.micro_steps;
   s.sync_gradients =
-      s.micro_steps % settings_.gradient_accumulation_steps == 0 || s.end_of_dataloader;
+      s.micro_steps % impl_->settings_.gradient_accumulation_steps == 0 || s.end_of_dataloader;
   std::vector<GradientReducer*> reducers;
   if (modules.empty()) {
-    for (auto& prepared : models_) reducers.push_back(prepared.reducer.get());
+    for (auto& prepared : impl_->models_) reducers.push_back(prepared.reducer.get());
   } else {
     for (auto& module : modules) reducers.push_back(&reducer_for(*module));
   }
@@ -499,7 +516,7 @@ Accelerator::AccumulationGuard Accelerator::accumulate_modules(
 }
 
 GradientReducer& Accelerator::reducer_for(const torch::nn::Module& module) const {
-  for (const auto& prepared : models_) {
+  for (const auto& prepared : impl_->models_) {
     if (prepared.module.get() == &module) return *prepared.reducer;
   }
   throw Error(detail::str(
@@ -518,19 +535,21 @@ double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters
   // The sharded norm is a collective: clip_grad_norm_tensor has it (and unscales itself).
   if (gradients_sharded())
     return clip_grad_norm_tensor(parameters, max_norm, norm_type).item<double>();
-  if (state_->scaler && state_->sync_gradients) state_->scaler->unscale_(parameters);
+  if (impl_->state_->scaler && impl_->state_->sync_gradients)
+    impl_->state_->scaler->unscale_(parameters);
   return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
 }
 
 // Under ZeRO stage 2 the gradients are the reducers' shares (the parameters' .grad are unset).
 bool Accelerator::gradients_sharded() const {
-  return options_.zero_stage() == 2 && state_->sync_gradients && communicator().size() > 1;
+  return impl_->options_.zero_stage() == 2 && impl_->state_->sync_gradients &&
+         communicator().size() > 1;
 }
 
 torch::Tensor Accelerator::clip_grad_norm_tensor(const std::vector<torch::Tensor>& parameters,
                                                  double max_norm, double norm_type) {
-  const bool unscale = state_->scaler && state_->sync_gradients;
-  if (unscale && !gradients_sharded()) state_->scaler->unscale_(parameters);
+  const bool unscale = impl_->state_->scaler && impl_->state_->sync_gradients;
+  if (unscale && !gradients_sharded()) impl_->state_->scaler->unscale_(parameters);
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads;
   if (gradients_sharded()) {
@@ -538,7 +557,7 @@ torch::Tensor Accelerator::clip_grad_norm_tensor(const std::vector<torch::Tensor
     // (every trainable parameter of a model, or none: a share cuts across parameters).
     std::unordered_set<const c10::TensorImpl*> given;
     for (const auto& p : parameters) given.insert(p.unsafeGetTensorImpl());
-    for (const auto& prepared : models_) {
+    for (const auto& prepared : impl_->models_) {
       size_t in = 0, trainable = 0;
       for (const auto& p : prepared.module->parameters()) {
         if (!p.requires_grad()) continue;
@@ -548,14 +567,14 @@ torch::Tensor Accelerator::clip_grad_norm_tensor(const std::vector<torch::Tensor
       if (in == 0) continue;
       if (in != trainable) {
         throw Error(detail::str(
-            rank_prefix_, "clip_grad_norm under ZeRO stage 2 got ", in, " of a model's ", trainable,
-            " trainable parameters. Its gradients are shares of its buckets, which ",
+            impl_->rank_prefix_, "clip_grad_norm under ZeRO stage 2 got ", in, " of a model's ",
+            trainable, " trainable parameters. Its gradients are shares of its buckets, which ",
             "cut across parameters, so only a whole model can be clipped. Fix: pass the model "
             "(or all of its parameters), or zero_stage(1)."));
       }
       for (const auto& share : prepared.reducer->gradient_shares()) grads.push_back(share);
     }
-    if (unscale) state_->scaler->unscale_shares_(grads, communicator());
+    if (unscale) impl_->state_->scaler->unscale_shares_(grads, communicator());
   } else {
     for (const auto& p : parameters) {
       if (p.grad().defined()) grads.push_back(p.grad());
@@ -566,7 +585,8 @@ torch::Tensor Accelerator::clip_grad_norm_tensor(const std::vector<torch::Tensor
     norms.push_back(std::isinf(norm_type) ? g.abs().max().to(torch::kFloat)
                                           : g.norm(norm_type).to(torch::kFloat));
   }
-  const torch::Tensor none = torch::zeros({}, torch::TensorOptions(torch::kFloat).device(device_));
+  const torch::Tensor none =
+      torch::zeros({}, torch::TensorOptions(torch::kFloat).device(impl_->device_));
   if (grads.empty() && !gradients_sharded()) return none;
   torch::Tensor total = none;
   if (!norms.empty()) {
@@ -594,10 +614,10 @@ GraphStep Accelerator::compile(GraphStep::Function step, GraphStepOptions option
         "leave it "
         "unset, or build a GraphStep directly if you need your own.");
   }
-  if (settings_.gradient_accumulation_steps > 1) {
+  if (impl_->settings_.gradient_accumulation_steps > 1) {
     options.phase([this] {
       auto scope = std::make_shared<AccumulationGuard>(accumulate_modules({}));
-      return GraphStepOptions::Phase{state_->sync_gradients ? "sync" : "accumulate",
+      return GraphStepOptions::Phase{impl_->state_->sync_gradients ? "sync" : "accumulate",
                                      std::move(scope)};
     });
   }
@@ -605,10 +625,10 @@ GraphStep Accelerator::compile(GraphStep::Function step, GraphStepOptions option
 }
 
 AutocastGuard Accelerator::autocast() const {
-  const bool enabled = settings_.mixed_precision != MixedPrecision::kNo;
+  const bool enabled = impl_->settings_.mixed_precision != MixedPrecision::kNo;
   const auto dtype =
-      settings_.mixed_precision == MixedPrecision::kFp16 ? torch::kHalf : torch::kBFloat16;
-  return AutocastGuard(device_, dtype, enabled);
+      impl_->settings_.mixed_precision == MixedPrecision::kFp16 ? torch::kHalf : torch::kBFloat16;
+  return AutocastGuard(impl_->device_, dtype, enabled);
 }
 
 torch::Tensor Accelerator::gather(const torch::Tensor& tensor) {
@@ -619,7 +639,8 @@ torch::Tensor Accelerator::gather(const torch::Tensor& tensor) {
 torch::Tensor Accelerator::gather_for_metrics(const torch::Tensor& tensor) {
   detail::ScopedCollectiveLabel label("gather_for_metrics");
   torch::Tensor all = gather(tensor);
-  const int64_t padding = state_->end_of_dataloader ? state_->padding_in_last_step : 0;
+  const int64_t padding =
+      impl_->state_->end_of_dataloader ? impl_->state_->padding_in_last_step : 0;
   if (padding > 0 && all.dim() > 0 && all.size(0) >= padding)
     all = all.narrow(0, 0, all.size(0) - padding);
   return all;
@@ -686,14 +707,14 @@ void Accelerator::save_module(const torch::nn::Module& module, const std::string
 }
 
 void Accelerator::end_training() {
-  if (ended_) return;
-  step_breakdown_.reset();  // its exchange is a collective: none after this point
+  if (impl_->ended_) return;
+  impl_->step_breakdown_.reset();  // its exchange is a collective: none after this point
   close_trackers();  // local files only: before the barrier, so a hang there loses no scalars
   detail::ScopedCollectiveLabel label("end_training");
   wait_for_everyone();
   std::fflush(stdout);
-  ended_ = true;
-  models_.clear();  // the reducers refer to the communicator that shutdown() destroys
+  impl_->ended_ = true;
+  impl_->models_.clear();  // the reducers refer to the communicator that shutdown() destroys
   ProcessState::shutdown();
 }
 

@@ -3,6 +3,7 @@
 #include "accelerant/accelerator.h"
 #include "accelerant/error.h"
 #include "accelerant/safetensors.h"
+#include "accelerator/accelerator_impl.h"
 #include "base/trace_events.h"
 #include "checkpoint/training_checkpoint.h"
 #include "comm/collective_label.h"
@@ -11,39 +12,41 @@
 namespace accelerant {
 
 detail::CheckpointRanks Accelerator::checkpoint_ranks() const {
-  return {&communicator(), process_index_, num_processes_, rank_prefix_};
+  return {&communicator(), impl_->process_index_, impl_->num_processes_, impl_->rank_prefix_};
 }
 
 std::string Accelerator::checkpoints_dir() const {
-  return detail::checkpoints_dir_of(options_.project_dir());
+  return detail::checkpoints_dir_of(impl_->options_.project_dir());
 }
 
 void Accelerator::register_checkpoint_object(
     std::function<void(torch::serialize::OutputArchive&)> save,
     std::function<void(torch::serialize::InputArchive&)> load) {
-  checkpointed_->objects.push_back({std::move(save), std::move(load)});
+  impl_->checkpointed_->objects.push_back({std::move(save), std::move(load)});
 }
 
 std::string Accelerator::save_state(const std::string& dir) {
   detail::ScopedCollectiveLabel label("save_state");
   detail::TraceSpan span("save_state", "checkpoint");
   // A save before the first batch under auto_resume saves the resumed state, not the fresh one.
-  resume_hook_->fire();
-  return detail::save_training_state(*checkpointed_, checkpoint_ranks(),
-                                     {dir, checkpoints_dir(), options_.checkpoint_total_limit()});
+  impl_->resume_hook_->fire();
+  return detail::save_training_state(
+      *impl_->checkpointed_, checkpoint_ranks(),
+      {dir, checkpoints_dir(), impl_->options_.checkpoint_total_limit()});
 }
 
 std::string Accelerator::load_state(const std::string& dir) {
   detail::ScopedCollectiveLabel label("load_state");
   detail::TraceSpan span("load_state", "checkpoint");
-  resume_hook_->disarm();  // an explicit load replaces auto_resume's
-  return detail::load_training_state(*checkpointed_, checkpoint_ranks(), dir, checkpoints_dir());
+  impl_->resume_hook_->disarm();  // an explicit load replaces auto_resume's
+  return detail::load_training_state(*impl_->checkpointed_, checkpoint_ranks(), dir,
+                                     checkpoints_dir());
 }
 
 void Accelerator::auto_resume_now() {
   detail::ScopedCollectiveLabel label("auto_resume");
   detail::TraceSpan span("auto_resume", "checkpoint");
-  resume_hook_->fire();
+  impl_->resume_hook_->fire();
 }
 
 void Accelerator::resume_from_latest() {
@@ -53,7 +56,7 @@ void Accelerator::resume_from_latest() {
       detail::agreed_latest_checkpoint(checkpoint_ranks(), checkpoints_dir());
   if (latest.empty()) return;
   load_state(latest);
-  print("Resumed from ", latest, " (step ", state_->optimizer_steps, ")");
+  print("Resumed from ", latest, " (step ", impl_->state_->optimizer_steps, ")");
 }
 
 void Accelerator::save_model_module(const torch::nn::Module& module, const std::string& dir,

@@ -4,6 +4,7 @@
 #include "accelerant/accelerator.h"
 #include "accelerant/error.h"
 #include "accelerant/process_state.h"
+#include "accelerator/accelerator_impl.h"
 #include "accelerator/batch_to_device.h"
 #include "base/text.h"
 #include "base/torch_compat.h"
@@ -16,14 +17,14 @@
 namespace accelerant {
 
 StreamLoader Accelerator::prepare_stream_loader(const StreamLoader& loader) {
-  const torch::Device device = device_;
-  const bool downcast = settings_.downcast_bf16;
+  const torch::Device device = impl_->device_;
+  const bool downcast = impl_->settings_.downcast_bf16;
   // As prepare_data_loader moves a DataLoader's batches (in the worker threads when there are).
   std::function<Batch(Batch)> transform =
       detail::batch_to_device(device, downcast, /*pin=*/device.is_cuda());
   std::function<torch::Tensor(const torch::Tensor&)> all_reduce_max;
   std::function<std::string(const std::string&, int)> broadcast_text;
-  if (num_processes_ > 1) {
+  if (impl_->num_processes_ > 1) {
     broadcast_text = [](const std::string& text, int src) {
       detail::ScopedCollectiveLabel label("stream loader error");
       return ProcessState::get().communicator().broadcast_bytes(text, src);
@@ -37,21 +38,22 @@ StreamLoader Accelerator::prepare_stream_loader(const StreamLoader& loader) {
   StreamLoader prepared = [&] {
     try {
       return detail::StreamLoaderAccess::sharded(
-          loader, {process_index_, num_processes_, rank_prefix_, state_, std::move(transform),
-                   resume_hook_, std::move(all_reduce_max), std::move(broadcast_text)});
+          loader, {impl_->process_index_, impl_->num_processes_, impl_->rank_prefix_, impl_->state_,
+                   std::move(transform), impl_->resume_hook_, std::move(all_reduce_max),
+                   std::move(broadcast_text)});
     } catch (const Error& e) {
-      throw Error(detail::str(rank_prefix_, "prepare(stream loader): ", e.what()));
+      throw Error(detail::str(impl_->rank_prefix_, "prepare(stream loader): ", e.what()));
     }
   }();
-  const size_t index = checkpointed_->streams.size();
-  checkpointed_->streams.push_back(prepared);
+  const size_t index = impl_->checkpointed_->streams.size();
+  impl_->checkpointed_->streams.push_back(prepared);
   // A checkpoint loaded before this loader existed (auto_resume) still knows where it was.
-  if (index < checkpointed_->loaded_streams.size()) {
-    prepared.set_position(checkpointed_->loaded_streams[index]);
+  if (index < impl_->checkpointed_->loaded_streams.size()) {
+    prepared.set_position(impl_->checkpointed_->loaded_streams[index]);
   }
-  if (options_.auto_resume() && !resume_armed_) {  // armed once, by the first loader
-    resume_armed_ = true;
-    resume_hook_->arm([this] { resume_from_latest(); });
+  if (impl_->options_.auto_resume() && !impl_->resume_armed_) {  // armed once, by the first loader
+    impl_->resume_armed_ = true;
+    impl_->resume_hook_->arm([this] { resume_from_latest(); });
   }
   return prepared;
 }

@@ -7,60 +7,62 @@
 
 #include "accelerant/accelerator.h"
 #include "accelerant/error.h"
+#include "accelerator/accelerator_impl.h"
 
 namespace accelerant {
 
 void Accelerator::init_trackers(const std::string& project_name, const TrackerConfig& config) {
-  if (!tracker_dir_.empty()) {
-    throw Error(rank_prefix_ + "init_trackers(\"" + project_name +
-                "\") called twice; the trackers write to " + tracker_dir_ +
+  if (!impl_->tracker_dir_.empty()) {
+    throw Error(impl_->rank_prefix_ + "init_trackers(\"" + project_name +
+                "\") called twice; the trackers write to " + impl_->tracker_dir_ +
                 ". Call it once per run (end_training closes them).");
   }
   if (project_name.empty() || project_name.find('/') != std::string::npos || project_name == "." ||
       project_name == "..") {
-    throw Error(rank_prefix_ + "init_trackers: project name \"" + project_name +
+    throw Error(impl_->rank_prefix_ + "init_trackers: project name \"" + project_name +
                 "\" is not a folder name. Give a non-empty name without '/', e.g. \"run1\".");
   }
-  const std::string base = options_.project_dir().empty() ? "." : options_.project_dir();
-  tracker_dir_ = base + "/" + project_name;
+  const std::string base =
+      impl_->options_.project_dir().empty() ? "." : impl_->options_.project_dir();
+  impl_->tracker_dir_ = base + "/" + project_name;
   if (!is_main_process()) {
-    trackers_.clear();  // add_tracker keeps none here either
+    impl_->trackers_.clear();  // add_tracker keeps none here either
     return;
   }
   std::error_code error;
-  std::filesystem::create_directories(tracker_dir_, error);
+  std::filesystem::create_directories(impl_->tracker_dir_, error);
   if (error) {
-    throw Error(rank_prefix_ + "init_trackers: cannot create " + tracker_dir_ + ": " +
+    throw Error(impl_->rank_prefix_ + "init_trackers: cannot create " + impl_->tracker_dir_ + ": " +
                 error.message() + ". Check AcceleratorOptions::project_dir.");
   }
   std::vector<std::shared_ptr<Tracker>> started;
-  for (const auto& name : options_.log_with()) started.push_back(make_tracker(name));
-  for (auto& tracker : trackers_) started.push_back(std::move(tracker));
-  trackers_ = std::move(started);
-  for (auto& tracker : trackers_) tracker->init(tracker_dir_, config);
+  for (const auto& name : impl_->options_.log_with()) started.push_back(make_tracker(name));
+  for (auto& tracker : impl_->trackers_) started.push_back(std::move(tracker));
+  impl_->trackers_ = std::move(started);
+  for (auto& tracker : impl_->trackers_) tracker->init(impl_->tracker_dir_, config);
 }
 
 void Accelerator::add_tracker(std::shared_ptr<Tracker> tracker) {
-  if (!tracker) throw Error(rank_prefix_ + "add_tracker: the tracker is null.");
+  if (!tracker) throw Error(impl_->rank_prefix_ + "add_tracker: the tracker is null.");
   if (!is_main_process()) return;
-  if (!tracker_dir_.empty()) tracker->init(tracker_dir_, {});
-  trackers_.push_back(std::move(tracker));
+  if (!impl_->tracker_dir_.empty()) tracker->init(impl_->tracker_dir_, {});
+  impl_->trackers_.push_back(std::move(tracker));
 }
 
 void Accelerator::log(const TrackerScalars& values, int64_t step) {
-  if (tracker_dir_.empty()) {
-    throw Error(rank_prefix_ +
+  if (impl_->tracker_dir_.empty()) {
+    throw Error(impl_->rank_prefix_ +
                 "log() before init_trackers(): no tracker has been started. Call "
                 "init_trackers(\"<project name>\", config) once before the training loop.");
   }
   if (!is_main_process()) return;
-  for (auto& tracker : trackers_) tracker->log(values, step);
+  for (auto& tracker : impl_->trackers_) tracker->log(values, step);
 }
 
 void Accelerator::close_trackers() {
-  auto trackers = std::move(trackers_);
-  trackers_.clear();
-  if (tracker_dir_.empty()) return;  // added but never started: nothing to close
+  auto trackers = std::move(impl_->trackers_);
+  impl_->trackers_.clear();
+  if (impl_->tracker_dir_.empty()) return;  // added but never started: nothing to close
   std::exception_ptr first_error;
   for (auto& tracker : trackers) {
     try {

@@ -20,6 +20,7 @@
 #include "accelerant/error.h"
 #include "accelerant/process_state.h"
 #include "accelerant/trace_files.h"
+#include "accelerator/accelerator_impl.h"
 #include "base/file_io.h"
 #include "base/text.h"
 #include "base/torch_op_trace.h"
@@ -230,37 +231,38 @@ ProfileScope Accelerator::profile(const ProfileOptions& options) {
   communicator();  // throws, saying why, after end_training()
   const bool ranged = options.first_step() != 0 || options.last_step() != 0;
   if (ranged && (options.first_step() < 1 || options.last_step() < options.first_step())) {
-    throw Error(detail::str(rank_prefix_, "profile: steps(", options.first_step(), ", ",
+    throw Error(detail::str(impl_->rank_prefix_, "profile: steps(", options.first_step(), ", ",
                             options.last_step(),
                             ") is not a range of optimizer steps. Give 1 <= first <= last, "
                             "e.g. steps(3, 5) records steps 3, 4 and 5."));
   }
   if (profile_active.exchange(true)) {
-    throw Error(rank_prefix_ +
+    throw Error(impl_->rank_prefix_ +
                 "profile: a profile is already recording in this process. Fix: stop its "
                 "ProfileScope (stop() or let it go) before starting another.");
   }
   auto session = std::make_shared<ProfileScope::Session>();  // clears profile_active when it goes
-  session->rank = process_index_;
-  session->size = num_processes_;
-  session->rank_prefix = rank_prefix_;
+  session->rank = impl_->process_index_;
+  session->size = impl_->num_processes_;
+  session->rank_prefix = impl_->rank_prefix_;
   session->options = options;
-  session->cuda = device_.is_cuda();
-  session->dir = !options.dir().empty()           ? options.dir()
-                 : options_.project_dir().empty() ? std::string("traces")
-                                                  : options_.project_dir() + "/traces";
+  session->cuda = impl_->device_.is_cuda();
+  session->dir = !options.dir().empty() ? options.dir()
+                 : impl_->options_.project_dir().empty()
+                     ? std::string("traces")
+                     : impl_->options_.project_dir() + "/traces";
   // Every rank learns every rank's problem, so that all throw alike instead of some waiting at the
   // stop's barrier for a rank that already failed.
   detail::ScopedCollectiveLabel label("profile");
   const std::vector<std::string> problems =
-      gather_problems(writable_problem(session->dir, process_index_));
+      gather_problems(writable_problem(session->dir, impl_->process_index_));
   std::string failed;
   for (size_t r = 0; r < problems.size(); ++r) {
     if (!problems[r].empty()) failed += detail::str("\n  rank ", r, ": ", problems[r]);
   }
   if (!failed.empty()) {
-    throw Error(rank_prefix_ + "profile: cannot write the trace files to " + session->dir + ":" +
-                failed +
+    throw Error(impl_->rank_prefix_ + "profile: cannot write the trace files to " + session->dir +
+                ":" + failed +
                 "\nFix: give a writable folder with ProfileOptions().dir(...) or "
                 "AcceleratorOptions::project_dir.");
   }

@@ -1,0 +1,53 @@
+// What an Accelerator holds (include/accelerant/accelerator.h keeps only a pointer to it): the
+// resolved settings, this process's place in the job, the prepared models and what a checkpoint
+// saves. Read and written by the Accelerator's member functions (accelerator*.cpp,
+// profile_scope.cpp) only.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "accelerant/accelerator.h"
+#include "accelerator/step_breakdown.h"
+#include "checkpoint/training_checkpoint.h"
+#include "train/resume_hook.h"
+
+namespace accelerant {
+
+struct Accelerator::Impl {
+  explicit Impl(AcceleratorOptions options) : options_(std::move(options)) {}
+
+  struct PreparedModel {
+    std::shared_ptr<torch::nn::Module> module;
+    std::unique_ptr<GradientReducer> reducer;
+  };
+
+  AcceleratorOptions options_;
+  AcceleratorSettings settings_;
+  torch::Device device_ = torch::kCPU;
+  // Copied from ProcessState at construction: still valid after end_training() shut it down.
+  int process_index_ = 0;
+  int num_processes_ = 1;
+  int local_process_index_ = 0;
+  std::string rank_prefix_;
+  int threads_ = 1;
+  bool ended_ = false;
+  std::shared_ptr<TrainingState> state_ = std::make_shared<TrainingState>();
+  std::vector<PreparedModel> models_;
+  /// What prepare gave it (optimizers, schedulers, loaders, registered objects): what a
+  /// checkpoint holds (checkpoint/training_checkpoint.h).
+  std::unique_ptr<detail::CheckpointedState> checkpointed_ =
+      std::make_unique<detail::CheckpointedState>();
+  /// AcceleratorOptions::auto_resume, armed by the first prepared loader, fired by a loader's
+  /// begin() (train/resume_hook.h). Shared with the loaders, which may outlive the Accelerator.
+  std::shared_ptr<detail::ResumeHook> resume_hook_ = std::make_shared<detail::ResumeHook>();
+  bool resume_armed_ = false;
+  bool warned_unsharded_data_ = false;
+  /// Exchanges the ranks' step-time breakdown (AcceleratorOptions::step_breakdown_every).
+  std::unique_ptr<detail::StepBreakdown> step_breakdown_;
+  /// init_trackers's result: `<project_dir>/<project_name>`; empty before it.
+  std::string tracker_dir_;
+  std::vector<std::shared_ptr<Tracker>> trackers_;
+};
+
+}  // namespace accelerant
