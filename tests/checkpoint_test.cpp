@@ -470,6 +470,44 @@ void rewrite(const std::string& path, const std::string& from, const std::string
 
 }  // namespace
 
+// Bytes this process has read through read(2) and its kin, page cache included (/proc/self/io).
+uint64_t bytes_read_so_far() {
+  std::ifstream io("/proc/self/io");
+  std::string key;
+  uint64_t value = 0;
+  while (io >> key >> value) {
+    if (key == "rchar:") return value;
+  }
+  ADD_FAILURE() << "no rchar in /proc/self/io";
+  return 0;
+}
+
+// A load checks each file's CRC-32 as it reads it: a checkpoint is read once, not verified by one
+// read and loaded by another (twice the disk time of a large checkpoint).
+TEST(Checkpoint, LoadReadsEachFileOnce) {
+  ScratchDir scratch;
+  const std::string dir = scratch.path + "/once";
+  auto read_per_saved = launch(
+      [dir](int) {
+        Accelerator acc;
+        torch::manual_seed(0);
+        auto net = torch::nn::Linear(1024, 1024);  // 4 MiB of weights, 8 MiB of Adam state
+        torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-3));
+        auto [m, opt] = acc.prepare(net, adam);
+        acc.backward(m->forward(torch::ones({2, 1024})).sum());
+        opt.step();
+        acc.save_state(dir);
+        uint64_t saved = 0;
+        for (const auto& f : read_checkpoint_manifest(dir).files) saved += f.size;
+        const uint64_t before = bytes_read_so_far();
+        acc.load_state(dir);
+        return static_cast<double>(bytes_read_so_far() - before) / static_cast<double>(saved);
+      },
+      ranks(1));
+  EXPECT_GT(read_per_saved[0], 0.9) << "the load read less than the checkpoint holds";
+  EXPECT_LT(read_per_saved[0], 1.5) << "the load read the checkpoint's files more than once";
+}
+
 TEST(CheckpointRefusals, OneCorruptedByteIsACheckumErrorNamingTheFile) {
   ScratchDir scratch;
   auto error = error_loading(scratch.path + "/c",
@@ -477,6 +515,15 @@ TEST(CheckpointRefusals, OneCorruptedByteIsACheckumErrorNamingTheFile) {
   EXPECT_TRUE(contains(error, "model_0.pt is corrupted: CRC-32")) << error;
   EXPECT_TRUE(contains(error, "Nothing was loaded")) << error;
   EXPECT_FALSE(contains(error, "PARAMETERS CHANGED")) << error;
+}
+
+// state.json is read once too, its CRC-32 checked before it is parsed.
+TEST(CheckpointRefusals, AnEditedStateJsonIsACheckumErrorNamingIt) {
+  ScratchDir scratch;
+  auto error = error_loading(scratch.path + "/s",
+                             [](const std::string& d) { flip_byte(d + "/state.json", 20); });
+  EXPECT_TRUE(contains(error, "state.json is corrupted: CRC-32")) << error;
+  EXPECT_TRUE(contains(error, "Nothing was loaded")) << error;
 }
 
 TEST(CheckpointRefusals, ATruncatedOrMissingFileIsNamed) {

@@ -143,7 +143,26 @@ CheckpointTrainingState read_checkpoint_state(const std::string& dir) {
   return parse_checkpoint_state(read_json_file(path), path);
 }
 
-CheckpointManifest verify_checkpoint(const std::string& dir) {
+namespace {
+
+std::string crc_problem(const std::string& file, uint32_t crc, uint32_t expected) {
+  char text[64];
+  std::snprintf(text, sizeof text, "CRC-32 %08x, the manifest says %08x", crc, expected);
+  return detail::str(file, " is corrupted: ", text);
+}
+
+[[noreturn]] void throw_damaged(const std::string& dir, const std::vector<std::string>& problems,
+                                const std::string& first_bad) {
+  throw CheckpointError(
+      detail::str("checkpoint ", dir, " is damaged: ", detail::join(problems, "; "),
+                  ". Nothing was loaded. Likely cause: a disk or copy error, or the files were ",
+                  "changed after saving. Fix: load an older checkpoint (or restore this one ",
+                  "from a backup)."),
+      first_bad);
+}
+
+// verify_checkpoint, and with `contents` false everything it checks but the files' CRC-32.
+CheckpointManifest check_checkpoint(const std::string& dir, bool contents) {
   CheckpointManifest manifest = read_checkpoint_manifest(dir);
   std::vector<std::string> problems = role_problems(manifest);
   std::string first_bad = problems.empty() ? "" : dir + "/" + detail::layout::kManifestFile;
@@ -160,29 +179,53 @@ CheckpointManifest verify_checkpoint(const std::string& dir) {
     } else if (static_cast<uint64_t>(st.st_size) != f.size) {
       problem = detail::str(f.path, " has ", st.st_size, " bytes, the manifest says ", f.size,
                             static_cast<uint64_t>(st.st_size) < f.size ? " (truncated)" : "");
-    } else {
+    } else if (contents) {
       const uint32_t crc = detail::crc32_of(detail::read_file(path));
-      if (crc != f.crc32) {
-        char text[64];
-        std::snprintf(text, sizeof text, "CRC-32 %08x, the manifest says %08x", crc, f.crc32);
-        problem = detail::str(f.path, " is corrupted: ", text);
-      }
+      if (crc != f.crc32) problem = crc_problem(f.path, crc, f.crc32);
     }
     if (!problem.empty()) {
       if (first_bad.empty()) first_bad = path;
       problems.push_back(problem);
     }
   }
-  if (!problems.empty()) {
-    throw CheckpointError(
-        detail::str("checkpoint ", dir, " is damaged: ", detail::join(problems, "; "),
-                    ". Nothing was loaded. Likely cause: a disk or copy error, or the files were ",
-                    "changed after saving. Fix: load an older checkpoint (or restore this one ",
-                    "from a backup)."),
-        first_bad);
-  }
+  if (!problems.empty()) throw_damaged(dir, problems, first_bad);
   return manifest;
 }
+
+}  // namespace
+
+CheckpointManifest verify_checkpoint(const std::string& dir) { return check_checkpoint(dir, true); }
+
+namespace detail {
+
+CheckpointManifest verify_checkpoint_layout(const std::string& dir) {
+  return check_checkpoint(dir, false);
+}
+
+std::string read_checked_file(const std::string& dir, const CheckpointManifest& manifest,
+                              const std::string& name) {
+  const auto listed = std::find_if(manifest.files.begin(), manifest.files.end(),
+                                   [&](const auto& f) { return f.path == name; });
+  const std::string path = dir + "/" + name;
+  if (listed == manifest.files.end()) {
+    throw_damaged(dir, {detail::str(name, " is not in the manifest's file list")}, path);
+  }
+  // JSON files are read within their bound (layout::kMaxJsonBytes), as everywhere else.
+  const bool json = name.size() > 5 && name.compare(name.size() - 5, 5, ".json") == 0;
+  std::string bytes = json ? read_json_file(path) : read_file(path);
+  const uint32_t crc = crc32_of(bytes);
+  if (bytes.size() != listed->size || crc != listed->crc32) {
+    throw_damaged(dir,
+                  {bytes.size() != listed->size
+                       ? detail::str(name, " has ", bytes.size(), " bytes, the manifest says ",
+                                     listed->size, " (changed while loading)")
+                       : crc_problem(name, crc, listed->crc32)},
+                  path);
+  }
+  return bytes;
+}
+
+}  // namespace detail
 
 int64_t checkpoint_iteration(const std::string& path) {
   const std::string name = detail::base_name(path);

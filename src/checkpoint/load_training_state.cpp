@@ -159,7 +159,8 @@ std::vector<StreamPosition> read_stream_positions(const LoadedCheckpoint& loaded
   std::vector<StreamPosition> positions;
   for (size_t i = 0; i < saved; ++i) {
     const std::string where = dir + "/" + layout::stream_file(ranks.rank, i);
-    const SavedStreamPosition p = parse_stream_position(read_file(where), where);
+    const SavedStreamPosition p =
+        parse_stream_position(read_checked_file(dir, m, layout::stream_file(ranks.rank, i)), where);
     if (p.rank != ranks.rank || p.world_size != ranks.world_size) {
       throw CheckpointError(
           str(where, " says it belongs to rank ", p.rank, " of ", p.world_size,
@@ -183,9 +184,12 @@ LoadedCheckpoint read_and_check(const std::string& dir, const CheckpointedState&
                                 const CheckpointRanks& ranks) {
   LoadedCheckpoint loaded;
   loaded.dir = dir;
-  loaded.manifest = verify_checkpoint(dir);
+  loaded.manifest = verify_checkpoint_layout(dir);
   check_counts(loaded.manifest, s, dir);
-  auto read = [&](const std::string& name) { return read_file(dir + "/" + name); };
+  // Each file is read once, its CRC-32 checked then: nothing is applied before all are read.
+  auto read = [&](const std::string& name) {
+    return read_checked_file(dir, loaded.manifest, name);
+  };
   for (size_t i = 0; i < s.models.size(); ++i) {
     const std::string file = layout::model_file(i);
     loaded.models.push_back(read(file));
@@ -223,7 +227,7 @@ LoadedCheckpoint read_and_check(const std::string& dir, const CheckpointedState&
           dir + "/" + file);
     }
   }
-  loaded.state = read_checkpoint_state(dir);
+  loaded.state = parse_checkpoint_state(read(layout::kStateFile), dir + "/" + layout::kStateFile);
   check_positions(loaded, s);
   loaded.streams = read_stream_positions(loaded, s, ranks);
   return loaded;

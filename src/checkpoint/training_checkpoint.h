@@ -101,6 +101,15 @@ std::string save_training_state(const CheckpointedState& state, const Checkpoint
 std::string load_training_state(CheckpointedState& state, const CheckpointRanks& ranks,
                                 const std::string& dir, const std::string& checkpoints_dir);
 
+/// verify_checkpoint without reading the files: the manifest, each file's role, that each exists
+/// (not through a link) with the listed size. A load checks the contents as it reads each file,
+/// once (read_checked_file), instead of reading every file twice.
+CheckpointManifest verify_checkpoint_layout(const std::string& dir);
+/// DIR/NAME's bytes, checked against the manifest's size and CRC-32. Throws verify_checkpoint's
+/// CheckpointError, naming the file, when they differ or the manifest does not list it.
+std::string read_checked_file(const std::string& dir, const CheckpointManifest& manifest,
+                              const std::string& name);
+
 /// The newest checkpoint in `checkpoints_dir` that verifies (newest_verified_checkpoint) as the
 /// main process sees it, the same on every process (a collective); "" when there is none. The
 /// main process prints a warning to stderr naming every newer checkpoint it skipped and why.
