@@ -336,6 +336,23 @@ void PendingCollective::wait() {
   c.flight.finish(state->call.sequence, detail::CollectiveState::kCompleted);
 }
 
+namespace {
+
+// Queues the all-reduce of state.wire: through the shared-memory segment when it carries that
+// dtype, else through the tensor's backend (Gloo for CPU tensors, NCCL for CUDA ones).
+void queue_all_reduce(Communicator::Impl& c, PendingCollective::State& state, ReduceOp op) {
+  if (c.shm && detail::ShmAllReduce::supports(state.wire)) {
+    state.shm_done = c.shm->submit(state.wire, op);
+    return;
+  }
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = detail::to_c10d(op);
+  std::vector<torch::Tensor> tensors{state.wire};
+  state.work = c.backend_for(state.wire).allreduce(tensors, opts);
+}
+
+}  // namespace
+
 PendingCollective Communicator::all_reduce_async_(const torch::Tensor& tensor, ReduceOp op) {
   if (op == ReduceOp::kMean && !tensor.is_floating_point()) {
     throw Error(
@@ -355,14 +372,7 @@ PendingCollective Communicator::all_reduce_async_(const torch::Tensor& tensor, R
     const bool upcast = tensor.scalar_type() == torch::kBFloat16 && !tensor.is_cuda();
     state->wire = upcast ? tensor.to(torch::kFloat) : tensor.contiguous();
     state->result = state->wire;
-    if (impl_->shm && detail::ShmAllReduce::supports(state->wire)) {
-      state->shm_done = impl_->shm->submit(state->wire, op);
-      return;
-    }
-    c10d::AllreduceOptions opts;
-    opts.reduceOp = detail::to_c10d(op);
-    std::vector<torch::Tensor> tensors{state->wire};
-    state->work = impl_->backend_for(state->wire).allreduce(tensors, opts);
+    queue_all_reduce(*impl_, *state, op);
   });
   return PendingCollective(std::move(state));
 }
@@ -429,14 +439,7 @@ PendingCollective Communicator::reduce_scatter_async_(const torch::Tensor& input
     // rank's shard. Twice the traffic of a reduce-scatter; see docs/collectives.md.
     state->wire = upcast ? wire.reshape({-1}) : input.reshape({-1}).clone();
     state->result = state->wire.narrow(0, impl_->rank * shard, shard);
-    if (impl_->shm && detail::ShmAllReduce::supports(state->wire)) {
-      state->shm_done = impl_->shm->submit(state->wire, op);
-      return;
-    }
-    c10d::AllreduceOptions opts;
-    opts.reduceOp = detail::to_c10d(op);
-    std::vector<torch::Tensor> tensors{state->wire};
-    state->work = impl_->gloo->allreduce(tensors, opts);
+    queue_all_reduce(*impl_, *state, op);
   });
   return PendingCollective(std::move(state));
 }
