@@ -390,6 +390,23 @@ TEST(Zero, MisuseIsRefusedWithTheFix) {
           torch::optim::AdamW adamw(other->parameters(), torch::optim::AdamWOptions(1e-3));
           auto prepared = acc.prepare(model, adamw);  // an optimizer of another model
         });
+        out += "\n";
+        out += error_message([] {  // a loss scaler under stage 2 in graph mode
+          Accelerator acc(AcceleratorOptions().cpu(true).zero_stage(2).fused_optimizers(true));
+          acc.state()->scaler = std::make_shared<GradScaler>(GradScalerOptions(), torch::kCPU);
+          auto model = zero_model();
+          torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-3));
+          auto [m, opt] = acc.prepare(model, adamw);
+          auto step = acc.compile(
+              [&, &m = m, &opt = opt](const GraphStep::Inputs& in) {
+                acc.backward(m->forward(in[0]).pow(2).mean());
+                opt.step();
+                opt.zero_grad();
+                return GraphStep::Outputs{};
+              },
+              GraphStepOptions().emulate_replays(true));
+          step({torch::ones({4, 64})});
+        });
         return out;
       },
       LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(60)).verbose(false));
@@ -398,6 +415,7 @@ TEST(Zero, MisuseIsRefusedWithTheFix) {
   EXPECT_TRUE(contains(m, "is not a trainable parameter of the prepared model")) << m;
   EXPECT_TRUE(contains(m, "no model is prepared yet")) << m;
   EXPECT_TRUE(contains(m, "none of the optimizer's 2 parameters")) << m;
+  EXPECT_TRUE(contains(m, "unscale_shares_ inside a graph step")) << m;
   EXPECT_TRUE(contains(m, "Fix:")) << m;
 }
 
