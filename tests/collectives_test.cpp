@@ -298,6 +298,17 @@ TEST_P(ShardedCollectives, AllGatherPutsEveryRanksInputInRankOrder) {
         wrong += mismatch(at, out, torch::cat(parts));
       }
     }
+    // In place (what ZeRO's parameter all-gather does): the input is this rank's own part of the
+    // output, and the peers' parts arrive around it.
+    for (int64_t shard : kShards) {
+      auto out = torch::full({n * shard}, -7.0f);
+      auto own = out.narrow(0, index * shard, shard);
+      own.copy_(input_of(index, shard, torch::kFloat));
+      comm.all_gather_(own, out);
+      std::vector<torch::Tensor> parts;
+      for (int q = 0; q < n; ++q) parts.push_back(input_of(q, shard, torch::kFloat));
+      wrong += mismatch("in place, S=" + std::to_string(shard), out, torch::cat(parts));
+    }
     // Shapes do not matter, only element counts: [2, 3] from each rank into [n, 2, 3].
     auto grid = torch::arange(6, torch::kFloat).reshape({2, 3}) + 10 * index;
     auto out = torch::empty({n, 2, 3});

@@ -475,7 +475,12 @@ PendingCollective Communicator::all_gather_async_(const torch::Tensor& input,
     const auto wire_type = input.scalar_type() == torch::kBFloat16 ? torch::kHalf
                            : input.scalar_type() == torch::kBool   ? torch::kByte
                                                                    : input.scalar_type();
-    std::vector<torch::Tensor> inputs{input.reshape({-1}).view(wire_type)};
+    // Gloo copies the input into this rank's part of output: not onto itself (in place).
+    const bool in_place =
+        input.data_ptr() ==
+        static_cast<char*>(output.data_ptr()) + impl_->rank * input.numel() * input.element_size();
+    std::vector<torch::Tensor> inputs{
+        (in_place ? input.clone() : input).reshape({-1}).view(wire_type)};
     const auto flat = output.view({-1}).view(wire_type);
     std::vector<std::vector<torch::Tensor>> outputs(1);
     for (int r = 0; r < impl_->size; ++r) {

@@ -399,7 +399,14 @@ struct ShmAllReduce::Shared {
       std::memcpy(slots[rank], input + offset, k);
       barrier(deadline);
       if (offset == 0) check_same_call();
-      for (int q = 0; q < size; ++q) std::memcpy(output + q * shard + offset, slots[q], k);
+      for (int q = 0; q < size; ++q) {
+        char* to = output + q * shard + offset;
+        if (q != rank) {
+          std::memcpy(to, slots[q], k);
+        } else if (to != input + offset) {  // in place (input is this part of output): nothing
+          std::memcpy(to, input + offset, k);
+        }
+      }
       barrier(deadline);
       offset += k;
     } while (offset < shard);

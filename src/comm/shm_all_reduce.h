@@ -29,7 +29,8 @@
 //                   2. rank r folds part r of every slot (its own from its input) in rank
 //                      order ((s0 + s1) + s2) + ... into its output [o, o+k)  -> barrier
 //   all-gather:     1. each rank copies its input [o, o+k') into its slot     -> barrier
-//                   2. every rank copies every slot into its output           -> barrier
+//                   2. every rank copies every other slot into its output, and its own
+//                      input unless that is its part of the output (in place) -> barrier
 // The fold is the all-reduce's (same combine, same order), so a reduce-scatter's shard has the
 // bits of the same all-reduce's elements there. The input is only read.
 //

@@ -74,8 +74,8 @@ struct GradientReducer::State {
   std::vector<torch::Tensor> bucket_buffer;
   std::vector<torch::Tensor> spare_buffers;
   int64_t largest_bucket = 0;
-  size_t next_share = 0;  // stage 2, this pass: the first bucket not yet reduced to its share
-  torch::Tensor gather_in, gather_out;  // gather_parameters' scratch (largest bucket)
+  size_t next_share = 0;     // stage 2, this pass: the first bucket not yet reduced to its share
+  torch::Tensor gather_out;  // gather_parameters' scratch (largest bucket)
 
   int64_t share_begin(size_t b) const { return communicator->rank() * share_numel[b]; }
   bool scatters_gradients() const { return zero && options.zero_stage() == 2; }
@@ -469,26 +469,32 @@ void GradientReducer::gather_parameters() {
     const GradientBucket& bucket = s.plan[b];
     const int64_t share = s.share_numel[b], lo = s.share_begin(b), hi = lo + share;
     const int64_t padded = share * s.communicator->size();
-    const auto options = torch::TensorOptions(torch::kFloat).device(bucket.device);
-    if (!s.gather_in.defined() || s.gather_in.numel() < share) {
-      s.gather_in = torch::zeros({share}, options);
+    if (!s.gather_out.defined() || s.gather_out.numel() < padded ||
+        s.gather_out.device() != bucket.device) {
+      s.gather_out =
+          torch::empty({padded}, torch::TensorOptions(torch::kFloat).device(bucket.device));
     }
-    if (!s.gather_out.defined() || s.gather_out.numel() < padded) {
-      s.gather_out = torch::empty({padded}, options);
-    }
-    torch::Tensor in = s.gather_in.narrow(0, 0, share),
-                  out = s.gather_out.narrow(0, 0, share * s.communicator->size());
+    // In place: this rank's share is packed straight into its part of `out`, the all-gather
+    // copies only the peers' shares, and only theirs are unpacked. This rank's own elements are
+    // in its parameters already (its update wrote them there).
+    const torch::Tensor out = s.gather_out.narrow(0, 0, padded), mine = out.narrow(0, lo, share);
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       const torch::Tensor flat_param = s.params[bucket.params[k]].detach().view({-1});
       const int64_t first = bucket.offsets[k], last = first + flat_param.numel();
       const int64_t from = std::max(first, lo), to = std::min(last, hi);
       if (from < to)
-        in.narrow(0, from - lo, to - from).copy_(flat_param.narrow(0, from - first, to - from));
+        out.narrow(0, from, to - from).copy_(flat_param.narrow(0, from - first, to - from));
     }
-    s.communicator->all_gather_(in, out);
+    s.communicator->all_gather_(mine, out);
     for (size_t k = 0; k < bucket.params.size(); ++k) {
-      torch::Tensor flat_param = s.params[bucket.params[k]].detach().view({-1});
-      flat_param.copy_(out.narrow(0, bucket.offsets[k], flat_param.numel()));
+      const torch::Tensor flat_param = s.params[bucket.params[k]].detach().view({-1});
+      const int64_t first = bucket.offsets[k], last = first + flat_param.numel();
+      auto unpack = [&](int64_t from, int64_t to) {
+        if (from < to)
+          flat_param.narrow(0, from - first, to - from).copy_(out.narrow(0, from, to - from));
+      };
+      unpack(first, std::min(last, lo));  // the elements before this rank's share
+      unpack(std::max(first, hi), last);  // and after it
     }
   }
 }
