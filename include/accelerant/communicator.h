@@ -105,8 +105,9 @@ class Communicator {
   /// Every rank's `input` (S elements) in `output` (size() * S elements), in rank order, flat:
   /// rank r's input in elements [r * S, (r + 1) * S). Both contiguous, of one dtype (any) and
   /// device. In place, as NCCL allows: `input` may be this rank's own slice of `output`
-  /// (output.view({-1}).narrow(0, rank() * S, S)), which then is not copied at all; no other
-  /// overlap is allowed. A communicator of one process copies.
+  /// (output.view({-1}).narrow(0, rank() * S, S)), which shared memory and NCCL then leave where
+  /// it is (Gloo sends a copy); no other overlap is allowed. A communicator of one process
+  /// copies.
   /// Paths: shared memory on one machine; NCCL's all-gather for CUDA tensors; Gloo's allgather
   /// otherwise (several machines too).
   void all_gather_(const torch::Tensor& input, const torch::Tensor& output);
