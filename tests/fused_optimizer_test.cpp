@@ -295,6 +295,17 @@ TEST(FusedOptimizer, RefusesWhatItCannotDoAndSaysWhatToUse) {
   train(net, stepped, 1);
   EXPECT_NE(message([&] { FusedUpdater updater(stepped); }).find("already has state"),
             std::string::npos);
+  // ZeRO's pieces: no element twice, and gradients in every piece or in none.
+  optim::Adam adam(net->parameters(), optim::AdamOptions(1e-3));
+  FusedUpdater sharded(adam);
+  EXPECT_NE(message([&] {
+              sharded.shard({{0, 0, 4, {}}, {0, 2, 4, {}}});
+            }).find("overlap"),
+            std::string::npos);
+  EXPECT_NE(message([&] {
+              sharded.shard({{0, 0, 2, torch::zeros({2})}, {0, 2, 2, {}}});
+            }).find("1 of the 2 pieces carry a gradient"),
+            std::string::npos);
 }
 
 TEST(FusedOptimizer, TheScalerSkipsAnOverflowedStepThroughTheDeviceFlag) {

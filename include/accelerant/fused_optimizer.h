@@ -78,7 +78,8 @@ class FusedUpdater {
   /// Restricts the update to `pieces` (ZeRO): step() changes only those elements, and the
   /// moments or momentum buffers are kept for them alone, in the order given. The state held so
   /// far is kept for the pieces and dropped for the rest. An empty list (a process that owns
-  /// nothing) is allowed. Throws Error for a piece outside its parameter, or overlapping another.
+  /// nothing) is allowed. Throws Error for a piece outside its parameter, or overlapping another,
+  /// or when some pieces carry a gradient (FusedShardPiece::grad) and others do not.
   void shard(std::vector<FusedShardPiece> pieces);
   /// The pieces of shard(); empty when the update is not sharded.
   const std::vector<FusedShardPiece>& shard_pieces() const;

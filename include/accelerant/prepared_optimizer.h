@@ -28,22 +28,28 @@ namespace accelerant {
 /// state.
 class PreparedOptimizer {
  public:
+  /// What a sharded update (ZeRO, Accelerator::prepare) adds to step() and zero_grad(). Each is
+  /// optional; none is set without ZeRO.
+  struct Hooks {
+    /// Runs first in every step() that updates, on every process. ZeRO stage 2: the loss scaler
+    /// unscales the gradient shares and the processes agree on an overflow
+    /// (GradScaler::unscale_shares_).
+    std::function<void()> before_update;
+    /// Runs after every update step() makes, skipped or not. ZeRO: the all-gather of the
+    /// parameters.
+    std::function<void()> after_update;
+    /// Clears the gradients in place of the optimizer's zero_grad(). ZeRO stage 2:
+    /// GradientReducer::zero_gradients (the gradients are its shares).
+    std::function<void()> zero_gradients;
+  };
+
   /// Wraps `optimizer` (which must outlive this handle) under `state`. With `fused` (bound to
   /// `optimizer`), step() runs the fused update instead of optimizer.step(); without, an
   /// `optimizer` that is itself fused (FusedSGD / FusedAdam / FusedAdamW) runs its own updater.
   /// Which update runs is decided here, once, and step() calls the scaler's matching entry.
-  /// `after_update` runs after every update step() makes, skipped or not (under ZeRO: the
-  /// all-gather of the parameters). `zero_gradients`, when set, clears the gradients in place of
-  /// the optimizer's zero_grad() (under ZeRO stage 2: GradientReducer::zero_gradients, which
-  /// returns the gradients' memory). `before_update`, when set, runs first in every step() that
-  /// updates, on every process (under ZeRO stage 2: the loss scaler unscales the gradient shares
-  /// and the processes agree on an overflow, GradScaler::unscale_shares_). Throws Error when
-  /// `state` is null or `fused` is bound to another optimizer.
+  /// Throws Error when `state` is null or `fused` is bound to another optimizer.
   PreparedOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<TrainingState> state,
-                    std::shared_ptr<FusedUpdater> fused = nullptr,
-                    std::function<void()> after_update = nullptr,
-                    std::function<void()> zero_gradients = nullptr,
-                    std::function<void()> before_update = nullptr);
+                    std::shared_ptr<FusedUpdater> fused = nullptr, Hooks hooks = {});
 
   /// Updates the parameters unless accumulating; under fp16 unscales first and skips on
   /// overflow. Returns whether the parameters were updated. Inside a GraphStep's capture it
@@ -65,11 +71,9 @@ class PreparedOptimizer {
  private:
   torch::optim::Optimizer* optimizer_;
   std::shared_ptr<TrainingState> state_;
-  std::shared_ptr<FusedUpdater> fused_;   // owned here when prepare bound it
-  FusedUpdater* updater_;                 // fused_, the optimizer's own, or null: decided once
-  std::function<void()> after_update_;    // under ZeRO: the parameters' all-gather
-  std::function<void()> zero_gradients_;  // replaces optimizer_->zero_grad() when set
-  std::function<void()> before_update_;   // under ZeRO stage 2: unscale the gradient shares
+  std::shared_ptr<FusedUpdater> fused_;  // owned here when prepare bound it
+  FusedUpdater* updater_;                // fused_, the optimizer's own, or null: decided once
+  Hooks hooks_;
   // Graph steps under fp16: this step's skip flag, kept past the scaler's update(). Shared by
   // copies of the handle, written in place by every step and replay.
   std::shared_ptr<torch::Tensor> skip_flag_ = std::make_shared<torch::Tensor>();

@@ -354,19 +354,18 @@ PreparedOptimizer Accelerator::prepare_optimizer(torch::optim::Optimizer& optimi
   GradientReducer* reducer = prepared->zero_reducer;
   if (!reducer) return PreparedOptimizer(optimizer, impl_->state_, prepared->fused);
   // Preparing it again (another handle) keeps the same all-gather and gradient release.
-  std::function<void()> zero_gradients, unscale_shares;
+  PreparedOptimizer::Hooks hooks;
+  hooks.after_update = [reducer] { reducer->gather_parameters(); };
   if (impl_->options_.zero_stage() == 2) {
-    zero_gradients = [reducer] { reducer->zero_gradients(); };
+    hooks.zero_gradients = [reducer] { reducer->zero_gradients(); };
     // The scaler is read at each step: TrainingState::scaler may be set after prepare.
-    unscale_shares = [state = impl_->state_, reducer, comm = &communicator()] {
+    hooks.before_update = [state = impl_->state_, reducer, comm = &communicator()] {
       const auto& scaler = state->scaler;
       if (scaler && scaler->enabled() && !scaler->unscaled())
         scaler->unscale_shares_(reducer->gradient_shares(), *comm);
     };
   }
-  return PreparedOptimizer(
-      optimizer, impl_->state_, prepared->fused, [reducer] { reducer->gather_parameters(); },
-      std::move(zero_gradients), std::move(unscale_shares));
+  return PreparedOptimizer(optimizer, impl_->state_, prepared->fused, std::move(hooks));
 }
 
 // The reducer of the prepared model that owns the optimizer's parameters; shard_pieces then

@@ -600,7 +600,17 @@ struct FusedUpdater::Impl {
                                 "shard_pieces does)."));
       }
     }
+    const auto carrying = std::count_if(new_pieces.begin(), new_pieces.end(),
+                                        [](const FusedShardPiece& p) { return p.grad.defined(); });
+    if (carrying != 0 && carrying != static_cast<std::ptrdiff_t>(new_pieces.size())) {
+      // The update reads either every gradient from the pieces or every one from .grad.
+      throw Error(detail::str(
+          "FusedUpdater::shard: ", carrying, " of the ", new_pieces.size(),
+          " pieces carry a gradient; it must be all of them (ZeRO stage 2) or none. Fix: take "
+          "the pieces from GradientReducer::shard_pieces, which gives all or none."));
+    }
     const torch::Tensor whole1 = whole_state(state1), whole2 = whole_state(state2);
+    const bool carry = carrying != 0;
     pieces = std::move(new_pieces);
     state_offsets.clear();
     shard_numel = 0;
@@ -609,9 +619,7 @@ struct FusedUpdater::Impl {
       shard_numel += piece.length;
     }
     is_sharded = true;
-    gradients_in_pieces = false;
-    for (const auto& piece : pieces)
-      gradients_in_pieces = gradients_in_pieces || piece.grad.defined();
+    gradients_in_pieces = carry;
     layouts.clear();  // the device path's layouts now need the shard's runs
     state1 = pieces_of(whole1);
     state2 = pieces_of(whole2);

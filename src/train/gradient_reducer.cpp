@@ -233,7 +233,8 @@ struct GradientReducer::State {
   // completion time). Each bucket has a lane of its own, since the buckets' spans overlap.
   void trace_bucket(size_t b) {
     if (launched_us[b] < 0 || !detail::tracing()) return;
-    const std::string name = detail::str("all-reduce bucket ", b);
+    const std::string name =
+        detail::str(scatters_gradients() ? "reduce-scatter bucket " : "all-reduce bucket ", b);
     const int64_t bytes = flat[b].numel() * static_cast<int64_t>(flat[b].element_size());
     detail::add_trace_span_on_lane(name, name, "comm", launched_us[b],
                                    detail::trace_now_us() - launched_us[b],
@@ -269,11 +270,12 @@ struct GradientReducer::State {
     {
       detail::PhaseTimer waiting(detail::StepPhase::all_reduce, "all-reduce wait");
       if (scatters_gradients()) {
-        while (next_share < plan.size()) keep_share(next_share++);
-      }
-      for (size_t b = 0; b < in_flight.size(); ++b) {
-        in_flight[b].wait();
-        trace_bucket(b);
+        while (next_share < plan.size()) keep_share(next_share++);  // waits, traces, frees
+      } else {
+        for (size_t b = 0; b < in_flight.size(); ++b) {
+          in_flight[b].wait();
+          trace_bucket(b);
+        }
       }
     }
     stats.exposed_wait_seconds =

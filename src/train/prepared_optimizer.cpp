@@ -9,17 +9,12 @@ namespace accelerant {
 
 PreparedOptimizer::PreparedOptimizer(torch::optim::Optimizer& optimizer,
                                      std::shared_ptr<TrainingState> state,
-                                     std::shared_ptr<FusedUpdater> fused,
-                                     std::function<void()> after_update,
-                                     std::function<void()> zero_gradients,
-                                     std::function<void()> before_update)
+                                     std::shared_ptr<FusedUpdater> fused, Hooks hooks)
     : optimizer_(&optimizer),
       state_(std::move(state)),
       fused_(std::move(fused)),
       updater_(fused_ ? fused_.get() : fused_updater_of(optimizer)),
-      after_update_(std::move(after_update)),
-      zero_gradients_(std::move(zero_gradients)),
-      before_update_(std::move(before_update)) {
+      hooks_(std::move(hooks)) {
   if (!state_)
     throw Error(
         "PreparedOptimizer needs a TrainingState; got null. Fix: pass "
@@ -37,7 +32,7 @@ bool PreparedOptimizer::step() {
   bool stepped = true;
   {
     detail::PhaseTimer updating(detail::StepPhase::optimizer, "optimizer");
-    if (before_update_) before_update_();
+    if (hooks_.before_update) hooks_.before_update();
     if (state_->scaler && state_->scaler->enabled()) {
       stepped = updater_ ? state_->scaler->step(*updater_) : state_->scaler->step(*optimizer_);
       state_->scaler->update();
@@ -47,7 +42,7 @@ bool PreparedOptimizer::step() {
       optimizer_->step();
     }
     // Every process runs it, whether its update was skipped or not: under ZeRO a collective.
-    if (after_update_) after_update_();
+    if (hooks_.after_update) hooks_.after_update();
   }
   state_->last_step_skipped = !stepped;
   if (stepped) ++state_->optimizer_steps;
@@ -70,11 +65,11 @@ bool PreparedOptimizer::step_in_graph() {
         "accelerant::FusedAdamW / FusedAdam / FusedSGD."));
   }
   auto state = state_;
-  if (before_update_) before_update_();
+  if (hooks_.before_update) hooks_.before_update();
   if (state_->scaler && state_->scaler->enabled()) {
     GradScaler& scaler = *state_->scaler;
     scaler.step_on_device(*updater_);
-    if (after_update_) detail::host_effect(after_update_);
+    if (hooks_.after_update) detail::host_effect(hooks_.after_update);
     // update() resets found_inf, and the effect runs after the whole step: keep this step's flag,
     // in one tensor that every step (and replay) writes in place.
     if (!skip_flag_->defined()) *skip_flag_ = torch::empty_like(scaler.found_inf());
@@ -87,7 +82,7 @@ bool PreparedOptimizer::step_in_graph() {
     });
   } else {
     updater_->step();
-    if (after_update_) detail::host_effect(after_update_);
+    if (hooks_.after_update) detail::host_effect(hooks_.after_update);
     detail::host_effect([state, owner = optimizer_] {
       state->last_step_skipped = false;
       ++state->optimizer_steps;
@@ -99,8 +94,8 @@ bool PreparedOptimizer::step_in_graph() {
 
 void PreparedOptimizer::zero_grad() {
   if (!state_->sync_gradients) return;
-  if (zero_gradients_) {
-    zero_gradients_();
+  if (hooks_.zero_gradients) {
+    hooks_.zero_gradients();
   } else {
     optimizer_->zero_grad();
   }
