@@ -10,8 +10,10 @@ namespace accelerant {
 /// least 1.
 int usable_cpus();
 
-/// Sets LibTorch's intra-op threads and, when OpenBLAS is the BLAS in use, OpenBLAS's threads:
-/// two separate pools that otherwise both default to every core. Counts below 1 are ignored.
+/// Sets LibTorch's intra-op threads to `threads` and, when OpenBLAS is the BLAS in use, OpenBLAS's
+/// threads (a separate pool that otherwise defaults to every core) to 1, or to `threads` when
+/// that is 1: two busy-waiting pools of several threads each take each other's cores
+/// (docs/accelerator.md "CPU defaults"). Counts below 1 are ignored.
 void set_compute_threads(int threads);
 
 /// Raises glibc's mmap threshold (to its largest allowed value, 32 MiB) and trim threshold

@@ -19,11 +19,16 @@ const int kLibTorchDefaultThreads = at::get_num_threads();
 void set_compute_threads(int threads) {
   if (threads < 1) return;
   at::set_num_threads(threads);
-  // Looked up at run time: Debian's libtorch reaches OpenBLAS only through libblas.so.3, and
-  // another BLAS may be selected.
+  // OpenBLAS runs on the calling thread only when the intra-op pool has several: both pools keep
+  // their threads busy-waiting for the next task (libgomp spins, OpenBLAS loops on sched_yield),
+  // so two pools of N threads on N cores take each other's cores between every operator.
+  // Measured on 2 cores, one process, 100 iterations of the GPT example's PyTorch twin (the
+  // same ATen and OpenBLAS kernels): 2 + 2 threads 20.1 s, 2 + 1 8.5 s (docs/accelerator.md
+  // "CPU defaults"). Looked up at run time: Debian's libtorch reaches OpenBLAS only through
+  // libblas.so.3, and another BLAS may be selected.
   using SetThreads = void (*)(int);
   if (auto set = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
-    set(threads);
+    set(threads > 1 ? 1 : threads);
   }
 }
 

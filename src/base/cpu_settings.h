@@ -2,11 +2,12 @@
 // AcceleratorOptions::cpu_defaults(false) or ACCELERANT_CPU_DEFAULTS=0 turns them off), and the
 // thread facts the fork launcher needs. Both defaults were measured on these machines
 // (docs/benchmarks.md "CPU defaults"):
-// - Threads: each process's intra-op pool and OpenBLAS's pool sized usable CPUs / local
-//   processes, unless a launcher, OMP_NUM_THREADS or the program itself (torch::set_num_threads
-//   before the Accelerator, to a count other than LibTorch's start-up value) already chose a
-//   count; then both pools get that count. LibTorch's default is all cores per process, and the
-//   two pools are separate: 2 + 2 threads on 2 cores ran an MLP at 0.41x of 1 + 1.
+// - Threads: each process's intra-op pool sized usable CPUs / local processes, unless a
+//   launcher, OMP_NUM_THREADS or the program itself (torch::set_num_threads before the
+//   Accelerator, to a count other than LibTorch's start-up value) already chose a count; then
+//   the pool gets that count. OpenBLAS's separate pool gets the same count when it is 1, else 1
+//   (set_compute_threads): busy-waiting pools take each other's cores. LibTorch's default is all
+//   cores per process for both: 2 + 2 threads on 2 cores ran an MLP at 0.41x of 1 + 1.
 //   Under srun -c N (SLURM_CPUS_PER_TASK) each process gets N instead, at most its usable CPUs:
 //   with Slurm's task/affinity plugin the mask already is the task's own N CPUs (dividing it
 //   again would starve the task); with task/none it is the whole machine's, and N is the task's
