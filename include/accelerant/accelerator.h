@@ -27,6 +27,7 @@
 
 #include <functional>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -39,6 +40,7 @@
 #include "accelerant/checkpoint.h"
 #include "accelerant/communicator.h"
 #include "accelerant/data_loader.h"
+#include "accelerant/evaluation.h"
 #include "accelerant/gradient_reducer.h"
 #include "accelerant/graph_step.h"
 #include "accelerant/prepared_optimizer.h"
@@ -46,6 +48,7 @@
 #include "accelerant/profile_scope.h"
 #include "accelerant/stream_loader.h"
 #include "accelerant/tensor_tree.h"
+#include "accelerant/token_windows.h"
 #include "accelerant/tracker.h"
 #include "accelerant/training_state.h"
 
@@ -148,6 +151,12 @@ class Accelerator {
   /// AcceleratorOptions::auto_resume. Throws Error when the stream cannot be divided (sharding by
   /// shard with fewer shards than processes).
   StreamLoader prepare_stream_loader(const StreamLoader& loader);
+  /// The token-window part of prepare: this process's stream over the same tokens
+  /// (TokenWindows::for_process with the process index and device()), at position 0, its
+  /// position saved and loaded by save_state / load_state (every process draws the same number
+  /// of batches, so the main process's position is saved). Resume it with auto_resume_now() or
+  /// load_state before the loop: there is no begin() to fire auto_resume.
+  TokenWindows prepare_token_windows(const TokenWindows& windows);
 
   // ---- the training step ---------------------------------------------------------------------
   /// loss.backward(), divided by the accumulation steps and scaled under fp16. Gradients of
@@ -155,6 +164,16 @@ class Accelerator {
   /// process with no prepared data loader it warns once on stderr (every rank would see the
   /// whole data set).
   void backward(const torch::Tensor& loss);
+
+  /// backward() for a loss normalised by target tokens across the whole optimizer step: pass
+  /// the *sum* of this micro-batch's per-token losses (reduction sum) and its number of target
+  /// tokens. The gradients the optimizer sees are then those of (the sum over every micro-batch
+  /// of the step, on every process) / (their total number of tokens), whereas backward(mean
+  /// loss) gives the mean over micro-batches and processes of per-batch means, which weighs a
+  /// short batch's tokens more (the gradient-accumulation bug Hugging Face fixed in 2024). What
+  /// it adds: on the synchronising micro-step, one one-element all-reduce of the token count
+  /// before backward and one pass scaling the gradients after it. Not in a graph step.
+  void backward_per_token(const torch::Tensor& loss_sum, int64_t target_tokens);
 
   /// RAII scope of one micro-step of gradient accumulation: decides whether this micro-step
   /// synchronises (every gradient_accumulation_steps-th, and the last batch of an epoch) and
@@ -211,6 +230,18 @@ class Accelerator {
 
   /// Mixed-precision autocast for the forward pass (a no-op guard when mixed_precision is no).
   AutocastGuard autocast() const;
+
+  // ---- evaluation (evaluation.h) -------------------------------------------------------------
+  /// Runs `body` with `model` (a prepared model or its holder) in eval mode and gradients off,
+  /// puts back each module's train/eval mode after (also when `body` throws), then averages the
+  /// metrics `body` added across processes by their weights with one all-reduce and returns the
+  /// means by name. A collective: every process calls it and adds the same names (checked: a
+  /// difference throws Error on every process). A metric of total weight 0 comes back NaN.
+  template <class M>
+  std::map<std::string, double> evaluate(const M& model,
+                                         const std::function<void(MeanMetrics&)>& body) {
+    return evaluate_modules({detail::module_ptr(model)}, body);
+  }
 
   // ---- metrics and communication -------------------------------------------------------------
   /// Every rank's tensor concatenated along dim 0 (bf16 comes back as fp32).
@@ -397,6 +428,11 @@ class Accelerator {
   bool gradients_sharded() const;
   void check_zero_stage() const;
   AccumulationGuard accumulate_modules(std::vector<std::shared_ptr<torch::nn::Module>> modules);
+  std::map<std::string, double> evaluate_modules(
+      const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+      const std::function<void(MeanMetrics&)>& body);
+  /// Multiplies the gradients the optimizers will use (ZeRO stage 2: the shares) by `factor`.
+  void scale_gradients(double factor);
   Communicator& communicator() const;
   /// Warns once, on the main process, when a prepared model trains on several processes and no
   /// loader was prepared (every rank then likely iterates the whole data set).
@@ -484,6 +520,8 @@ auto Accelerator::prepare_one(T&& object) {
     return prepare_data_loader(object);
   } else if constexpr (std::is_same_v<D, StreamLoader>) {
     return prepare_stream_loader(object);
+  } else if constexpr (std::is_same_v<D, TokenWindows>) {
+    return prepare_token_windows(object);
   } else if constexpr (detail::is_torch_data_loader<D>::value) {
     static_assert(detail::always_false_v<D>,
                   "prepare() cannot shard a torch::data DataLoader: it builds its batches from "
@@ -500,7 +538,8 @@ auto Accelerator::prepare_one(T&& object) {
         detail::always_false_v<D>,
         "prepare() accepts std::shared_ptr<nn::Module subclass>, TORCH_MODULE holders, "
         "torch::optim optimizers and LR schedulers (as lvalues), accelerant::DataLoader "
-        "(make_data_loader) and accelerant::StreamLoader (make_stream_loader). Fix: wrap other "
+        "(make_data_loader), accelerant::StreamLoader (make_stream_loader) and "
+        "accelerant::TokenWindows. Fix: wrap other "
         "data sources with make_data_loader, or make_stream_loader for data without a size.");
   }
 }

@@ -472,7 +472,8 @@ void Accelerator::warn_if_data_unsharded() {
   // Training of a prepared model on several processes without a prepared loader: the data most
   // likely comes from a loader every rank iterates whole, which is not an error anyone would see.
   if (impl_->warned_unsharded_data_ || impl_->num_processes_ == 1 || impl_->models_.empty() ||
-      !impl_->checkpointed_->loaders.empty() || !impl_->checkpointed_->streams.empty()) {
+      !impl_->checkpointed_->loaders.empty() || !impl_->checkpointed_->streams.empty() ||
+      impl_->prepared_token_windows_) {
     return;
   }
   impl_->warned_unsharded_data_ = true;

@@ -43,6 +43,10 @@ struct Accelerator::Impl {
   std::shared_ptr<detail::ResumeHook> resume_hook_ = std::make_shared<detail::ResumeHook>();
   bool resume_armed_ = false;
   bool warned_unsharded_data_ = false;
+  /// A TokenWindows stream was prepared: each rank draws its own data.
+  bool prepared_token_windows_ = false;
+  /// backward_per_token: target tokens of this optimizer step's micro-steps so far, this rank.
+  int64_t step_tokens_ = 0;
   /// Exchanges the ranks' step-time breakdown (AcceleratorOptions::step_breakdown_every).
   std::unique_ptr<detail::StepBreakdown> step_breakdown_;
   /// init_trackers's result: `<project_dir>/<project_name>`; empty before it.
