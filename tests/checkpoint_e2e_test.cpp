@@ -55,36 +55,6 @@ std::vector<std::string> training_command(const std::string& project_dir) {
           project_dir + "/weights"};
 }
 
-std::vector<pid_t> children_of(pid_t parent) {
-  std::vector<pid_t> children;
-  DIR* proc = ::opendir("/proc");
-  while (dirent* e = proc ? ::readdir(proc) : nullptr) {
-    const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
-    if (pid <= 0) continue;
-    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-    std::string content((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-    const auto paren = content.rfind(')');
-    if (paren == std::string::npos) continue;
-    std::istringstream fields(content.substr(paren + 2));
-    char state;
-    pid_t ppid = 0;
-    fields >> state >> ppid;
-    if (ppid == parent) children.push_back(pid);
-  }
-  if (proc) ::closedir(proc);
-  return children;
-}
-
-// The value of `name` in a process's environment, "" when absent.
-std::string environment_of(pid_t pid, const std::string& name) {
-  std::ifstream env("/proc/" + std::to_string(pid) + "/environ");
-  std::string entry;
-  while (std::getline(env, entry, '\0')) {
-    if (entry.rfind(name + "=", 0) == 0) return entry.substr(name.size() + 1);
-  }
-  return "";
-}
-
 // The newest complete checkpoint's step under project_dir, or -1.
 int64_t newest_checkpoint_step(const std::string& project_dir) {
   int64_t step = -1;

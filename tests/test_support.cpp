@@ -1,6 +1,7 @@
 #include "test_support.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -11,6 +12,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "accelerant/error.h"
@@ -115,6 +117,35 @@ int finish_program(ProgramRun& run, std::string& output, std::chrono::millisecon
   }
   ::waitpid(run.pid, &status, 0);
   return status;
+}
+
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> children;
+  DIR* proc = ::opendir("/proc");
+  while (dirent* e = proc ? ::readdir(proc) : nullptr) {
+    const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+    if (pid <= 0) continue;
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string content((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const auto paren = content.rfind(')');
+    if (paren == std::string::npos) continue;
+    std::istringstream fields(content.substr(paren + 2));
+    char state;
+    pid_t ppid = 0;
+    fields >> state >> ppid;
+    if (ppid == parent) children.push_back(pid);
+  }
+  if (proc) ::closedir(proc);
+  return children;
+}
+
+std::string environment_of(pid_t pid, const std::string& name) {
+  std::ifstream env("/proc/" + std::to_string(pid) + "/environ");
+  std::string entry;
+  while (std::getline(env, entry, '\0')) {
+    if (entry.rfind(name + "=", 0) == 0) return entry.substr(name.size() + 1);
+  }
+  return "";
 }
 
 int free_port() {

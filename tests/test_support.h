@@ -51,6 +51,11 @@ ProgramRun start_program(const std::vector<std::string>& argv);
 /// Reads all output and reaps; returns the wait status, or -1 after killing it at `limit`.
 int finish_program(ProgramRun& run, std::string& output, std::chrono::milliseconds limit);
 
+/// The processes whose parent is `parent` (from /proc).
+std::vector<pid_t> children_of(pid_t parent);
+/// The value of `name` in a process's environment, "" when absent.
+std::string environment_of(pid_t pid, const std::string& name);
+
 /// A TCP port that was free a moment ago (bind to 0, read, close).
 int free_port();
 
