@@ -122,9 +122,14 @@ TEST(TensorTree, ApplyReachesEveryTensorOfANestedValueAndKeepsTheRest) {
 TEST(TensorTree, SendToDeviceMovesABatchWithItsNames) {
   Batch batch{torch::ones({2}), longs({1, 2})};
   batch.set("mask", torch::ones({2}, torch::kBool));
-  Batch moved = send_to_device(batch, torch::kCPU, /*non_blocking=*/true);
+  // The meta device: a device other than the batch's that every machine has, so that the move
+  // is a real one (a CPU-to-CPU move would pass with send_to_device doing nothing).
+  Batch moved = send_to_device(batch, torch::kMeta, /*non_blocking=*/true);
   EXPECT_EQ(moved.names(), batch.names());
-  for (const auto& t : moved.tensors()) EXPECT_TRUE(t.is_cpu());
+  ASSERT_EQ(moved.tensors().size(), 3u);
+  for (const auto& t : moved.tensors()) EXPECT_TRUE(t.is_meta()) << t.device();
+  for (const auto& t : batch.tensors()) EXPECT_TRUE(t.is_cpu()) << "the input must stay";
+  EXPECT_EQ(moved["mask"].scalar_type(), torch::kBool);
   auto as_double = apply_to_tensors(std::vector<Batch>{batch},
                                     [](const torch::Tensor& t) { return t.to(torch::kDouble); });
   EXPECT_EQ(as_double[0]["mask"].scalar_type(), torch::kDouble);

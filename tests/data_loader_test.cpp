@@ -151,7 +151,12 @@ TEST(DataLoader, TransformRunsOnEveryBatch) {
   auto shard = sharded(loader, 0, 1, sharding_of(loader, true), nullptr, [](Batch b) {
     return Batch{b.data.to(torch::kBFloat16), b.target};
   });
-  for (auto& batch : shard) EXPECT_EQ(batch.data.scalar_type(), torch::kBFloat16);
+  int batches = 0;
+  for (auto& batch : shard) {
+    EXPECT_EQ(batch.data.scalar_type(), torch::kBFloat16);
+    ++batches;
+  }
+  EXPECT_EQ(batches, 2);  // 6 samples in batches of 3
 }
 
 TEST(DataLoader, SplitBatchesThatDoNotDivideAreRefusedAtPrepare) {
