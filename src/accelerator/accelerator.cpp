@@ -204,8 +204,20 @@ Accelerator::Accelerator(AcceleratorOptions options)
         ". downcast_bf16 stores the weights in bf16 and belongs to bf16 training. ",
         "Fix: set mixed_precision to bf16 as well, or drop downcast_bf16."));
   }
+  // The CPU setting (option, then ACCELERANT_USE_CPU, then the config file) reaches the process
+  // state, which picks the device: with cpu it makes no CUDA context and no NCCL group.
   ProcessState& process =
-      ProcessState::initialized() ? ProcessState::get() : ProcessState::initialize();
+      ProcessState::initialized()
+          ? ProcessState::get()
+          : ProcessState::initialize(ProcessStateOptions().cpu(impl_->settings_.cpu));
+  if (impl_->settings_.cpu && !process.device().is_cpu()) {
+    throw Error(detail::str(
+        process.rank_prefix(), "the Accelerator is set to stay on the CPU (",
+        impl_->settings_.sources.count("cpu") ? impl_->settings_.sources.at("cpu") : "cpu",
+        "), but this process's ProcessState was initialized before it for ", process.device(),
+        ", whose collectives would not take CPU tensors. Fix: initialize it with "
+        "ProcessStateOptions().cpu(true), or let the Accelerator initialize it."));
+  }
   impl_->process_index_ = process.process_index();
   impl_->num_processes_ = process.num_processes();
   impl_->local_process_index_ = process.local_process_index();

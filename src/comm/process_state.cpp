@@ -16,6 +16,7 @@
 #include "base/uncaught_exception_recorder.h"
 #include "comm/collective_diagnosis.h"
 #include "comm/communicator_impl.h"
+#include "comm/cuda_presence.h"
 #include "comm/process_state_fork.h"
 #include "comm/shared_memory_connect.h"
 
@@ -102,10 +103,10 @@ ProcessState::ProcessState(LaunchContract env, const ProcessStateOptions& option
       device_(torch::kCPU) {
   // For the launcher's failure report (ours, or torchrun's summary).
   detail::record_uncaught_exceptions_to(env_.error_file, env_.torchelastic_error_file);
-  if (!options.cpu() && torch::cuda::is_available()) {  // a worker: it will use CUDA
-    device_ = torch::Device(
-        torch::kCUDA, static_cast<c10::DeviceIndex>(
-                          env_.local_rank % std::max<int64_t>(1, torch::cuda::device_count())));
+  // Asked only when the CPU was not chosen: the query itself starts CUDA's driver.
+  const int64_t gpus = options.cpu() ? 0 : detail::visible_cuda_devices();
+  if (gpus > 0) {  // a worker: it will use CUDA
+    device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env_.local_rank % gpus));
   }
   if (env_.distributed()) rendezvous();
 }
