@@ -77,6 +77,23 @@ TEST(Launch, AnUncaughtExceptionInAWorkerIsQuotedInTheReport) {
   EXPECT_NE(out.find("Its error:\n  | the data file shard-7 is corrupt"), std::string::npos) << out;
 }
 
+// In place (the program calls accelerant::launch, and `accelerant launch` started it), what fn
+// throws ends that worker as it would a forked one: reported on its stderr and in the launcher's
+// report, exit status 1; not std::terminate's "terminate called after throwing" and an abort.
+TEST(Launch, AnExceptionFromLaunchInPlaceIsReportedAsAWorkersFailure) {
+  std::string out;
+  EXPECT_EQ(run({"-n", "2", "--main_process_port", "0", launch_helper_path(), "launch_throw"}, out),
+            1)
+      << out;
+  EXPECT_TRUE(contains(out,
+                       "[rank 1/2] worker failed with an uncaught exception: the data file "
+                       "shard-7 is corrupt"))
+      << out;
+  EXPECT_TRUE(contains(out, "Its error:\n  | the data file shard-7 is corrupt")) << out;
+  EXPECT_FALSE(contains(out, "terminate called")) << out;
+  EXPECT_FALSE(contains(out, "launch returned on rank 1")) << out;
+}
+
 // Issue 22: ranks in different collectives end at the timeout with one table of every rank's last
 // collective and a verdict naming both calls, read from the workers' flight record files.
 TEST(Launch, RanksInDifferentCollectivesAreShownInOneTable) {

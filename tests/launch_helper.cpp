@@ -6,6 +6,7 @@
 //   launch_helper worker                 joins the group, all-reduces rank + 1, prints the sum
 //   launch_helper park DIR               the same, then writes DIR/pid.<rank> and sleeps
 //   launch_helper throw                  rank 1 dies of an uncaught exception
+//   launch_helper launch_throw           the same from inside accelerant::launch (in place)
 //   launch_helper stop                   rank 1 stops itself (SIGSTOP) after the first all-reduce
 //   launch_helper early                  rank 1 returns after the first all-reduce, rank 0 runs a
 //                                        second one
@@ -101,6 +102,17 @@ int main(int argc, char** argv) {
       throw std::runtime_error("the data file shard-7 is corrupt");
     return 0;
   }
+  if (mode == "launch_throw") {  // started by `accelerant launch`: launch() runs fn in place
+    launch(
+        [](int rank) {
+          ProcessState::get();
+          if (rank == 1) throw std::runtime_error("the data file shard-7 is corrupt");
+          return 0;
+        },
+        LaunchOptions().processes_per_node(2));
+    std::cout << "launch returned on rank " << ProcessState::get().process_index() << std::endl;
+    return 0;
+  }
   if (mode == "skip") {  // started by `accelerant launch`: only rank 0 reduces (issue 22's mistake)
     Accelerator accelerator;
     if (accelerator.is_main_process()) accelerator.reduce(torch::ones({2}));
@@ -108,6 +120,6 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::cerr << "usage: launch_helper node NODE_RANK PORT | sleepy DIR | worker | settings | park "
-               "DIR | throw | stop | skip | early\n";
+               "DIR | throw | launch_throw | stop | skip | early\n";
   return 2;
 }

@@ -236,14 +236,16 @@ TEST(LaunchInPlace, UnderAnOuterLauncherFnRunsInThisProcessAsItsRank) {
   EXPECT_EQ(results[0], static_cast<int64_t>(here) * 10);
 }
 
-TEST(LaunchInPlace, AThrowingFnPropagatesAndIsWrittenToTorchrunsErrorFile) {
+// This process is the worker: what fn throws ends it as it would a forked worker (reported on
+// stderr, exit status 1), and is written to torchrun's error file first.
+TEST(LaunchInPlace, AThrowingFnEndsTheWorkerAndIsWrittenToTorchrunsErrorFile) {
   ScratchDir dir;
   const std::string error_file = dir.path + "/error.json";
   OuterLauncher torchrun(
       {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"TORCHELASTIC_ERROR_FILE", error_file}});
-  EXPECT_THROW(
+  EXPECT_EXIT(
       launch([](int) -> int { throw std::runtime_error("shard 7 is \"corrupt\""); }, quiet(2)),
-      std::runtime_error);
+      ::testing::ExitedWithCode(1), "worker failed with an uncaught exception: shard 7 is");
   std::ifstream in(error_file);
   const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   // torchrun's summary shows "message" as the traceback when it is a string (error_handler.py).

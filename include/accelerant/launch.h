@@ -17,7 +17,10 @@
 //
 // One binary under every launcher: when `accelerant launch`, torchrun, srun or mpirun started
 // this process, launch forks nothing and runs `fn` here as this process's rank, so
-// `srun -n 2 ./train` is one 2-rank job, never two nested ones.
+// `srun -n 2 ./train` is one 2-rank job, never two nested ones. This process then is the worker:
+// if `fn` throws, launch reports it as a forked worker does ("[rank r/w] worker failed with an
+// uncaught exception: ..." on stderr, and in the outer launcher's error file, which torchrun's
+// failure summary quotes) and ends the process with exit status 1; it does not return.
 #pragma once
 
 #include <torch/serialize.h>

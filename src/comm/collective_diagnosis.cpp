@@ -108,16 +108,16 @@ std::string dead_ranks_text(const std::vector<DeadRank>& dead, int size) {
                         "failure)",
                         d.error_file.empty() ? "" : " and its error file " + d.error_file));
   }
-  return str(
-      rank_list(ranks), " died: ", dead.size() == 1 ? "its process " : "their processes ",
-      join(pids, ", "), " on this machine exited before reaching this collective, so ",
-      "this is not a mismatch of collectives. Likely cause: ", dead.size() == 1 ? "it" : "they",
-      " crashed or were killed (an uncaught exception, a signal, the out-of-memory "
-      "killer). Fix: look at ",
-      join(where, "; "),
-      " for the first error; to have the group restarted from its newest checkpoint "
-      "after such a failure, launch with --max_restarts N (LaunchOptions::max_restarts) "
-      "and save checkpoints (AcceleratorOptions::auto_resume).");
+  return str(rank_list(ranks), " died: ", dead.size() == 1 ? "its process " : "their processes ",
+             join(pids, ", "), " on this machine exited before reaching this collective, so ",
+             "this is not a mismatch of collectives. Likely cause: ",
+             dead.size() == 1 ? "it crashed or was killed" : "they crashed or were killed",
+             " (an uncaught exception, a signal, the out-of-memory "
+             "killer). Fix: look at ",
+             join(where, "; "),
+             " for the first error; to have the group restarted from its newest checkpoint "
+             "after such a failure, launch with --max_restarts N (LaunchOptions::max_restarts) "
+             "and save checkpoints (AcceleratorOptions::auto_resume).");
 }
 
 }  // namespace

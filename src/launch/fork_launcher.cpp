@@ -7,12 +7,14 @@
 
 #include <chrono>
 #include <cstdio>
+#include <iostream>
 #include <thread>
 
 #include "accelerant/launch.h"
 #include "accelerant/launch_contract.h"
 #include "accelerant/process_state.h"
 #include "base/cpu_settings.h"
+#include "base/exit_hooks.h"
 #include "base/text.h"
 #include "base/torch_compat.h"
 #include "base/uncaught_exception_recorder.h"
@@ -116,8 +118,21 @@ std::vector<std::vector<char>> launch_serialized(const LaunchOptions& options,
   try {
     return {body(outer.rank)};
   } catch (...) {
-    detail::record_exception(std::current_exception());
-    throw;
+    // This process is the worker: it ends as a forked worker does, reporting what fn threw on
+    // stderr and in the outer launcher's error file, with exit status 1. Rethrown, it would reach
+    // a main without a try (docs/using.md's has none) and end in std::terminate's "terminate
+    // called after throwing an instance of ...", and abort.
+    const auto exception = std::current_exception();
+    detail::record_exception(exception);
+    std::fprintf(stderr, "%sworker failed with an uncaught exception: %s\n",
+                 rank_prefix(outer.rank, outer.world_size).c_str(),
+                 detail::exception_text(exception).c_str());
+    detail::run_exit_hooks();  // _exit skips atexit, where they would run
+    std::cout.flush();
+    std::fflush(nullptr);
+    // _exit, not exit: threads that fn started (a process group's) may still run, and static
+    // destructors must not pull their state from under them.
+    ::_exit(1);
   }
 }
 
