@@ -3,12 +3,19 @@
 // classifier. On a GPU the compiled step replays a CUDA graph (goal: >= 2x the eager step); on
 // the CPU both run eagerly and the row only shows graph mode's bookkeeping cost.
 //
-//   bench_graph_step [--steps 200] [--model mlp|transformer|both]
+// The two sides alternate, in rounds: eager first in even rounds, graph mode first in odd ones,
+// so that neither always runs on a warmer (or more disturbed) machine; each row is the median
+// of its rounds.
+//
+//   bench_graph_step [--steps 200] [--rounds 5] [--model mlp|transformer|both]
 #include <accelerant/accelerant.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
+#include <vector>
 
 namespace {
 
@@ -69,26 +76,50 @@ double measure(const char* name, bool compiled, Model model, torch::Tensor x, to
   return ms_per_step([&] { body(in); }, steps, acc.device());
 }
 
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+// Medians of (eager, graph mode) over `rounds` rounds, alternating which side runs first.
+std::pair<double, double> alternate(int rounds, const std::function<double(bool compiled)>& run) {
+  std::vector<double> eager, graph;
+  for (int r = 0; r < rounds; ++r) {
+    for (const bool compiled : {r % 2 == 1, r % 2 == 0}) {
+      (compiled ? graph : eager).push_back(run(compiled));
+    }
+  }
+  return {median(eager), median(graph)};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app(
       "Graph mode vs eager: one training step, both ways, side by side (goal on a GPU: >= 2x)");
   int steps = 200;
+  int rounds = 5;
   std::string which = "both";
   app.add_option("--steps", steps, "Timed steps per row (after 10 warm-up steps)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--rounds", rounds, "Rounds per row, the sides alternating which runs first")
       ->check(CLI::PositiveNumber);
   app.add_option("--model", which, "mlp, transformer or both")
       ->check(CLI::IsMember({"mlp", "transformer", "both"}));
   CLI11_PARSE(app, argc, argv);
 
   const bool gpu = torch::cuda::is_available();
-  std::printf("device: %s; %d timed steps per row\n\n",
-              gpu ? "CUDA" : "CPU (both eager: no graphs to replay)", steps);
+  std::printf(
+      "device: %s; %d timed steps per side and round, %d rounds alternating which side runs "
+      "first (eager first in the first round); medians\n\n",
+      gpu ? "CUDA" : "CPU (both sides run the same eager code: no graphs to replay)", steps,
+      rounds);
   std::printf(
       "| model | eager ms/step | graph mode ms/step | speed-up | goal (GPU) >= 2x "
       "|\n|---|---:|---:|---:|---|\n");
-  auto row = [&](const char* name, double eager, double graph) {
+  auto row = [&](const char* name, std::pair<double, double> times) {
+    const auto [eager, graph] = times;
     const double ratio = eager / graph;
     std::printf("| %s | %.3f | %.3f | %.2fx | %s |\n", name, eager, graph, ratio,
                 gpu ? (ratio >= 2.0 ? "met" : "MISSED") : "n/a on the CPU");
@@ -102,8 +133,9 @@ int main(int argc, char** argv) {
                                    torch::nn::Linear(256, 256), torch::nn::GELU(),
                                    torch::nn::Linear(256, 10));
     };
-    row("MLP 32-256-256-10, batch 64", measure("mlp", false, mlp(), x, y, steps),
-        measure("mlp", true, mlp(), x, y, steps));
+    row("MLP 32-256-256-10, batch 64", alternate(rounds, [&](bool compiled) {
+          return measure("mlp", compiled, mlp(), x, y, steps);
+        }));
   }
   if (which != "mlp") {
     torch::manual_seed(0);
@@ -113,9 +145,9 @@ int main(int argc, char** argv) {
       torch::manual_seed(1);
       return TransformerClassifier();
     };
-    row("transformer 2x128 (4 heads), 32x64 tokens",
-        measure("transformer", false, model(), x, y, steps),
-        measure("transformer", true, model(), x, y, steps));
+    row("transformer 2x128 (4 heads), 32x64 tokens", alternate(rounds, [&](bool compiled) {
+          return measure("transformer", compiled, model(), x, y, steps);
+        }));
   }
   return 0;
 }

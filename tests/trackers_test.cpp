@@ -85,6 +85,20 @@ TEST(Trackers, CsvIsLongFormatWithConfig) {
             "step,tag,value\n1,loss,0.5\n1,accuracy,0.25\n2,loss,0.1\n");
 }
 
+// Whole numbers stay whole ("%g" wrote 2000 as 2e+03 and 30 as 3e+01); every value is the shortest
+// text that reads back as the same double.
+TEST(Trackers, CsvWritesTheShortestTextThatReadsBackTheSameDouble) {
+  t::ScratchDir dir;
+  auto csv = make_tracker("csv");
+  csv->init(dir.path, {{"max_steps", 2000}, {"warmup", 30.0}});
+  csv->log({{"a", 123456789.0}, {"b", 1e-7}, {"c", 1e20}, {"d", 1.0 / 3}, {"e", -0.0625}}, 1);
+  csv->close();
+  EXPECT_EQ(slurp(dir.path + "/config.csv"), "name,value\nmax_steps,2000\nwarmup,30\n");
+  EXPECT_EQ(slurp(dir.path + "/scalars.csv"),
+            "step,tag,value\n1,a,123456789\n1,b,1e-07\n1,c,1e+20\n1,d,0.3333333333333333\n"
+            "1,e,-0.0625\n");
+}
+
 // A run resumed in the same project_dir (auto_resume) continues the files instead of emptying them.
 TEST(Trackers, ASecondRunInTheSameDirectoryAppends) {
   t::ScratchDir dir;

@@ -104,7 +104,12 @@ StepBreakdown::~StepBreakdown() { remove_step_time_listener(this); }
 
 void StepBreakdown::on_step(const StepTime& step) {
   window_.push_back(step);
-  if (static_cast<int64_t>(window_.size()) >= every_) exchange();
+  // At optimizer steps every, 2 every, ...: the tags land on the steps a user's own logging
+  // counts (the first window is one step short, since the first step has no known start). The
+  // count is the same on every rank, so all of them meet in the exchange; an fp16 step skipped
+  // at a multiple leaves the count there, and the window then waits for the next multiple.
+  const int64_t at = hooks_.optimizer_step();
+  if (at % every_ == 0 && at != last_exchange_at_) exchange();
 }
 
 void StepBreakdown::exchange() {
@@ -127,6 +132,7 @@ void StepBreakdown::exchange() {
     ranks[0] = mine;
   }
   const int64_t at = hooks_.optimizer_step();
+  last_exchange_at_ = at;
   const int straggler = find_straggler(ranks);
   if (straggler >= 0 && hooks_.rank == 0 && named_.insert(straggler).second) {
     std::cerr << hooks_.rank_prefix

@@ -65,7 +65,8 @@ class StepBreakdown {
   int64_t every_;
   Hooks hooks_;
   std::vector<StepTime> window_;
-  std::set<int> named_;  // stragglers already named: each once
+  int64_t last_exchange_at_ = -1;  // the optimizer step of the last exchange
+  std::set<int> named_;            // stragglers already named: each once
 };
 
 }  // namespace accelerant::detail

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -88,12 +89,11 @@ void drop_torn_last_line(const std::string& path) {
 std::string format_scalar(double value) {
   if (std::isnan(value)) return "nan";
   if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  // std::to_chars without a format is the shortest text that reads back as the same double, in
+  // fixed or exponent form, whichever is shorter: 2000 as "2000", not "%g"'s "2e+03".
   char text[32];
-  for (int precision = 1; precision <= 17; ++precision) {
-    std::snprintf(text, sizeof text, "%.*g", precision, value);
-    if (std::strtod(text, nullptr) == value) break;
-  }
-  return text;
+  const auto end = std::to_chars(text, text + sizeof text, value).ptr;
+  return std::string(text, end);
 }
 
 }  // namespace accelerant::detail
