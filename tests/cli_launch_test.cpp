@@ -245,11 +245,11 @@ TEST(Launch, TheExampleTrainsIdenticallyUnderTorchrun) {
   std::string ours, theirs;
   ASSERT_EQ(run({"-n", "2", "--main_process_port", "0", example, "--epochs", "1"}, ours), 0)
       << ours;
-  // Debian's torchrun 1.13 crashes on Python 3.11 in its redirect parsing unless given
-  // --redirects/--tee.
-  auto torchrun = start_program({"/usr/bin/python3", "-m", "torch.distributed.run", "--standalone",
-                                 "--nproc_per_node", "2", "--redirects", "1", "--tee", "1",
-                                 "--no_python", example, "--epochs", "1"});
+  auto torchrun_command = torchrun_argv(2);
+  for (const std::string arg : {example, std::string("--epochs"), std::string("1")}) {
+    torchrun_command.push_back(arg);
+  }
+  auto torchrun = start_program(torchrun_command);
   ASSERT_EQ(finish_program(torchrun, theirs, std::chrono::seconds(120)), 0) << theirs;
   const auto expected = training_trace(ours);
   ASSERT_GE(expected.size(), 5u) << ours;
@@ -371,9 +371,10 @@ TEST(Launch, TorchrunsFailureSummaryQuotesTheWorkersException) {
   if (finish_program(check, probe, std::chrono::seconds(60)) != 0) {
     GTEST_SKIP() << "Debian's python3-torch is not importable by /usr/bin/python3: " << probe;
   }
-  auto torchrun = start_program({"/usr/bin/python3", "-m", "torch.distributed.run", "--standalone",
-                                 "--nproc_per_node", "2", "--redirects", "1", "--tee", "1",
-                                 "--no_python", launch_helper_path(), "throw"});
+  auto torchrun_command = torchrun_argv(2);
+  torchrun_command.push_back(launch_helper_path());
+  torchrun_command.push_back("throw");
+  auto torchrun = start_program(torchrun_command);
   std::string out;
   EXPECT_NE(finish_program(torchrun, out, std::chrono::seconds(120)), 0) << out;
   EXPECT_TRUE(std::regex_search(out, std::regex("traceback *: the data file shard-7 is corrupt")))

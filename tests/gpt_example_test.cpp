@@ -216,23 +216,11 @@ TEST(GptExample, TorchrunAndTheForkLauncherTrainAlikeAndOneProcessTrains) {
   if (run({"/usr/bin/python3", "-c", "import torch.distributed.run"}, probe) != 0) {
     GTEST_SKIP() << "torchrun (python3-torch) is not installed: " << probe;
   }
-  // Debian's torchrun 1.13 crashes on Python 3.11 in its redirect parsing unless given
-  // --redirects/--tee.
-  std::vector<std::string> torchrun_argv{"/usr/bin/python3",
-                                         "-m",
-                                         "torch.distributed.run",
-                                         "--standalone",
-                                         "--nproc_per_node",
-                                         "2",
-                                         "--redirects",
-                                         "1",
-                                         "--tee",
-                                         "1",
-                                         "--no_python",
-                                         gpt_path()};
-  for (auto& a : short_run("torchrun")) torchrun_argv.push_back(a);
+  std::vector<std::string> torchrun_command = torchrun_argv(2);
+  torchrun_command.push_back(gpt_path());
+  for (auto& a : short_run("torchrun")) torchrun_command.push_back(a);
   std::string torchrun;
-  ASSERT_EQ(run(torchrun_argv, torchrun, std::chrono::seconds(120)), 0) << torchrun;
+  ASSERT_EQ(run(torchrun_command, torchrun, std::chrono::seconds(120)), 0) << torchrun;
   EXPECT_TRUE(contains(torchrun, "started by torchrun as rank 0 of 2")) << torchrun;
   EXPECT_EQ(evaluation_lines(torchrun), evaluation_lines(forked)) << "torchrun:\n"
                                                                   << torchrun << "\nforked:\n"

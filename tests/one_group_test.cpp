@@ -37,19 +37,7 @@ std::vector<std::string> under(const std::string& launcher, std::vector<std::str
   if (launcher == "accelerant launch") {
     argv = {cli_path(), "launch", "-n", "2"};
   } else if (launcher == "torchrun") {
-    // Debian's torchrun 1.13 crashes on Python 3.11 in its redirect parsing unless given
-    // --redirects/--tee.
-    argv = {"/usr/bin/python3",
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            "--redirects",
-            "1",
-            "--tee",
-            "1",
-            "--no_python"};
+    argv = torchrun_argv(2);
   } else if (launcher == "mpirun") {
     // --allow-run-as-root: CI may run as root, which mpirun refuses by default.
     argv = {"/usr/bin/mpirun",

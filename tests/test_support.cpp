@@ -161,6 +161,27 @@ int free_port() {
   return ntohs(addr.sin_port);
 }
 
+std::vector<std::string> torchrun_argv(int nproc) {
+  return {"/usr/bin/python3",
+          "-m",
+          "torch.distributed.run",
+          "--nnodes",
+          "1",
+          "--rdzv_backend",
+          "c10d",
+          "--rdzv_endpoint",
+          "127.0.0.1:" + std::to_string(free_port()),
+          "--rdzv_id",
+          "test-" + std::to_string(::getpid()),
+          "--nproc_per_node",
+          std::to_string(nproc),
+          "--redirects",
+          "1",
+          "--tee",
+          "1",
+          "--no_python"};
+}
+
 std::string error_message(const std::function<void()>& f) {
   try {
     f();

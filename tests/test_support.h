@@ -59,6 +59,12 @@ std::string environment_of(pid_t pid, const std::string& name);
 /// A TCP port that was free a moment ago (bind to 0, read, close).
 int free_port();
 
+/// Debian's torchrun (python3-torch 1.13) starting `nproc` local workers of a program that
+/// follows (append it and its arguments). Not `--standalone`: that fixes the rendezvous port at
+/// 29400, so two tests running torchrun at once collide ("Address already in use"); this takes a
+/// free port instead. `--redirects`/`--tee` because 1.13 crashes on Python 3.11 without them.
+std::vector<std::string> torchrun_argv(int nproc);
+
 /// The message of the accelerant::Error that `f` throws, or "" when it throws none.
 std::string error_message(const std::function<void()>& f);
 
