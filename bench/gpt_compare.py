@@ -75,7 +75,6 @@ Usage: gpt_compare.py BUILD_DIR --input FILE [--preset cpu|gpu] [--rounds R] [--
                       [--eval_iters N] [--timeout S] [--twin_blas_threads N]
 """
 import argparse
-import datetime
 import json
 import math
 import os
@@ -88,6 +87,9 @@ import sys
 import tempfile
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import provenance  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -413,29 +415,9 @@ def ratio(x, y):
 
 
 def machine():
-    model, mem = None, None
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    mem = round(int(line.split()[1]) / 1024 / 1024, 1)
-                    break
-    except OSError:
-        pass
-    return {"cores": os.cpu_count(), "cpu_model": model, "memory_gib": mem,
-            "load_average_at_start": list(os.getloadavg()),
+    return {**provenance.machine(),
             "openblas_env": {k: v for k, v in os.environ.items() if k.startswith("OPENBLAS_")
                              and k not in THREAD_VARS}}
-
-
-def git(*args):
-    out = subprocess.run(["git", "-C", ROOT] + list(args), capture_output=True, text=True)
-    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def torch_version(python):
@@ -466,12 +448,10 @@ def write(path, result):
 
 def main():
     a = parse_args()
-    status = git("status", "--porcelain", "--untracked-files=no")
     result = {
         "command": shlex.join(sys.argv),
-        "commit": git("rev-parse", "HEAD"),
-        "worktree_modified": None if status is None else bool(status),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **provenance.source(),
+        "date": provenance.now(),
         "machine": machine(),
         "config": {
             "preset": a.preset,
