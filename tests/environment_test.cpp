@@ -85,7 +85,7 @@ TEST(EnvironmentAccessor, InjectedLookupsStillWork) {
                                            {"ACCELERANT_DEBUG_MODE", "yes"},
                                            {"ACCELERANT_MIXED_PRECISION", "BF16"}}));
   EXPECT_EQ(env.rank, 1);
-  EXPECT_TRUE(env.debug_mode);
+  EXPECT_EQ(env.debug_mode, std::optional<bool>(true));
   EXPECT_EQ(env.mixed_precision, MixedPrecision::kBf16);
 }
 

@@ -133,7 +133,7 @@ TEST(LaunchContract, DefaultsAndExtras) {
   EXPECT_EQ(env.master_port, 29500);
   EXPECT_TRUE(env.agent_hosts_store);
   EXPECT_EQ(env.restart_count, 2);
-  EXPECT_TRUE(env.debug_mode);
+  EXPECT_EQ(env.debug_mode, std::optional<bool>(true));
   ASSERT_TRUE(env.timeout.has_value());
   EXPECT_EQ(env.timeout->count(), 1500);
   EXPECT_EQ(env.mixed_precision, MixedPrecision::kBf16);
@@ -187,7 +187,7 @@ TEST(LaunchContract, RoundTripsThroughLauncherVariables) {
   EXPECT_EQ(out.master_port, 4242);
   EXPECT_TRUE(out.agent_hosts_store);
   EXPECT_EQ(out.restart_count, 1);
-  EXPECT_TRUE(out.debug_mode);
+  EXPECT_EQ(out.debug_mode, std::optional<bool>(true));
   EXPECT_EQ(out.timeout->count(), 777);
   EXPECT_EQ(out.mixed_precision, MixedPrecision::kBf16);
   EXPECT_EQ(out.threads_per_process, 2);

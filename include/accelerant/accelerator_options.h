@@ -10,6 +10,7 @@
 #pragma once
 #include <torch/arg.h>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -40,8 +41,17 @@ struct AcceleratorOptions {
   TORCH_ARG(std::optional<bool>, split_batches) = std::nullopt;
   /// Pad the last step so that every process has the same number of batches. Default: true.
   TORCH_ARG(std::optional<bool>, even_batches) = std::nullopt;
-  /// Train on the CPU even when CUDA is available. Default: false.
+  /// Train on the CPU even when CUDA is available: the process state then makes no CUDA context
+  /// and uses Gloo. Default: false.
   TORCH_ARG(std::optional<bool>, cpu) = std::nullopt;
+  /// How long the rendezvous and each collective wait for the other processes before failing with
+  /// a diagnosis; handed to ProcessState. Default: ACCELERANT_TIMEOUT_MS, else the config file's
+  /// collective_timeout, else kDefaultCollectiveTimeout (30 minutes).
+  TORCH_ARG(std::optional<std::chrono::milliseconds>, timeout) = std::nullopt;
+  /// Check op, dtype and shape across the processes before every collective (communicator.h), so
+  /// that a mismatch fails at once naming both calls instead of hanging; handed to ProcessState.
+  /// Default: ACCELERANT_DEBUG_MODE, else the config file's debug, else false.
+  TORCH_ARG(std::optional<bool>, debug_mode) = std::nullopt;
   /// Seeds every generator at construction (set_seed) and the loaders' shuffling. Default: unset
   /// (generators untouched, loaders shuffle with seed 0).
   TORCH_ARG(std::optional<uint64_t>, seed) = std::nullopt;
@@ -120,6 +130,12 @@ struct AcceleratorSettings {
   /// Training stays on the CPU even when CUDA is available. Also from ACCELERANT_USE_CPU or the
   /// config file's use_cpu.
   bool cpu = false;
+  /// The rendezvous and collective timeout. Also from ACCELERANT_TIMEOUT_MS or the config file's
+  /// collective_timeout (seconds).
+  std::chrono::milliseconds timeout = kDefaultCollectiveTimeout;
+  /// Cross-rank checks before every collective. Also from ACCELERANT_DEBUG_MODE or the config
+  /// file's debug.
+  bool debug_mode = false;
   /// The seed of every generator and of the loaders' shuffling, when an option or ACCELERANT_SEED
   /// chose one; unset leaves the generators untouched (the loaders shuffle with seed 0).
   std::optional<uint64_t> seed;
@@ -132,9 +148,10 @@ struct AcceleratorSettings {
 };
 
 /// Resolves `options` over the environment and the config values. The settings a launcher passes
-/// (downcast_bf16, cpu, gradient_accumulation_steps) come from parse_launch_contract(env), the one
-/// reader of the launch contract. Throws accelerant::Error (EnvironmentError for a variable)
-/// naming the source, the value and the accepted values when one is invalid.
+/// (downcast_bf16, cpu, gradient_accumulation_steps, timeout, debug_mode) come from
+/// parse_launch_contract(env), the one reader of the launch contract. Throws accelerant::Error
+/// (EnvironmentError for a variable) naming the source, the value and the accepted values when one
+/// is invalid.
 AcceleratorSettings resolve_accelerator_settings(const AcceleratorOptions& options,
                                                  const EnvLookup& env, const ConfigValues& config,
                                                  const std::string& config_path = "config file");

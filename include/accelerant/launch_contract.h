@@ -26,6 +26,10 @@
 
 namespace accelerant {
 
+/// How long a rendezvous or collective waits for the other processes when neither an option, the
+/// launcher (ACCELERANT_TIMEOUT_MS) nor the config file's collective_timeout chose.
+inline constexpr std::chrono::milliseconds kDefaultCollectiveTimeout = std::chrono::minutes(30);
+
 /// Which launcher's variables described the process: kNone (none set: one process), kAccelerant
 /// (torchrun's contract with ACCELERANT_LAUNCHER, set by `accelerant launch` and
 /// accelerant::launch), kTorchrun, kSlurm (srun) or kOpenMpi (mpirun).
@@ -56,9 +60,12 @@ struct LaunchContract {
   /// that reaches the store cannot read or overwrite them (docs/security.md). Set by
   /// `accelerant launch` on one machine; empty = keys without a secret (torchrun, srun, mpirun).
   std::string job_secret;
-  int restart_count = 0;    ///< ACCELERANT_RESTART_COUNT / TORCHELASTIC_RESTART_COUNT
-  bool debug_mode = false;  ///< ACCELERANT_DEBUG_MODE
-  /// ACCELERANT_TIMEOUT_MS: collective and rendezvous timeout chosen by the launcher.
+  int restart_count = 0;  ///< ACCELERANT_RESTART_COUNT / TORCHELASTIC_RESTART_COUNT
+  /// ACCELERANT_DEBUG_MODE; unset when the launcher did not choose (then the Accelerator's option
+  /// or the config file decides, else off).
+  std::optional<bool> debug_mode;
+  /// ACCELERANT_TIMEOUT_MS: collective and rendezvous timeout chosen by the launcher; unset = the
+  /// option, the config file's collective_timeout, else kDefaultCollectiveTimeout.
   std::optional<std::chrono::milliseconds> timeout;
   /// ACCELERANT_MIXED_PRECISION (parse_mixed_precision); unset = the launcher left it to the
   /// Accelerator's other sources (AcceleratorOptions, then the config file).

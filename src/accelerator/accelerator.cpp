@@ -204,19 +204,34 @@ Accelerator::Accelerator(AcceleratorOptions options)
         ". downcast_bf16 stores the weights in bf16 and belongs to bf16 training. ",
         "Fix: set mixed_precision to bf16 as well, or drop downcast_bf16."));
   }
-  // The CPU setting (option, then ACCELERANT_USE_CPU, then the config file) reaches the process
-  // state, which picks the device: with cpu it makes no CUDA context and no NCCL group.
+  // The process state's settings, resolved once above (option, then the launcher's variable,
+  // then the config file), reach it: with cpu it makes no CUDA context and no NCCL group; the
+  // timeout and debug mode govern its rendezvous and every collective.
+  const AcceleratorSettings& s = impl_->settings_;
   ProcessState& process =
       ProcessState::initialized()
           ? ProcessState::get()
-          : ProcessState::initialize(ProcessStateOptions().cpu(impl_->settings_.cpu));
-  if (impl_->settings_.cpu && !process.device().is_cpu()) {
+          : ProcessState::initialize(
+                ProcessStateOptions().cpu(s.cpu).timeout(s.timeout).debug_mode(s.debug_mode));
+  const auto source = [&](const char* key) {
+    return s.sources.count(key) ? s.sources.at(key) : std::string("the default");
+  };
+  if (s.cpu && !process.device().is_cpu()) {
     throw Error(detail::str(
-        process.rank_prefix(), "the Accelerator is set to stay on the CPU (",
-        impl_->settings_.sources.count("cpu") ? impl_->settings_.sources.at("cpu") : "cpu",
+        process.rank_prefix(), "the Accelerator is set to stay on the CPU (", source("cpu"),
         "), but this process's ProcessState was initialized before it for ", process.device(),
         ", whose collectives would not take CPU tensors. Fix: initialize it with "
         "ProcessStateOptions().cpu(true), or let the Accelerator initialize it."));
+  }
+  if (process.timeout() != s.timeout || process.debug_mode() != s.debug_mode) {
+    throw Error(detail::str(
+        process.rank_prefix(), "the Accelerator's timeout is ", s.timeout.count(), " ms (from ",
+        source("timeout"), ") and its debug_mode ", s.debug_mode ? "on" : "off", " (from ",
+        source("debug_mode"), "), but this process's ProcessState was initialized before it with ",
+        process.timeout().count(), " ms and debug_mode ", process.debug_mode() ? "on" : "off",
+        ", and they cannot change once the processes have met. Fix: initialize it with the same "
+        "ProcessStateOptions().timeout(...).debug_mode(...), or let the Accelerator initialize "
+        "it."));
   }
   impl_->process_index_ = process.process_index();
   impl_->num_processes_ = process.num_processes();

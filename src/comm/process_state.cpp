@@ -23,8 +23,6 @@
 namespace accelerant {
 namespace {
 
-constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::minutes(30);
-
 std::mutex& state_mutex() {
   static std::mutex m;
   return m;
@@ -98,8 +96,8 @@ struct ProcessState::Rendezvous {
 
 ProcessState::ProcessState(LaunchContract env, const ProcessStateOptions& options)
     : env_(std::move(env)),
-      timeout_(options.timeout().value_or(env_.timeout.value_or(kDefaultTimeout))),
-      debug_mode_(options.debug_mode().value_or(env_.debug_mode)),
+      timeout_(options.timeout().value_or(env_.timeout.value_or(kDefaultCollectiveTimeout))),
+      debug_mode_(options.debug_mode().value_or(env_.debug_mode.value_or(false))),
       device_(torch::kCPU) {
   // For the launcher's failure report (ours, or torchrun's summary).
   detail::record_uncaught_exceptions_to(env_.error_file, env_.torchelastic_error_file);
@@ -236,8 +234,7 @@ void ProcessState::shutdown() {
     }
     // Other ranks may legitimately still be working (uneven ends), so this waits longer than a
     // collective would; a rank that died is the launcher's to report.
-    store.wait({"all_finished"},
-               std::max(slot->timeout_, std::chrono::milliseconds(kDefaultTimeout)));
+    store.wait({"all_finished"}, std::max(slot->timeout_, kDefaultCollectiveTimeout));
   }
   slot.reset();
 }

@@ -208,7 +208,7 @@ class Agent {
     validate(o_);
     relay_.check_log_dir();  // before any worker starts, or their output would be lost
     if (hooks_.check_before_fork) hooks_.check_before_fork();
-    const bool debug = o_.debug().value_or(read_launch_contract().debug_mode);
+    const bool debug = o_.debug().value_or(read_launch_contract().debug_mode.value_or(false));
     threads_ = choose_threads(o_, hooks_, o_.verbose());
     timeout_ = resolved_timeout(o_);
     if (debug && hooks_.dry_fork) {
@@ -552,7 +552,7 @@ class Agent {
 
 std::chrono::milliseconds resolved_timeout(const LaunchOptions& options) {
   if (options.timeout()) return *options.timeout();
-  return read_launch_contract().timeout.value_or(std::chrono::minutes(30));
+  return read_launch_contract().timeout.value_or(kDefaultCollectiveTimeout);
 }
 
 std::vector<std::vector<char>> run_agent(const LaunchOptions& options, const WorkerBody& body,

@@ -92,6 +92,21 @@ uint64_t parse_seed(const std::string& text, const std::string& from) {
                           ") is not a non-negative whole number. ", "Fix: use e.g. 42."));
 }
 
+// The config file's collective_timeout: seconds, already checked by load_config (>= 0.001).
+std::chrono::milliseconds parse_config_seconds(const std::string& text, const std::string& from) {
+  try {
+    size_t used = 0;
+    const double seconds = std::stod(text, &used);
+    if (used == text.size() && seconds >= 0.001) {
+      return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000 + 0.5));
+    }
+  } catch (const std::exception&) {
+  }
+  throw Error(detail::str("\"", text, "\" (from ", from,
+                          ") is not a number of seconds of 0.001 or ",
+                          "more. Fix: e.g. 1800 for 30 minutes."));
+}
+
 }  // namespace
 
 AcceleratorSettings resolve_accelerator_settings(const AcceleratorOptions& o, const EnvLookup& env,
@@ -123,6 +138,15 @@ AcceleratorSettings resolve_accelerator_settings(const AcceleratorOptions& o, co
             s.even_batches);
   r.resolve_launched("cpu", o.cpu(), launched.use_cpu, "ACCELERANT_USE_CPU", "use_cpu", parse_bool,
                      s.cpu);
+  // The process state's two settings: resolved here once, then handed to ProcessState.
+  if (o.timeout() && o.timeout()->count() <= 0) {
+    throw Error(detail::str("AcceleratorOptions::timeout is ", o.timeout()->count(),
+                            " ms; it must be more than 0. Fix: e.g. std::chrono::minutes(30)."));
+  }
+  r.resolve_launched("timeout", o.timeout(), launched.timeout, "ACCELERANT_TIMEOUT_MS",
+                     "collective_timeout", parse_config_seconds, s.timeout);
+  r.resolve_launched("debug_mode", o.debug_mode(), launched.debug_mode, "ACCELERANT_DEBUG_MODE",
+                     "debug", parse_bool, s.debug_mode);
   r.resolve("cpu_defaults", o.cpu_defaults(), "ACCELERANT_CPU_DEFAULTS", "cpu_defaults", parse_bool,
             s.cpu_defaults);
   uint64_t seed = 0;

@@ -158,7 +158,7 @@ void read_openmpi(const Reader& r, LaunchContract& env) {
 }
 
 void read_accelerant_extras(const Reader& r, LaunchContract& env) {
-  env.debug_mode = r.flag("ACCELERANT_DEBUG_MODE");
+  env.debug_mode = r.chosen_flag("ACCELERANT_DEBUG_MODE");
   if (auto ms = r.integer("ACCELERANT_TIMEOUT_MS", 1, std::numeric_limits<long long>::max(),
                           "set a positive number of milliseconds")) {
     env.timeout = std::chrono::milliseconds(*ms);
@@ -288,8 +288,8 @@ std::map<std::string, std::string> to_environment(const LaunchContract& env) {
       {"ACCELERANT_LAUNCHER", "1"},
       {"ACCELERANT_AGENT_STORE", env.agent_hosts_store ? "1" : "0"},
       {"ACCELERANT_RESTART_COUNT", std::to_string(env.restart_count)},
-      {"ACCELERANT_DEBUG_MODE", env.debug_mode ? "1" : "0"},
   };
+  if (env.debug_mode) vars["ACCELERANT_DEBUG_MODE"] = *env.debug_mode ? "1" : "0";
   if (env.mixed_precision) vars["ACCELERANT_MIXED_PRECISION"] = to_string(*env.mixed_precision);
   if (env.timeout) vars["ACCELERANT_TIMEOUT_MS"] = std::to_string(env.timeout->count());
   if (env.threads_per_process > 0) {
