@@ -89,9 +89,9 @@ struct AcceleratorOptions {
   /// steps. At each optimizer step that is a multiple of this (100, 200, ...) the processes
   /// exchange their medians over the steps since the last exchange (one small all-reduce), the main
   /// process logs them to the trackers as `step_time/rank_<r>/<phase>_ms`, and a process at least
-  /// 20 % busier per step than the median of the others is named once, with the phase it is slow
-  /// in. metrics_report() shows the breakdown too. 0 turns it off, timers
-  /// included (they cost well under 1 % of a step; docs/benchmarks.md). Default: 100.
+  /// 20 % and 1 ms busier per step than the median of the others at two exchanges in a row is
+  /// named once, with the phase it is slow in. metrics_report() shows the breakdown too. 0 turns it
+  /// off, timers included (they cost well under 1 % of a step; docs/benchmarks.md). Default: 100.
   TORCH_ARG(int64_t, step_breakdown_every) = 100;
   /// Automatic checkpoints kept; older ones are removed once a new one is complete. 0 keeps all.
   /// Default: 0.

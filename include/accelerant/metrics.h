@@ -87,8 +87,8 @@ struct MetricsSnapshot {
   std::vector<StepTimeMetrics> step_time_by_rank;
   /// The optimizer step at which step_time_by_rank was exchanged.
   int64_t step_time_by_rank_at = 0;
-  /// The rank named slow in that exchange (at least 20 % busier per step than the median of the
-  /// other ranks), or -1.
+  /// The rank slow in that exchange (at least 20 % and 1 ms busier per step than the median of the
+  /// other ranks), or -1. The warning waits for the same rank at two exchanges in a row.
   int straggler = -1;
 };
 

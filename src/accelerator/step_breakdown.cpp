@@ -43,8 +43,17 @@ int find_straggler(const std::vector<StepTime>& ranks) {
   for (size_t r = 1; r < ranks.size(); ++r)
     if (ranks[r].busy() > ranks[slowest].busy()) slowest = static_cast<int>(r);
   const double typical = others_median(ranks, slowest, busy);
-  if (typical <= 0 || ranks[slowest].busy() < typical * (1 + kStragglerThreshold)) return -1;
+  const double excess = ranks[slowest].busy() - typical;
+  const double min_excess = std::chrono::duration<double>(kStragglerMinExcess).count();
+  if (typical <= 0 || excess < typical * kStragglerThreshold || excess < min_excess) return -1;
   return slowest;
+}
+
+int StragglerWarnings::observe(int found) {
+  in_a_row_ = found >= 0 && found == candidate_ ? in_a_row_ + 1 : (found >= 0 ? 1 : 0);
+  candidate_ = found;
+  if (found < 0 || in_a_row_ < kStragglerExchangesToWarn) return -1;
+  return named_.insert(found).second ? found : -1;
 }
 
 std::string describe_straggler(const std::vector<StepTime>& ranks, int straggler) {
@@ -134,10 +143,11 @@ void StepBreakdown::exchange() {
   const int64_t at = hooks_.optimizer_step();
   last_exchange_at_ = at;
   const int straggler = find_straggler(ranks);
-  if (straggler >= 0 && hooks_.rank == 0 && named_.insert(straggler).second) {
+  if (warnings_.observe(straggler) >= 0 && hooks_.rank == 0) {
     std::cerr << hooks_.rank_prefix
               << "accelerant: warning: " << describe_straggler(ranks, straggler)
-              << " (step-time breakdown over steps " << at - steps + 1 << "-" << at
+              << " (the slowest at the last " << kStragglerExchangesToWarn
+              << " step-time exchanges, the latest over steps " << at - steps + 1 << "-" << at
               << "; reported once per rank; docs/observability.md)\n";
   }
   set_rank_step_times({at, steps, ranks, straggler});

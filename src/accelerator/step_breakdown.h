@@ -7,6 +7,7 @@
 // every other rank's step as long as its own; they spend the difference waiting in the
 // all-reduce. Step time minus that wait is what tells the straggler apart.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <set>
@@ -23,12 +24,31 @@ class Communicator;
 namespace accelerant::detail {
 
 /// A rank is a straggler when its busy time is at least this much above the median of the
-/// other ranks' busy time.
+/// other ranks' busy time...
 constexpr double kStragglerThreshold = 0.20;
+/// ...and at least this much longer per step: on steps of a millisecond or so the ratio is
+/// scheduler jitter on shared cores, and the job loses less than this per step to it anyway.
+constexpr std::chrono::duration<double, std::milli> kStragglerMinExcess{1.0};
+/// The warning names a rank once it is the straggler at this many exchanges in a row: one window
+/// of a noisy machine is not a pattern (the scalars and metrics() still show every exchange's).
+constexpr int kStragglerExchangesToWarn = 2;
 
-/// The rank slowest by busy time if it is kStragglerThreshold or more above the median of the
-/// other ranks' busy time, else -1. Needs 2 or more ranks.
+/// The rank slowest by busy time if it is kStragglerThreshold and kStragglerMinExcess or more
+/// above the median of the other ranks' busy time, else -1. Needs 2 or more ranks.
 int find_straggler(const std::vector<StepTime>& ranks);
+
+/// When to warn of a straggler: the same rank found at kStragglerExchangesToWarn exchanges in a
+/// row, each rank once per run.
+class StragglerWarnings {
+ public:
+  /// `found`: this exchange's find_straggler result. Returns the rank to name now, or -1.
+  int observe(int found);
+
+ private:
+  int candidate_ = -1;
+  int in_a_row_ = 0;
+  std::set<int> named_;
+};
 
 /// What the straggler loses its time in, against the median of the other ranks: "data loading",
 /// "compute (forward and backward)", "the optimizer" or "its own code between steps", with the
@@ -66,7 +86,7 @@ class StepBreakdown {
   Hooks hooks_;
   std::vector<StepTime> window_;
   int64_t last_exchange_at_ = -1;  // the optimizer step of the last exchange
-  std::set<int> named_;            // stragglers already named: each once
+  StragglerWarnings warnings_;
 };
 
 }  // namespace accelerant::detail

@@ -92,8 +92,9 @@ void step_time_section(std::ostream& out, const RunReport& r) {
       << short_number(r.median_rank_step_ms)
       << " ms). A rank whose busy time (its step minus the all-reduce wait, where the others "
          "wait for it) is "
-      << short_number((kStragglerRatio - 1) * 100, 3)
-      << "% or more above the other ranks' is a straggler: <b id=\"straggler-summary\" "
+      << short_number((kStragglerRatio - 1) * 100, 3) << "% and "
+      << short_number(kStragglerMinExcessMs)
+      << " ms or more above the other ranks' is a straggler: <b id=\"straggler-summary\" "
          "data-stragglers=\""
       << stragglers << "\">";
   if (stragglers == 0) {

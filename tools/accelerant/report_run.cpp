@@ -140,7 +140,8 @@ void take_step_times(std::map<std::string, ScalarSeries>& tags, RunReport& repor
       for (const auto& [other_rank, other] : ranks)
         if (other_rank != rank) others.push_back(busy(other));
       const double typical = median(std::move(others));
-      r.straggler = typical > 0 && busy(r) >= kStragglerRatio * typical;
+      r.straggler = typical > 0 && busy(r) >= kStragglerRatio * typical &&
+                    busy(r) - typical >= kStragglerMinExcessMs;
     }
     report.step_times.push_back(r);
   }
