@@ -134,6 +134,15 @@ TEST(CliConfig, AnswersEndingEarlyAreAnErrorNotAHalfWrittenFile) {
   EXPECT_FALSE(std::ifstream(dir.path + "/q.yaml").good());
 }
 
+TEST(CliConfig, AGoodFileIsValidAndSaysSo) {
+  ScratchDir dir;
+  const std::string file = dir.path + "/good.yaml";
+  std::ofstream(file) << "num_processes: 2\nmixed_precision: bf16\ncollective_timeout: 60\n";
+  std::string out;
+  EXPECT_EQ(run_cli({"config", "validate", "--config_file", file}, out), 0) << out;
+  EXPECT_TRUE(out.find(file + ": valid") != std::string::npos) << out;
+}
+
 TEST(CliConfig, BadFilesAreRefusedWithWhatAndWhere) {
   ScratchDir dir;
   struct Case {

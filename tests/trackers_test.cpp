@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -369,6 +370,55 @@ TEST(Trackers, SigkillLeavesEverythingUpToTheLastFlush) {
     EXPECT_EQ(records[2 + step]["step"], step);
     EXPECT_EQ(records[2 + step]["values"]["loss"], step);
   }
+}
+
+// A user's own tracker (the extension point for W&B, MLflow, ...), added before and after
+// init_trackers: each is started with the run folder and config, gets every log() with its step,
+// and is closed (which flushes) once by end_training, next to a built-in one. A tracker added
+// after init_trackers used to be started with an empty config, losing the run's hyper-parameters.
+struct RecordingTracker : Tracker {
+  std::vector<std::string> calls;
+  void init(const std::string& run_dir, const TrackerConfig& config) override {
+    calls.push_back("init " + run_dir.substr(run_dir.rfind('/') + 1) + " " + config.at(0).first);
+  }
+  void log(const TrackerScalars& values, int64_t step) override {
+    for (const auto& [tag, value] : values) {
+      calls.push_back("log " + std::to_string(step) + " " + tag + "=" + std::to_string(value));
+    }
+  }
+  void flush() override { calls.push_back("flush"); }
+  void close() override { calls.push_back("close"); }
+};
+
+TEST(Trackers, AUsersOwnTrackerAddedBeforeOrAfterInitGetsEveryCallOnce) {
+  t::ScratchDir dir;
+  auto before = std::make_shared<RecordingTracker>();
+  auto after = std::make_shared<RecordingTracker>();
+  {
+    Accelerator acc(AcceleratorOptions().project_dir(dir.path).log_with({"csv"}));
+    acc.add_tracker(before);
+    acc.init_trackers("run", {{"lr", 0.5}});
+    acc.log({{"loss", 2.0}}, 1);
+    acc.add_tracker(after);
+    acc.log({{"loss", 1.0}, {"acc", 0.25}}, 2);
+    acc.end_training();
+  }
+  // Flushes may come at any time (a timer); what else each got, in order:
+  const auto without_flushes = [](std::vector<std::string> calls) {
+    calls.erase(std::remove(calls.begin(), calls.end(), "flush"), calls.end());
+    return calls;
+  };
+  EXPECT_EQ(without_flushes(before->calls),
+            (std::vector<std::string>{"init run lr", "log 1 loss=2.000000", "log 2 loss=1.000000",
+                                      "log 2 acc=0.250000", "close"}))
+      << "closed once, by end_training, not again by the destructor";
+  EXPECT_EQ(without_flushes(after->calls),
+            (std::vector<std::string>{"init run lr", "log 2 loss=1.000000", "log 2 acc=0.250000",
+                                      "close"}))
+      << "started at once, with the run's config";
+  EXPECT_EQ(slurp(dir.path + "/run/scalars.csv"),
+            "step,tag,value\n1,loss,2\n2,loss,1\n2,acc,0.25\n")
+      << "the built-in tracker beside them";
 }
 
 TEST(Trackers, LogBeforeInitTrackersSaysHowToFix) {

@@ -362,7 +362,8 @@ class Accelerator {
   /// in `<project_dir>/<project_name>/` (created), recording `config` (the run's
   /// hyper-parameters). Main process only; elsewhere a no-op. Never talks to other ranks.
   void init_trackers(const std::string& project_name, const TrackerConfig& config = {});
-  /// Adds a tracker of the user's. Before init_trackers it is started there; after, at once.
+  /// Adds a tracker of the user's. Before init_trackers it is started there; after, at once, with
+  /// the same run folder and config.
   void add_tracker(std::shared_ptr<Tracker> tracker);
   /// Records scalars at `step` in every tracker, e.g. `log({{"loss", l}}, step)`. Main process
   /// only (a no-op elsewhere, never a collective); before init_trackers, throws Error.

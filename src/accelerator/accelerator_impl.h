@@ -51,6 +51,7 @@ struct Accelerator::Impl {
   std::unique_ptr<detail::StepBreakdown> step_breakdown_;
   /// init_trackers's result: `<project_dir>/<project_name>`; empty before it.
   std::string tracker_dir_;
+  TrackerConfig tracker_config_;  // init_trackers' config, for a tracker added after it
   std::vector<std::shared_ptr<Tracker>> trackers_;
 };
 

@@ -39,13 +39,15 @@ void Accelerator::init_trackers(const std::string& project_name, const TrackerCo
   for (const auto& name : impl_->options_.log_with()) started.push_back(make_tracker(name));
   for (auto& tracker : impl_->trackers_) started.push_back(std::move(tracker));
   impl_->trackers_ = std::move(started);
+  impl_->tracker_config_ = config;
   for (auto& tracker : impl_->trackers_) tracker->init(impl_->tracker_dir_, config);
 }
 
 void Accelerator::add_tracker(std::shared_ptr<Tracker> tracker) {
   if (!tracker) throw Error(impl_->rank_prefix_ + "add_tracker: the tracker is null.");
   if (!is_main_process()) return;
-  if (!impl_->tracker_dir_.empty()) tracker->init(impl_->tracker_dir_, {});
+  // Added after init_trackers: started at once, with the run's hyper-parameters like the others.
+  if (!impl_->tracker_dir_.empty()) tracker->init(impl_->tracker_dir_, impl_->tracker_config_);
   impl_->trackers_.push_back(std::move(tracker));
 }
 
