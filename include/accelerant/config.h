@@ -27,6 +27,10 @@ namespace accelerant {
 /// The schema version this build writes (and the newest it reads).
 constexpr int kConfigVersion = 1;
 
+/// The longest timeout or interval a config file or a launcher flag accepts, in seconds: 30 days.
+/// Beyond it (or inf, nan) is refused rather than wrapped when made milliseconds.
+constexpr double kMaxConfigSeconds = 30 * 24 * 3600;
+
 /// The contents of a config file, one field per key (the key is the field's name). The
 /// initialisers are the values of a key the file leaves out. `accelerant launch` reads every key
 /// (its flags override them); the Accelerator reads mixed_precision, downcast_bf16, use_cpu and

@@ -30,6 +30,10 @@ namespace accelerant {
 /// launcher (ACCELERANT_TIMEOUT_MS) nor the config file's collective_timeout chose.
 inline constexpr std::chrono::milliseconds kDefaultCollectiveTimeout = std::chrono::minutes(30);
 
+/// The most intra-op threads a launcher may give each worker (ACCELERANT_THREADS_PER_PROCESS, the
+/// config file's threads_per_process): the launcher refuses more, as the workers would.
+inline constexpr int kMaxThreadsPerProcess = 4096;
+
 /// Which launcher's variables described the process: kNone (none set: one process), kAccelerant
 /// (torchrun's contract with ACCELERANT_LAUNCHER, set by `accelerant launch` and
 /// accelerant::launch), kTorchrun, kSlurm (srun) or kOpenMpi (mpirun).

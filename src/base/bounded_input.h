@@ -15,6 +15,8 @@
 #include <string>
 #include <string_view>
 
+#include "accelerant/bounded_file.h"
+
 namespace accelerant::detail {
 
 /// The deepest nesting of lists and mappings accepted in a JSON or YAML file. Accelerant's own
@@ -29,28 +31,13 @@ enum class Syntax { kJson, kYaml };
 /// strings (and, for YAML, comments) do not count. Linear time, no allocation.
 std::string nesting_problem(std::string_view text, Syntax syntax, int max_depth = kMaxNestingDepth);
 
-/// Whether a symbolic link is read through or refused.
-enum class Symlinks { kFollow, kRefuse };
-
-/// A whole file read within a size cap: its bytes, or why there are none.
-struct BoundedRead {
-  std::string bytes;
-  /// "" on success; else the reason, starting with "it": "it does not exist", "it is a
-  /// directory", "it cannot be read (Permission denied)", "it has 52428800 bytes, more than the
-  /// limit of 1048576", "it is a symbolic link".
-  std::string problem;
-  /// The errno behind `problem`, 0 when there is none (a size or type problem).
-  int error = 0;
-};
-
-/// Reads `path`, a regular file of at most `max_bytes` bytes. The size is checked with fstat
-/// before anything is allocated, and again while reading (the file may grow).
-BoundedRead read_bounded_file(const std::string& path, uint64_t max_bytes,
-                              Symlinks symlinks = Symlinks::kFollow);
-
-/// A problem above said of `subject`: ("manifest.json", "it is a directory") -> "manifest.json is
-/// a directory".
-std::string said_of(const std::string& subject, const std::string& problem);
+// The file readers themselves are public (accelerant/bounded_file.h): the CLI reads run folders
+// with them too.
+using accelerant::BoundedRead;
+using accelerant::read_bounded_file;
+using accelerant::read_file_tail;
+using accelerant::said_of;
+using accelerant::Symlinks;
 
 /// Parses `text` as JSON after the nesting check. On failure returns nullopt and sets
 /// `*problem` ("it nests ... deep ...", or "it is not valid JSON (<parser message>)").

@@ -8,6 +8,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "accelerant/bounded_file.h"
+
 namespace accelerant::detail {
 
 bool write_file_atomically(const std::string& path, const std::string& bytes) {
@@ -24,10 +26,8 @@ bool write_file_atomically(const std::string& path, const std::string& bytes) {
 }
 
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream content;
-  content << in.rdbuf();
-  return content.str();
+  // Not through std::ifstream, whose open blocks on a FIFO until a writer comes.
+  return read_bounded_file(path, uint64_t{1} << 62).bytes;
 }
 
 std::string read_proc_file(const std::string& path) {

@@ -10,7 +10,8 @@ namespace accelerant::detail {
 /// when writing or renaming fails.
 bool write_file_atomically(const std::string& path, const std::string& bytes);
 
-/// The file's bytes; empty when it cannot be read.
+/// The file's bytes; empty when it cannot be read or is not a regular file (a FIFO is refused at
+/// once, not waited on).
 std::string read_file(const std::string& path);
 
 /// A /proc file's bytes (up to 64 KiB); empty when it cannot be read. Never throws: a process can

@@ -112,6 +112,11 @@ void validate(const LaunchOptions& o) {
   }
   check_limits(o);
   if (o.num_nodes() < 1) bad_option(str("num_nodes is ", o.num_nodes()), "use 1 or more");
+  if (o.threads_per_process() < 0 || o.threads_per_process() > kMaxThreadsPerProcess) {
+    bad_option(
+        str("threads_per_process is ", o.threads_per_process()),
+        str("use 0 (cores / processes) to ", kMaxThreadsPerProcess, ", the most a worker accepts"));
+  }
   if (o.node_rank() < 0 || o.node_rank() >= o.num_nodes()) {
     bad_option(str("node_rank ", o.node_rank(), " is outside 0..", o.num_nodes() - 1),
                "number the machines 0 to num_nodes - 1");

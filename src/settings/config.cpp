@@ -246,21 +246,21 @@ void validate_config(const Config& c, const std::string& where) {
   }
   if (c.max_restarts < 0)
     problems.push_back(detail::str("max_restarts is ", c.max_restarts, "; it must be 0 or more"));
-  if (!(c.monitor_interval > 0)) {
-    problems.push_back(detail::str("monitor_interval is ", c.monitor_interval,
-                                   "; it must be more than 0 seconds"));
-  }
-  if (!(c.join_timeout > 0)) {
-    problems.push_back(
-        detail::str("join_timeout is ", c.join_timeout, "; it must be more than 0 seconds"));
-  }
-  if (!(c.collective_timeout >= 0.001)) {
-    problems.push_back(detail::str("collective_timeout is ", c.collective_timeout,
-                                   "; it must be at least 0.001 seconds (default 1800)"));
-  }
-  if (c.threads_per_process < 0) {
-    problems.push_back(detail::str("threads_per_process is ", c.threads_per_process,
-                                   "; use 0 (automatic) or more"));
+  // The durations, from the file or the flags alike, are range-checked here once: a value out of
+  // range (inf, nan, 1e20) would otherwise wrap or saturate when made milliseconds.
+  const auto check_seconds = [&](const char* key, double seconds, double least, double fallback) {
+    if (!(seconds >= least && seconds <= kMaxConfigSeconds)) {
+      problems.push_back(detail::str(key, " is ", seconds, "; it must be ", least, " to ",
+                                     static_cast<long long>(kMaxConfigSeconds),
+                                     " seconds (30 days; default ", fallback, ")"));
+    }
+  };
+  check_seconds("monitor_interval", c.monitor_interval, 0.001, 0.1);
+  check_seconds("join_timeout", c.join_timeout, 0.001, 600);
+  check_seconds("collective_timeout", c.collective_timeout, 0.001, 1800);
+  if (c.threads_per_process < 0 || c.threads_per_process > kMaxThreadsPerProcess) {
+    problems.push_back(detail::str("threads_per_process is ", c.threads_per_process, "; use 0 ",
+                                   "(automatic) to ", kMaxThreadsPerProcess));
   }
   if (c.gradient_accumulation_steps < 1) {
     problems.push_back(detail::str("gradient_accumulation_steps is ", c.gradient_accumulation_steps,

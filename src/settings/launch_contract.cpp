@@ -166,9 +166,10 @@ void read_accelerant_extras(const Reader& r, LaunchContract& env) {
   if (auto mp = r.text("ACCELERANT_MIXED_PRECISION")) {
     env.mixed_precision = parse_mixed_precision(*mp, "ACCELERANT_MIXED_PRECISION");
   }
-  env.threads_per_process = static_cast<int>(
-      r.integer("ACCELERANT_THREADS_PER_PROCESS", 0, 4096, "set the number of threads per worker")
-          .value_or(0));
+  env.threads_per_process =
+      static_cast<int>(r.integer("ACCELERANT_THREADS_PER_PROCESS", 0, kMaxThreadsPerProcess,
+                                 "set the number of threads per worker")
+                           .value_or(0));
   env.error_file = r.text("ACCELERANT_ERROR_FILE").value_or("");
   env.downcast_bf16 = r.chosen_flag("ACCELERANT_DOWNCAST_BF16");
   env.use_cpu = r.chosen_flag("ACCELERANT_USE_CPU");

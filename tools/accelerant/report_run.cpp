@@ -1,5 +1,6 @@
 #include "report_run.h"
 
+#include <accelerant/bounded_file.h>
 #include <accelerant/checkpoint.h>
 #include <accelerant/error.h>
 
@@ -18,7 +19,8 @@ namespace fs = std::filesystem;
 
 // Enough of a failed rank's stderr to show its error and what led to it, not its whole log.
 constexpr size_t kTailLines = 12;
-constexpr std::streamoff kTailBytes = 16 * 1024;
+constexpr uint64_t kTailBytes = 16 * 1024;
+constexpr uint64_t kMaxErrorFileBytes = 1 << 20;
 
 bool is_directory(const std::string& path) {
   std::error_code ignored;
@@ -147,13 +149,13 @@ void take_step_times(std::map<std::string, ScalarSeries>& tags, RunReport& repor
   }
 }
 
+// A rank's log in the run folder: the tail of a regular file that is not a link (a link to
+// /etc/shadow would be copied into the page; /dev/zero would be read without end). What is not
+// shown says why.
 std::string tail_of(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return "";
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
-  in.seekg(std::max<std::streamoff>(0, size - kTailBytes));
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  BoundedRead read = read_file_tail(path, kTailBytes, Symlinks::kRefuse);
+  if (!read.problem.empty()) return "(not shown: " + said_of(path, read.problem) + ")";
+  std::string text = std::move(read.bytes);
   while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
   size_t start = text.size(), lines = 0;
   while (start > 0 && lines < kTailLines) {
@@ -170,8 +172,9 @@ std::string tail_of(const std::string& path) {
 // torchrun's error file (TORCHELASTIC_ERROR_FILE, which Accelerant's workers also write): JSON
 // whose "message" is the text, or an object holding it.
 std::string error_file_message(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const BoundedRead read = read_bounded_file(path, kMaxErrorFileBytes, Symlinks::kRefuse);
+  if (!read.problem.empty()) return "(not shown: " + said_of(path, read.problem) + ")";
+  const std::string& text = read.bytes;
   const auto doc = nlohmann::json::parse(text, nullptr, false);
   if (doc.is_discarded() || !doc.is_object() || !doc.contains("message")) return text;
   const auto& message = doc["message"];

@@ -1,5 +1,6 @@
 #include "report_scalars.h"
 
+#include <accelerant/bounded_file.h>
 #include <accelerant/error.h>
 
 #include <cerrno>
@@ -9,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <utility>
 
 namespace accelerant::cli {
@@ -17,19 +19,24 @@ namespace {
 // A record is one line of a few hundred bytes; a longer one is not a tracker's and would only
 // make the report slow or huge.
 constexpr size_t kMaxLineBytes = 1 << 20;
+// A tracker file larger than this is not read (a million steps of ten tags is about 300 MB of CSV).
+constexpr uint64_t kMaxScalarFileBytes = uint64_t{4} << 30;
 
 bool is_file(const std::string& path) {
   std::error_code ignored;
   return std::filesystem::is_regular_file(path, ignored);
 }
 
-std::ifstream open_or_throw(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw Error("accelerant report: cannot read " + path + ": " + std::strerror(errno) +
-                ". Fix: check its permissions.");
+// A tracker file of the run folder: a regular file, not a link (which could bring another file's
+// text into a page people share), within a cap far above any run's scalars.
+std::istringstream open_or_throw(const std::string& path) {
+  const BoundedRead read = read_bounded_file(path, kMaxScalarFileBytes, Symlinks::kRefuse);
+  if (!read.problem.empty()) {
+    throw Error(
+        "accelerant report: cannot read " + said_of(path, read.problem) +
+        ". Fix: point the report at the run folder the trackers wrote, with its own files.");
   }
-  return in;
+  return std::istringstream(read.bytes);
 }
 
 Error malformed(const std::string& where, const std::string& what) {
@@ -45,7 +52,7 @@ std::string config_value_text(const nlohmann::ordered_json& value) {
 // A line that is cut short can only be the last one, from a process killed while writing it
 // (records are flushed whole): it is skipped with a warning, while a bad line elsewhere throws.
 void read_jsonl(const std::string& path, TrackedScalars& out) {
-  std::ifstream in = open_or_throw(path);
+  std::istringstream in = open_or_throw(path);
   std::vector<std::string> lines;
   for (std::string line; std::getline(in, line);) {
     if (line.size() > kMaxLineBytes) {
@@ -131,7 +138,7 @@ bool parse_number(const std::string& text, double& value) {
 }
 
 void read_csv(const std::string& path, TrackedScalars& out) {
-  std::ifstream in = open_or_throw(path);
+  std::istringstream in = open_or_throw(path);
   std::vector<std::string> fields;
   size_t line = 1;
   bool header = true;
@@ -162,7 +169,7 @@ void read_csv(const std::string& path, TrackedScalars& out) {
 }
 
 void read_config_csv(const std::string& path, TrackedScalars& out) {
-  std::ifstream in = open_or_throw(path);
+  std::istringstream in = open_or_throw(path);
   std::vector<std::string> fields;
   size_t line = 1;
   bool header = true;
