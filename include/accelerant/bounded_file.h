@@ -13,6 +13,7 @@ enum class Symlinks { kFollow, kRefuse };
 
 /// A file read within a size cap: its bytes, or why there are none.
 struct BoundedRead {
+  /// The bytes read; empty when `problem` says why there are none.
   std::string bytes;
   /// "" on success; else the reason, starting with "it": "it does not exist", "it is a
   /// directory", "it cannot be read (Permission denied)", "it has 52428800 bytes, more than the
