@@ -17,6 +17,7 @@
 #include "comm/collective_diagnosis.h"
 #include "comm/communicator_impl.h"
 #include "comm/cuda_presence.h"
+#include "comm/machine_identity.h"
 #include "comm/process_state_fork.h"
 #include "comm/shared_memory_connect.h"
 
@@ -106,7 +107,13 @@ ProcessState::ProcessState(LaunchContract env, const ProcessStateOptions& option
   if (gpus > 0) {  // a worker: it will use CUDA
     device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env_.local_rank % gpus));
   }
-  if (env_.distributed()) rendezvous();
+  // A bad ACCELERANT_SHM_ALLREDUCE fails here, on every rank alike, before any rank meets the
+  // others: read only after the rendezvous, the first rank to throw could leave the others failing
+  // on its closed connection, and that failure could be the one the launcher reported.
+  if (env_.distributed()) {
+    detail::shm_all_reduce_enabled();
+    rendezvous();
+  }
 }
 
 ProcessState::~ProcessState() = default;
