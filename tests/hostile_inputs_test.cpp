@@ -70,3 +70,15 @@ TEST(HostileInputs, AThreadCountTheWorkersWouldRefuseIsRefusedByTheLauncher) {
   EXPECT_TRUE(contains(out, "threads_per_process is 5000")) << out;
   EXPECT_TRUE(contains(out, "to 4096")) << out;
 }
+
+TEST(HostileInputs, AnImpossibleRankCountForTraceMergeIsRefusedAndMissingRanksAreCounted) {
+  ScratchDir dir;
+  std::ofstream(dir.path + "/trace_rank0.json") << R"({"traceEvents":[]})";
+  std::string out;
+  EXPECT_EQ(run_cli({"trace", "merge", "-n", "2000000000", dir.path}, out), 1) << out;
+  EXPECT_TRUE(contains(out, "2000000000 ranks expected; give 0")) << out;
+  // 100,000 expected, one there: named up to a screenful, then counted, not 99,999 lines.
+  EXPECT_EQ(run_cli({"trace", "merge", "-n", "100000", dir.path}, out), 1) << out;
+  EXPECT_TRUE(contains(out, "and 99989 more ranks' files not found")) << out;
+  EXPECT_LT(out.size(), 5000u) << out.substr(0, 2000);
+}

@@ -58,6 +58,13 @@ std::string trace_rank_file(const std::string& dir, int rank) {
 }
 
 TraceMergeResult merge_trace_files(const std::string& dir, int num_ranks) {
+  // A count no job reaches: beyond it each expected rank costs a lookup and a listed name, and a
+  // typo (-n 2000000000) would run for hours and fill memory with "missing" names.
+  constexpr int kMostRanks = 1 << 20;
+  if (num_ranks < 0 || num_ranks > kMostRanks) {
+    throw Error("merge_trace_files: " + std::to_string(num_ranks) + " ranks expected; give 0 " +
+                "(merge the files found) to " + std::to_string(kMostRanks) + ".");
+  }
   TraceMergeResult result;
   result.merged_file = dir + "/trace.json";
   std::vector<int> ranks;

@@ -15,9 +15,16 @@ int merge(const std::string& dir, int num_ranks) {
   const TraceMergeResult result = merge_trace_files(dir, num_ranks);
   std::cout << "wrote " << result.merged_file << " (" << result.merged_ranks.size() << " rank"
             << (result.merged_ranks.size() == 1 ? "" : "s") << ")\n";
-  for (const auto& missing : result.missing_files) {
-    std::cerr << "accelerant trace merge: warning: " << missing << " not found; its rank is "
-              << "left out. Fix: copy it from the machine that ran that rank.\n";
+  // Named one by one up to a screenful; a count after that.
+  constexpr size_t kNamed = 10;
+  for (size_t i = 0; i < result.missing_files.size() && i < kNamed; ++i) {
+    std::cerr << "accelerant trace merge: warning: " << result.missing_files[i]
+              << " not found; its rank is left out. Fix: copy it from the machine that ran that "
+              << "rank.\n";
+  }
+  if (result.missing_files.size() > kNamed) {
+    std::cerr << "accelerant trace merge: warning: and " << result.missing_files.size() - kNamed
+              << " more ranks' files not found.\n";
   }
   return result.missing_files.empty() ? 0 : 1;
 }
