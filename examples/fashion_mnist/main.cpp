@@ -117,7 +117,14 @@ double train(const fashion_mnist::Split& train_split, const fashion_mnist::Split
             " x ", acc.threads(), " thread", acc.threads() == 1 ? "" : "s", ", mixed precision ",
             accelerant::to_string(acc.mixed_precision()), ", ", train_batches.size(),
             " steps per epoch");
+  // A run whose checkpoint has finished every epoch trains no more; its model is still evaluated
+  // below, so that the summary reports it rather than an accuracy never measured.
   double accuracy = 0;
+  if (train_batches.epoch() >= s.epochs) {
+    acc.print("Already trained for ", train_batches.epoch(), " epoch(s) (the checkpoint in ",
+              s.project_dir, "); evaluating it. Give a larger --epochs to train on.");
+    accuracy = evaluate(acc, net, test_batches);
+  }
   // The loader knows the epoch: after a resume the loop continues where the checkpoint was.
   while (train_batches.epoch() < s.epochs) {
     const int64_t epoch = train_batches.epoch() + 1;
