@@ -140,6 +140,18 @@ TEST(FlightRecord, VerdictSaysTheRanksAgreeWhenTheyAreInTheSameCollective) {
   EXPECT_FALSE(different);
 }
 
+// A stopped rank publishes nothing; the one that reported must not be said to agree with it.
+TEST(FlightRecord, VerdictNamesTheRankThatLeftNoRecordInsteadOfSayingTheRanksAgree) {
+  using S = CollectiveState;
+  auto records = std::vector<RankFlightRecord>{
+      rank_record(0, {collective(3, "barrier", "wait_for_everyone", S::kFailed, kT0)})};
+  bool different = true;
+  EXPECT_EQ(flight_verdict(records, &different),
+            "rank 1 left no flight record (stopped, hung outside a collective, or gone) while "
+            "rank 0 is in barrier #3 (wait_for_everyone) (failed), waiting for it.");
+  EXPECT_FALSE(different);
+}
+
 TEST(FlightRecord, VerdictNamesDifferentDtypesOfTheSameCall) {
   using S = CollectiveState;
   auto records = std::vector<RankFlightRecord>{

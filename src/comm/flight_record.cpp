@@ -246,6 +246,24 @@ std::string flight_verdict(const std::vector<RankFlightRecord>& unsorted, bool* 
   if (lo < hi) return behind_text(records, lo);
   const auto& c = records[0].collectives;
   if (c.empty()) return "no rank has issued a collective yet.";
+  // Ranks without a record did not answer (stopped, hung outside any collective, or gone): the
+  // ones that reported agreeing says nothing about them, and they are what the others wait for.
+  std::vector<int> silent;
+  for (int r = 0; r < records[0].world_size; ++r) {
+    const bool reported = std::any_of(records.begin(), records.end(),
+                                      [r](const RankFlightRecord& x) { return x.rank == r; });
+    if (!reported) silent.push_back(r);
+  }
+  if (!silent.empty()) {
+    std::vector<int> reported;
+    for (const auto& r : records) reported.push_back(r.rank);
+    return str(ranks_text(silent),
+               " left no flight record (stopped, hung outside a collective, "
+               "or gone) while ",
+               ranks_text(reported), reported.size() == 1 ? " is" : " are", " in ",
+               describe_collective(c.back()), " (", to_string(c.back().state), "), waiting for ",
+               silent.size() == 1 ? "it." : "them.");
+  }
   return str(records.size() == 1 ? "rank " + std::to_string(records[0].rank) + " is in "
                                  : std::string("every rank that reported is in "),
              describe_collective(c.back()), " (", to_string(c.back().state),
