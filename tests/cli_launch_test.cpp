@@ -282,6 +282,20 @@ TEST(Launch, TheExampleTrainsIdenticallyUnderMpirun) {
       << theirs.substr(theirs.size() - std::min<size_t>(theirs.size(), 3000));
 }
 
+// --prefix_output adds each rank's prefix once: a line the worker already prefixed (as the
+// library's messages are) is not prefixed again (issue 38).
+TEST(Launch, PrefixOutputAddsTheRankPrefixOnce) {
+  std::string out;
+  ASSERT_EQ(run({"-n", "2", "--prefix_output", "/bin/sh", "-c",
+                 "echo \"[rank $RANK/2] said by the worker\"; echo plain"},
+                out),
+            0)
+      << out;
+  EXPECT_EQ(count(out, "[rank 0/2] said by the worker"), 1) << out;
+  EXPECT_EQ(count(out, "[rank 1/2] [rank 1/2]"), 0) << out;
+  EXPECT_EQ(count(out, "[rank 1/2] plain"), 1) << out;
+}
+
 TEST(SelfTest, PassesEveryCheckOnTwoProcesses) {
   ::unsetenv("ACCELERANT_CONFIG_FILE");
   ::setenv("XDG_CACHE_HOME", "/nonexistent/accelerant-test-cache", 1);

@@ -140,7 +140,10 @@ std::string OutputRelay::console_terminal() const {
 }
 
 void OutputRelay::write_to_console(const Stream& s, const std::string& text, char end) {
-  std::string out = prefix_ ? rank_prefix(s.rank, world_size_) + text : text;
+  // A line the worker already prefixed with its rank (the library's own messages do) keeps the
+  // one prefix: "[rank 1/2] [rank 1/2] ..." said nothing more.
+  const std::string prefix = prefix_ ? rank_prefix(s.rank, world_size_) : "";
+  std::string out = text.compare(0, prefix.size(), prefix) == 0 ? text : prefix + text;
   out += end == '\r' ? '\r' : '\n';
   write_all(s, out);
 }
