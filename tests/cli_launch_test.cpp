@@ -3,6 +3,7 @@
 // the config file is read and flags override it; the same program trains identically under
 // torchrun and mpirun.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -280,6 +281,31 @@ TEST(Launch, TheExampleTrainsIdenticallyUnderMpirun) {
       << "accelerant launch:\n"
       << ours << "\nmpirun (last 3000 bytes):\n"
       << theirs.substr(theirs.size() - std::min<size_t>(theirs.size(), 3000));
+}
+
+// A log that stops taking writes (a full disk: /dev/full answers ENOSPC to every write) is said
+// once per stream, and the output goes to the console instead of being lost (issue 38).
+TEST(Launch, ALogDirThatFillsUpSaysSoAndTheOutputReachesTheConsole) {
+  ScratchDir dir;
+  ASSERT_EQ(::mkdir((dir.path + "/attempt_0").c_str(), 0755), 0);
+  for (const char* rank : {"0", "1"}) {
+    const std::string log = dir.path + "/attempt_0/rank_" + rank + ".stdout";
+    ASSERT_EQ(::symlink("/dev/full", log.c_str()), 0);
+  }
+  std::string out;
+  ASSERT_EQ(run({"-n", "2", "--log_dir", dir.path, "/bin/sh", "-c",
+                 "for i in 1 2 3; do echo \"line $i of rank $RANK\"; done"},
+                out),
+            0)
+      << out;
+  for (const char* rank : {"0", "1"}) {
+    EXPECT_EQ(count(out, std::string("cannot write rank ") + rank + "'s stdout to its log in"), 1)
+        << out;
+    for (const char* i : {"1", "2", "3"}) {
+      EXPECT_EQ(count(out, std::string("line ") + i + " of rank " + rank), 1) << out;
+    }
+  }
+  EXPECT_TRUE(contains(out, "No space left on device")) << out;
 }
 
 // --prefix_output adds each rank's prefix once: a line the worker already prefixed (as the

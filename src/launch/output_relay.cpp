@@ -75,9 +75,22 @@ void OutputRelay::log(Stream& s, const std::string& text, char end) {
     }
     log_files_.push_back({{s.rank, s.is_stderr}, file});
   }
-  std::fwrite(text.data(), 1, text.size(), file);
-  if (end != kBroken) std::fputc(end, file);
-  std::fflush(file);  // a crash of the launcher must not lose a worker's last lines
+  // Flushed at every line: a crash of the launcher must not lose a worker's last lines. A write
+  // that fails (the disk filled up: ENOSPC) is said once, and this stream's output, this line
+  // included, goes to the console from then on (emit checks log_failed after this call).
+  errno = 0;
+  const bool written = std::fwrite(text.data(), 1, text.size(), file) == text.size() &&
+                       (end == kBroken || std::fputc(end, file) != EOF) && std::fflush(file) == 0;
+  if (!written) {
+    const int error = errno;
+    const std::string warning = str(
+        "accelerant::launch: cannot write rank ", s.rank, "'s ", s.is_stderr ? "stderr" : "stdout",
+        " to its log in ", log_dir_, ": ", error ? std::strerror(error) : "write failed",
+        "; its output goes to the console from here on. Fix: free space on that disk, or give "
+        "--log_dir on another.\n");
+    (void)!::write(STDERR_FILENO, warning.data(), warning.size());
+    s.log_failed = true;
+  }
 }
 
 void OutputRelay::add(int fd, int rank, bool is_stderr) {
