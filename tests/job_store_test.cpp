@@ -9,9 +9,12 @@
 #include <gtest/gtest.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <future>
 #include <thread>
@@ -236,6 +239,42 @@ bool connects(const std::string& host, int port) {
 }
 
 }  // namespace
+
+// A value far beyond what a job keeps in its store (512 MB declared) closes that connection at
+// once, before the launcher buffers any of it, and the store goes on serving (issue 38).
+TEST(JobStoreSecurity, AHugeValueIsRefusedBeforeItIsBuffered) {
+  StoreServer server(0, StoreReach::kThisMachine);
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(server.port()));
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to), 0);
+  std::string query(1, '\0');  // SET
+  auto append_u64 = [&query](uint64_t v) { query.append(reinterpret_cast<char*>(&v), 8); };
+  append_u64(1);
+  query += "k";
+  append_u64(uint64_t{512} << 20);  // the value's declared size; 1 MB of it follows
+  query += std::string(1 << 20, 'x');
+  ssize_t sent = 0;
+  while (sent < static_cast<ssize_t>(query.size())) {
+    const ssize_t n = ::send(fd, query.data() + sent, query.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;  // closed under us: what is expected
+    sent += n;
+  }
+  timeval limit{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  char byte = 0;
+  const ssize_t got = ::recv(fd, &byte, 1, 0);
+  const bool timed_out = got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+  EXPECT_TRUE(got == 0 || (got < 0 && !timed_out))
+      << "the connection was kept open (recv " << got << ", waiting for the rest of the value)";
+  ::close(fd);
+  StoreClient client("127.0.0.1", server.port(), 5s, 5s);
+  client.set("after", "still serving");
+  EXPECT_EQ(client.get("after"), "still serving");
+}
 
 // A job on one machine: its store cannot be reached from the network (docs/security.md).
 TEST(JobStoreSecurity, AStoreForOneMachineListensOnLoopbackOnly) {

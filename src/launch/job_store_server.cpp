@@ -33,9 +33,11 @@ enum Query : uint8_t {
 };
 constexpr uint8_t kReady = 0, kNotReady = 1, kStopWaiting = 0;
 constexpr uint8_t kKeyUpdated = 0, kKeyCreated = 1, kKeyDeleted = 2, kCallbackRegistered = 3;
-// A string longer than this is taken for a peer that does not speak the protocol (its connection
-// is closed) rather than waited for.
-constexpr uint64_t kMaxStringBytes = uint64_t{1} << 30;
+// A string longer than this is taken for a peer that does not speak the protocol, or one that
+// would grow the launcher by its size twice over (buffered, then stored), and its connection is
+// closed rather than waited for. What jobs keep here is small (addresses, flags, flight records
+// of a few KB); a 512 MB value used to double the launcher's memory.
+constexpr uint64_t kMaxStringBytes = uint64_t{64} << 20;
 
 // Reads a query's fields from a connection's buffered bytes. Every read returns false when the
 // bytes are not all there yet; `bad` is set when the peer sent something impossible.
