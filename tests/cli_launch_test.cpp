@@ -198,6 +198,16 @@ TEST(Launch, BadInputIsRefusedBeforeAnyWorkerStarts) {
   EXPECT_NE(out.find("did you mean 'num_processes'"), std::string::npos) << out;
   EXPECT_EQ(run({"-n", "0", "/bin/true"}, out), 1);
   EXPECT_NE(out.find("num_processes is 0"), std::string::npos) << out;
+  // A script whose interpreter is missing: execve says ENOENT, which read "No such file" about a
+  // script that is there (issue 38). The interpreter is named instead.
+  const std::string script = dir.path + "/train.py";
+  std::ofstream(script) << "#!/usr/bin/no-such-python3 -u\nprint('hi')\n";
+  ASSERT_EQ(::chmod(script.c_str(), 0755), 0);
+  EXPECT_EQ(run({"-n", "2", script}, out), 1);
+  EXPECT_NE(out.find("its interpreter /usr/bin/no-such-python3 (its #! line) does not exist"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("Launching"), std::string::npos) << "workers were started: " << out;
 }
 
 namespace {

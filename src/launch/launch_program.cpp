@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -31,10 +32,31 @@ bool executable_file(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
 }
 
+// A script's interpreter (its "#!" line) that cannot be executed: execve then fails with ENOENT,
+// which would read "No such file" about a script that exists. "" when there is no such line or
+// its interpreter is there.
+std::string interpreter_problem(const std::string& path) {
+  std::string first_line;
+  if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
+    char buffer[256] = {0};
+    if (std::fgets(buffer, sizeof buffer, f)) first_line = buffer;
+    std::fclose(f);
+  }
+  if (first_line.compare(0, 2, "#!") != 0) return "";
+  const size_t start = first_line.find_first_not_of(" \t", 2);
+  if (start == std::string::npos) return "its #! line names no interpreter";
+  const size_t end = first_line.find_first_of(" \t\r\n", start);
+  const std::string interpreter = first_line.substr(start, end - start);
+  if (executable_file(interpreter)) return "";
+  return str("its interpreter ", interpreter, " (its #! line) ",
+             ::access(interpreter.c_str(), F_OK) == 0 ? "is not executable" : "does not exist",
+             "; install it or correct the script's first line");
+}
+
 // Why execvp would not run `program` (a path, or a name looked up on PATH); "" when it would.
 std::string why_not_runnable(const std::string& program) {
   if (program.find('/') != std::string::npos) {
-    if (executable_file(program)) return "";
+    if (executable_file(program)) return interpreter_problem(program);
     struct stat st {};
     if (::stat(program.c_str(), &st) != 0)
       return str("no such executable (", std::strerror(errno), ")");
@@ -47,7 +69,7 @@ std::string why_not_runnable(const std::string& program) {
     size_t end = dirs.find(':', start);
     if (end == std::string::npos) end = dirs.size();
     const std::string dir = end > start ? dirs.substr(start, end - start) : ".";
-    if (executable_file(dir + "/" + program)) return "";
+    if (executable_file(dir + "/" + program)) return interpreter_problem(dir + "/" + program);
     start = end + 1;
   }
   return "no such executable on PATH";
