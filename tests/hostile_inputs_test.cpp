@@ -82,3 +82,34 @@ TEST(HostileInputs, AnImpossibleRankCountForTraceMergeIsRefusedAndMissingRanksAr
   EXPECT_TRUE(contains(out, "and 99989 more ranks' files not found")) << out;
   EXPECT_LT(out.size(), 5000u) << out.substr(0, 2000);
 }
+
+// Two ranks started by hand, told different WORLD_SIZEs: the rank of the smaller world names the
+// mismatch at once (it waited in Gloo for a rank that never joins and printed "Socket Timeout"
+// and 19 frames); the other ends within its timeout; neither leaves Gloo's text (issue 38).
+TEST(HostileInputs, RanksStartedWithDifferentWorldSizesAreToldSo) {
+  const std::string port = std::to_string(free_port());
+  auto rank = [&](int r, int world) {
+    return start_program({"/usr/bin/env", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port,
+                          "RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(world),
+                          "LOCAL_RANK=" + std::to_string(r),
+                          "LOCAL_WORLD_SIZE=" + std::to_string(world), "ACCELERANT_TIMEOUT_MS=8000",
+                          launch_helper_path(), "worker"});
+  };
+  auto small = rank(0, 2);
+  auto large = rank(1, 3);
+  const auto start = std::chrono::steady_clock::now();
+  std::string small_out, large_out;
+  const int small_status = finish_program(small, small_out, std::chrono::seconds(60));
+  const auto small_took = std::chrono::steady_clock::now() - start;
+  const int large_status = finish_program(large, large_out, std::chrono::seconds(60));
+  EXPECT_TRUE(small_status >= 0 && !(WIFEXITED(small_status) && WEXITSTATUS(small_status) == 0))
+      << small_out;
+  EXPECT_TRUE(contains(small_out, "was started with WORLD_SIZE=")) << small_out;
+  EXPECT_TRUE(contains(small_out, "Fix: start every rank with the same WORLD_SIZE")) << small_out;
+  EXPECT_LT(small_took, std::chrono::seconds(6)) << "named at once, not at the timeout";
+  EXPECT_TRUE(large_status >= 0 && !(WIFEXITED(large_status) && WEXITSTATUS(large_status) == 0))
+      << large_out;
+  EXPECT_TRUE(contains(large_out, "WORLD_SIZE")) << large_out;
+  EXPECT_FALSE(contains(small_out + large_out, "Socket Timeout")) << small_out << large_out;
+  EXPECT_FALSE(contains(large_out, "std::system_error")) << large_out;
+}

@@ -151,16 +151,55 @@ void ProcessState::rendezvous() {
 
   // Who we are, so that a peer whose collective fails can tell that this process died.
   detail::publish_process(store, env_.rank, env_.torchelastic_error_file);
+  // Every rank must have been started with the same WORLD_SIZE: the first to come records its
+  // own, and a rank told another one says so under "world_size_mismatch" for all to read. It still
+  // arrives, so that a rank of the smaller world ends its wait at once and reads that instead of
+  // waiting in Gloo for a rank that will never join ("Socket Timeout" and 19 frames).
+  const std::string my_size = std::to_string(env_.world_size);
+  const std::vector<uint8_t> first =
+      store.compareSet("world_size", {}, std::vector<uint8_t>(my_size.begin(), my_size.end()));
+  if (std::string(first.begin(), first.end()) != my_size) {
+    const std::string mismatch = detail::str(
+        "rank ", env_.rank, " was started with WORLD_SIZE=", env_.world_size,
+        ", but a rank before it with WORLD_SIZE=", std::string(first.begin(), first.end()),
+        ". Fix: start every rank with the same WORLD_SIZE (and MASTER_ADDR, MASTER_PORT).");
+    store.set("world_size_mismatch", std::vector<uint8_t>(mismatch.begin(), mismatch.end()));
+  }
+  const auto refuse_mismatch = [&] {
+    std::vector<uint8_t> text;
+    try {
+      if (!store.check({"world_size_mismatch"})) return;
+      text = store.get("world_size_mismatch");
+    } catch (const std::exception&) {
+      return;  // the store is gone (its host ended): the caller says what it can
+    }
+    throw Error(rank_prefix() + std::string(text.begin(), text.end()));
+  };
   // Our own arrival step before Gloo's, so that a rank that never comes is named.
   store.set(detail::str("arrived/", env_.rank), std::vector<uint8_t>{1});
   std::vector<std::string> keys;
   for (int r = 0; r < env_.world_size; ++r) keys.push_back(detail::str("arrived/", r));
   try {
     store.wait(keys, timeout_);
-  } catch (const std::exception&) {
+    refuse_mismatch();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    refuse_mismatch();
     std::vector<int> missing;
-    for (int r = 0; r < env_.world_size; ++r) {
-      if (!store.check({keys[r]})) missing.push_back(r);
+    try {
+      for (int r = 0; r < env_.world_size; ++r) {
+        if (!store.check({keys[r]})) missing.push_back(r);
+      }
+    } catch (const std::exception&) {
+      // Not a timeout: the store went away while this rank waited ("Broken pipe").
+      throw Error(detail::str(
+          rank_prefix(), "The job's store at ", where, " went away while this rank waited for ",
+          "the others of its ", env_.world_size, " ranks to arrive (", e.what(),
+          "). Likely cause: ",
+          "the process hosting it (rank 0, or the launcher) ended; its output says why. Fix: ",
+          "look at rank 0's output, and start every rank with the same MASTER_ADDR, MASTER_PORT ",
+          "and WORLD_SIZE."));
     }
     throw CollectiveError(
         detail::str(rank_prefix(), "Rendezvous at ", where, " timed out after ", timeout_.count(),
