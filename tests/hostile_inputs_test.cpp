@@ -92,21 +92,21 @@ TEST(HostileInputs, RanksStartedWithDifferentWorldSizesAreToldSo) {
     return start_program({"/usr/bin/env", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port,
                           "RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(world),
                           "LOCAL_RANK=" + std::to_string(r),
-                          "LOCAL_WORLD_SIZE=" + std::to_string(world), "ACCELERANT_TIMEOUT_MS=8000",
-                          launch_helper_path(), "worker"});
+                          "LOCAL_WORLD_SIZE=" + std::to_string(world),
+                          "ACCELERANT_TIMEOUT_MS=120000", launch_helper_path(), "worker"});
   };
   auto small = rank(0, 2);
   auto large = rank(1, 3);
   const auto start = std::chrono::steady_clock::now();
   std::string small_out, large_out;
-  const int small_status = finish_program(small, small_out, std::chrono::seconds(60));
+  const int small_status = finish_program(small, small_out, std::chrono::seconds(100));
   const auto small_took = std::chrono::steady_clock::now() - start;
-  const int large_status = finish_program(large, large_out, std::chrono::seconds(60));
+  const int large_status = finish_program(large, large_out, std::chrono::seconds(100));
   EXPECT_TRUE(small_status >= 0 && !(WIFEXITED(small_status) && WEXITSTATUS(small_status) == 0))
       << small_out;
   EXPECT_TRUE(contains(small_out, "was started with WORLD_SIZE=")) << small_out;
   EXPECT_TRUE(contains(small_out, "Fix: start every rank with the same WORLD_SIZE")) << small_out;
-  EXPECT_LT(small_took, std::chrono::seconds(6)) << "named at once, not at the timeout";
+  EXPECT_LT(small_took, std::chrono::seconds(60)) << "named at once, not at the 120 s timeout";
   EXPECT_TRUE(large_status >= 0 && !(WIFEXITED(large_status) && WEXITSTATUS(large_status) == 0))
       << large_out;
   EXPECT_TRUE(contains(large_out, "WORLD_SIZE")) << large_out;
