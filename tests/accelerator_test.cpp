@@ -13,16 +13,9 @@
 #include "test_support.h"
 
 using namespace accelerant;
+using accelerant::testing::env_of;
 
 namespace {
-
-EnvLookup env_of(std::map<std::string, std::string> vars) {
-  return [vars](const std::string& name) -> std::optional<std::string> {
-    auto it = vars.find(name);
-    if (it == vars.end()) return std::nullopt;
-    return it->second;
-  };
-}
 
 const auto error_of = accelerant::testing::error_message;
 

@@ -10,19 +10,12 @@
 #include "test_support.h"
 
 using namespace accelerant;
+using accelerant::testing::env_of;
 
 namespace {
 
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
-}
-
-EnvLookup env_of(std::map<std::string, std::string> vars) {
-  return [vars](const std::string& name) -> std::optional<std::string> {
-    auto it = vars.find(name);
-    if (it == vars.end()) return std::nullopt;
-    return it->second;
-  };
 }
 
 }  // namespace

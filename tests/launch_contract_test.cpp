@@ -7,16 +7,14 @@
 #include <map>
 #include <set>
 
+#include "test_support.h"
+
 using namespace accelerant;
 
 namespace {
 
 LaunchContract parse(const std::map<std::string, std::string>& vars) {
-  return parse_launch_contract([&](const std::string& name) -> std::optional<std::string> {
-    auto it = vars.find(name);
-    if (it == vars.end()) return std::nullopt;
-    return it->second;
-  });
+  return parse_launch_contract(accelerant::testing::env_of(vars));
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 
 using namespace accelerant;
 using accelerant::testing::contains;
+using accelerant::testing::env_of;
 using accelerant::testing::error_message;
 using namespace std::chrono_literals;
 
@@ -36,14 +37,6 @@ struct EndProcessState {
     if (ProcessState::initialized()) ProcessState::shutdown();
   }
 };
-
-EnvLookup env_of(std::map<std::string, std::string> vars) {
-  return [vars](const std::string& name) -> std::optional<std::string> {
-    auto it = vars.find(name);
-    if (it == vars.end()) return std::nullopt;
-    return it->second;
-  };
-}
 
 }  // namespace
 

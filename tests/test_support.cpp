@@ -161,6 +161,15 @@ int free_port() {
   return ntohs(addr.sin_port);
 }
 
+std::function<std::optional<std::string>(const std::string&)> env_of(
+    std::map<std::string, std::string> vars) {
+  return [vars = std::move(vars)](const std::string& name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
 std::vector<std::string> torchrun_argv(int nproc) {
   return {"/usr/bin/python3",
           "-m",

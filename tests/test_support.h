@@ -9,6 +9,8 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +57,10 @@ int finish_program(ProgramRun& run, std::string& output, std::chrono::millisecon
 std::vector<pid_t> children_of(pid_t parent);
 /// The value of `name` in a process's environment, "" when absent.
 std::string environment_of(pid_t pid, const std::string& name);
+
+/// An environment of exactly `vars`, for the readers that take an EnvLookup (launch_contract.h).
+std::function<std::optional<std::string>(const std::string&)> env_of(
+    std::map<std::string, std::string> vars);
 
 /// A TCP port that was free a moment ago (bind to 0, read, close).
 int free_port();
