@@ -148,8 +148,12 @@ TEST(CollectiveFailures, RendezvousNamesTheRanksThatNeverJoined) {
           return e.what();
         }
       },
-      LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(1)).verbose(false));
+      LaunchOptions()
+          .processes_per_node(2)
+          .join_timeout(std::chrono::seconds(1))  // the join's own timeout, not the collectives'
+          .verbose(false));
   EXPECT_TRUE(contains(results[0], "rank(s) 1 of 2 never arrived")) << results[0];
+  EXPECT_TRUE(contains(results[0], "join timeout of 1 s")) << results[0];
 }
 
 TEST(CollectiveFailures, ARankThatDiedIsSaidToHaveDiedNotToHaveSkippedTheCall) {

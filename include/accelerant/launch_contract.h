@@ -30,6 +30,12 @@ namespace accelerant {
 /// launcher (ACCELERANT_TIMEOUT_MS) nor the config file's collective_timeout chose.
 inline constexpr std::chrono::milliseconds kDefaultCollectiveTimeout = std::chrono::minutes(30);
 
+/// How long the ranks wait for each other to join (start, reach the store) when no launcher said
+/// (ACCELERANT_JOIN_TIMEOUT_MS): start-up is not held to the collective timeout, which may be far
+/// shorter than the time a loaded machine takes to start every process. LaunchOptions::join_timeout
+/// has the same default.
+inline constexpr std::chrono::milliseconds kDefaultJoinTimeout = std::chrono::minutes(10);
+
 /// The most intra-op threads a launcher may give each worker (ACCELERANT_THREADS_PER_PROCESS, the
 /// config file's threads_per_process): the launcher refuses more, as the workers would.
 inline constexpr int kMaxThreadsPerProcess = 4096;
@@ -68,9 +74,12 @@ struct LaunchContract {
   /// ACCELERANT_DEBUG_MODE; unset when the launcher did not choose (then the Accelerator's option
   /// or the config file decides, else off).
   std::optional<bool> debug_mode;
-  /// ACCELERANT_TIMEOUT_MS: collective and rendezvous timeout chosen by the launcher; unset = the
+  /// ACCELERANT_TIMEOUT_MS: collective timeout chosen by the launcher; unset = the
   /// option, the config file's collective_timeout, else kDefaultCollectiveTimeout.
   std::optional<std::chrono::milliseconds> timeout;
+  /// ACCELERANT_JOIN_TIMEOUT_MS: how long the ranks wait for each other to join, set by the
+  /// launcher from its join timeout; unset = kDefaultJoinTimeout.
+  std::optional<std::chrono::milliseconds> join_timeout;
   /// ACCELERANT_MIXED_PRECISION (parse_mixed_precision); unset = the launcher left it to the
   /// Accelerator's other sources (AcceleratorOptions, then the config file).
   std::optional<MixedPrecision> mixed_precision;

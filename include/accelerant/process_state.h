@@ -22,7 +22,10 @@ namespace accelerant {
 /// collectives across ranks, and whether to stay on the CPU. Each unset one falls back to the
 /// variable the launcher set (ACCELERANT_TIMEOUT_MS, ACCELERANT_DEBUG_MODE), then its default.
 struct ProcessStateOptions {
-  /// Rendezvous and collective timeout. Default: ACCELERANT_TIMEOUT_MS, else 30 minutes.
+  /// Collective timeout: how long a collective every rank entered may take. The join at start-up
+  /// has its own (ACCELERANT_JOIN_TIMEOUT_MS, else 10 minutes), and a hang in which no collective
+  /// can complete is named in seconds by the watchdog (docs/collectives.md). Default:
+  /// ACCELERANT_TIMEOUT_MS, else 30 minutes.
   TORCH_ARG(std::optional<std::chrono::milliseconds>, timeout) = std::nullopt;
   /// Cross-rank shape checks before every collective. Default: ACCELERANT_DEBUG_MODE, else off.
   TORCH_ARG(std::optional<bool>, debug_mode) = std::nullopt;
@@ -77,7 +80,7 @@ class ProcessState {
   /// Whether collectives first check op, dtype and shape across ranks (communicator.h):
   /// ProcessStateOptions::debug_mode, else ACCELERANT_DEBUG_MODE, else off.
   bool debug_mode() const { return debug_mode_; }
-  /// The rendezvous and collective timeout in force: ProcessStateOptions::timeout, else
+  /// The collective timeout in force: ProcessStateOptions::timeout, else
   /// ACCELERANT_TIMEOUT_MS, else 30 minutes.
   std::chrono::milliseconds timeout() const { return timeout_; }
   /// `cuda:<local rank>` (modulo the visible GPUs) when a GPU is visible and `cpu` is off, else
@@ -111,6 +114,7 @@ class ProcessState {
  private:
   ProcessState(LaunchContract env, const ProcessStateOptions& options);
   void rendezvous();
+  void wait_for_arrivals(std::chrono::milliseconds join_timeout, const std::string& where);
 
   LaunchContract env_;
   std::chrono::milliseconds timeout_;

@@ -83,7 +83,11 @@ const std::vector<EnvVariable> kTable = {
     {"ACCELERANT_DEBUG_MODE", "bool", "false",
      "Check every collective across ranks (and a dry fork first).", kContract},
     {"ACCELERANT_TIMEOUT_MS", "integer ≥ 1", "unset (the library's default)",
-     "Collective and rendezvous timeout in milliseconds.", kContract},
+     "Collective timeout in milliseconds.", kContract},
+    {"ACCELERANT_JOIN_TIMEOUT_MS", "integer ≥ 1", "600000 (10 minutes)",
+     "How long the ranks wait for each other to start and meet, in milliseconds (the launcher's "
+     "--join_timeout).",
+     kContract},
     {"ACCELERANT_MIXED_PRECISION", "no | fp16 | bf16", "no (then the config file)",
      "Mixed precision: no (fp32), fp16 (CUDA, loss scaling) or bf16 (CPU and CUDA); any case; "
      "fp32 and none are refused.",

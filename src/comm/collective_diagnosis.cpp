@@ -37,10 +37,6 @@ std::string bytes_to_string(const std::vector<uint8_t>& bytes) {
   return std::string(bytes.begin(), bytes.end());
 }
 
-constexpr const char* kSameCallsFix =
-    "make every rank call the same collectives in the same order with the same shapes and dtypes "
-    "(use gather or pad_across_processes for per-rank lengths)";
-
 // A process's state letter and start time (clock ticks after boot) from /proc/<pid>/stat, or
 // false when there is no such process.
 bool read_process_stat(long pid, char& state, std::string& start_time) {
@@ -121,6 +117,23 @@ std::string dead_ranks_text(const std::vector<DeadRank>& dead, int size) {
 }
 
 }  // namespace
+
+std::string different_collectives_advice() {
+  return str(
+      "Likely cause: a call that talks to every rank ran on some ranks only, e.g. save_state, "
+      "gather_for_metrics, reduce, wait_for_everyone or a Communicator collective inside "
+      "`if (accelerator.is_main_process())`, or the ranks ran different numbers of batches or "
+      "epochs. Fix: ",
+      kSameCallsFix,
+      "; call the methods named above on every rank (the checkpoint calls write files on the main "
+      "process only by themselves), and give every rank the same number of batches.");
+}
+
+std::vector<int> exited_ranks(c10d::Store& store, const std::vector<int>& ranks) {
+  std::vector<int> exited;
+  for (const auto& d : dead_among(store, ranks)) exited.push_back(d.rank);
+  return exited;
+}
 
 void publish_process(c10d::Store& store, int rank, const std::string& error_file) {
   const long pid = static_cast<long>(::getpid());
@@ -255,6 +268,13 @@ FailureDiagnosis diagnose_failure(c10d::Store& store, const CollectiveCall& call
       std::clamp(timeout / 2, std::chrono::milliseconds(200), std::chrono::milliseconds(5000));
   std::vector<RankFlightRecord> records;
   try {
+    if (store.check({kWatchdogVerdictKey})) {  // a peer's watchdog ended the job: say why
+      const auto verdict = store.get(kWatchdogVerdictKey);
+      d.message = str(rank_prefix, call.name, " #", call.sequence,
+                      " ended: the collective watchdog of another rank ended the job:\n",
+                      bytes_to_string(verdict));
+      return d;
+    }
     records = exchange_records(store, rank, size, grace, flight_record, d.missing);
   } catch (const std::exception& e) {
     d.missing.clear();
@@ -265,16 +285,9 @@ FailureDiagnosis diagnose_failure(c10d::Store& store, const CollectiveCall& call
   }
   flight_verdict(records, &d.different_collectives);
   if (d.different_collectives) {
-    d.message = str(
-        head, "\nFrom the ranks' flight records, compared at the same sequence number: ",
-        flight_verdict(records),
-        " Likely cause: a call that talks to every rank ran on some ranks only, e.g. save_state, "
-        "gather_for_metrics, reduce, wait_for_everyone or a Communicator collective inside "
-        "`if (accelerator.is_main_process())`, or the ranks ran different numbers of batches. "
-        "Fix: ",
-        kSameCallsFix,
-        "; call the methods named above on every rank (the checkpoint calls write files on the "
-        "main process only by themselves).");
+    d.message =
+        str(head, "\nFrom the ranks' flight records, compared at the same sequence number: ",
+            flight_verdict(records), " ", different_collectives_advice());
     if (!d.missing.empty())
       d.message = missing_text(store, d.message, d.missing, size, grace, timeout);
     return d;

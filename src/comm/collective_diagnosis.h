@@ -10,6 +10,19 @@
 
 namespace accelerant::detail {
 
+/// The fix for ranks whose collectives differ, in every message that says so.
+inline constexpr const char* kSameCallsFix =
+    "make every rank call the same collectives in the same order with the same shapes and dtypes "
+    "(use gather or pad_across_processes for per-rank lengths)";
+
+/// Why ranks end up in different collectives, and what to do ("Likely cause: ... Fix: ..."): for
+/// the failure diagnosis and the watchdog alike.
+std::string different_collectives_advice();
+
+/// Where the collective watchdog stores the job's verdict (collective_watchdog.h): a rank whose
+/// collective fails because a peer ended on it reports the verdict, not the peer's exit.
+inline constexpr const char* kWatchdogVerdictKey = "watch/verdict";
+
 struct CollectiveCall {
   int64_t sequence;       // the n-th public collective of this communicator
   std::string signature;  // "all_reduce(sum) float [4, 3]": must be equal on every rank
@@ -26,6 +39,10 @@ void check_signatures(c10d::Store& store, const CollectiveCall& call, int rank, 
 /// machine, `error_file` where its fatal error is recorded, "" for none), so that a peer's
 /// diagnose_failure can tell a rank that died from one that is stuck or skipped a collective.
 void publish_process(c10d::Store& store, int rank, const std::string& error_file);
+
+/// Those of `ranks` that published themselves on this machine (publish_process) and whose process
+/// has exited since; ranks on other machines are never in it.
+std::vector<int> exited_ranks(c10d::Store& store, const std::vector<int>& ranks);
 
 struct FailureDiagnosis {
   std::string message;                 // the CollectiveError's text

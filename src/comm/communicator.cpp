@@ -69,6 +69,29 @@ struct Payload {
 
 Payload payload_of(const torch::Tensor& t) { return {c10::toString(t.scalar_type()), t.numel()}; }
 
+// Marks the caller as blocked in collective `sequence` for as long as it lives (the watchdog's
+// view of this rank). Nested marks (a gather's own exchange) keep the outer one.
+class BlockedScope {
+ public:
+  BlockedScope(detail::BlockedIn& blocked, int64_t sequence) : blocked_(blocked) {
+    if (blocked_.sequence.load() != 0) return;
+    blocked_.since_ns.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                std::chrono::steady_clock::now().time_since_epoch())
+                                .count());
+    blocked_.sequence.store(sequence);
+    owner_ = true;
+  }
+  ~BlockedScope() {
+    if (owner_) blocked_.sequence.store(0);
+  }
+  BlockedScope(const BlockedScope&) = delete;
+  BlockedScope& operator=(const BlockedScope&) = delete;
+
+ private:
+  detail::BlockedIn& blocked_;
+  bool owner_ = false;
+};
+
 [[noreturn]] void fail(Communicator::Impl& c, detail::CollectiveCall call,
                        const std::string& signature, const std::string& cause) {
   call.signature = signature;
@@ -108,6 +131,7 @@ detail::CollectiveCall begin_call(Communicator::Impl& c, const char* name, Paylo
                  payload.elements);
   if (c.debug_mode) {
     call.signature = describe();
+    BlockedScope blocked(c.blocked, call.sequence);
     try {
       detail::check_signatures(*c.store, call, c.rank, c.size, c.timeout, c.rank_prefix);
     } catch (...) {
@@ -142,6 +166,7 @@ template <class Describe, class Body>
 auto guarded(Communicator::Impl& c, const char* name, Payload payload, Describe&& describe,
              Body&& body) {
   auto call = begin_call(c, name, payload, describe);
+  BlockedScope blocked(c.blocked, call.sequence);
   if constexpr (std::is_void_v<decltype(body())>) {
     run_or_fail(c, call, describe, body);
     c.flight.finish(call.sequence, detail::CollectiveState::kCompleted);
@@ -319,6 +344,7 @@ void PendingCollective::wait() {
   if (!state_) return;
   auto state = std::move(state_);  // a second wait() returns at once, even after a failure
   Communicator::Impl& c = *state->comm;
+  BlockedScope blocked(c.blocked, state->call.sequence);
   run_or_fail(
       c, state->call, [&] { return state->describe(); },
       [&] {

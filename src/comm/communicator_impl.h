@@ -8,6 +8,7 @@
 
 #include "accelerant/communicator.h"
 #include "base/torch_compat.h"
+#include "comm/collective_watchdog.h"
 #include "comm/flight_recorder.h"
 #include "comm/shm_all_reduce.h"
 
@@ -25,10 +26,15 @@ struct Communicator::Impl {
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
   bool debug_mode = false;
   std::string rank_prefix;  // "[rank r/N] "
-  int64_t sequence = 0;     // counts public collectives; equal on all ranks while they agree
+  // Counts public collectives; equal on all ranks while they agree. Atomic: the watchdog reads it.
+  std::atomic<int64_t> sequence{0};
   std::string broken_reason;
   std::string error_file;         // ACCELERANT_ERROR_FILE: its flight record is written next to it
   detail::FlightRecorder flight;  // the last collectives, for the failure report
+  detail::BlockedIn blocked;      // the collective the caller waits in now, for the watchdog
+  // Names hangs in seconds (null: one process, or a timeout short enough to name them itself).
+  // Last, so that it stops before what it reads is destroyed.
+  std::unique_ptr<detail::CollectiveWatchdog> watchdog;
 
   detail::CommBackend& backend_for(const torch::Tensor& t) const;
 };

@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <sstream>
+#include <thread>
 
 #include "accelerant/environment.h"
 #include "accelerant/error.h"
@@ -15,6 +16,7 @@
 #include "base/torch_compat.h"
 #include "base/uncaught_exception_recorder.h"
 #include "comm/collective_diagnosis.h"
+#include "comm/collective_watchdog.h"
 #include "comm/communicator_impl.h"
 #include "comm/cuda_presence.h"
 #include "comm/machine_identity.h"
@@ -92,7 +94,8 @@ std::vector<std::shared_ptr<gloo::transport::Device>> gloo_devices(const std::st
 
 struct ProcessState::Rendezvous {
   c10::intrusive_ptr<c10d::TCPStore> tcp_store;
-  c10::intrusive_ptr<c10d::Store> attempt_store;  // keys of this restart attempt only
+  c10::intrusive_ptr<c10d::Store> attempt_store;   // keys of this restart attempt only
+  detail::CollectiveWatchdog* watchdog = nullptr;  // the communicator's, while it lives
 };
 
 ProcessState::ProcessState(LaunchContract env, const ProcessStateOptions& options)
@@ -122,31 +125,49 @@ std::string ProcessState::rank_prefix() const {
   return distributed() ? accelerant::rank_prefix(env_.rank, env_.world_size) : "";
 }
 
+namespace {
+
+// How often a rank that waits for the others to join says whom it waits for: first soon enough
+// that a rank never started is named within seconds, then rarely enough not to flood the log.
+constexpr auto kFirstJoinNotice = std::chrono::seconds(5);
+constexpr auto kJoinNoticeInterval = std::chrono::seconds(30);
+
+// Whole seconds, for messages.
+long long seconds_of(std::chrono::milliseconds d) {
+  return std::chrono::duration_cast<std::chrono::seconds>(d).count();
+}
+
+}  // namespace
+
 void ProcessState::rendezvous() {
   const std::string where = detail::str(env_.master_addr, ":", env_.master_port);
+  const auto join_timeout = env_.join_timeout.value_or(kDefaultJoinTimeout);
   rendezvous_ = std::make_unique<Rendezvous>();
   c10d::TCPStoreOptions store_options;
   store_options.port = static_cast<std::uint16_t>(env_.master_port);
   store_options.isServer = env_.rank == 0 && !env_.agent_hosts_store;
   store_options.waitWorkers = false;
-  store_options.timeout = timeout_;
+  // Start-up is held to the join timeout, not the collective timeout: a loaded machine may take
+  // longer to start every process than a collective may take (8 processes on 2 cores and a 1 s
+  // collective timeout must still meet).
+  store_options.timeout = join_timeout;
   try {
     rendezvous_->tcp_store = c10::make_intrusive<c10d::TCPStore>(env_.master_addr, store_options);
   } catch (const std::exception& e) {
     throw Error(detail::str(
         rank_prefix(), "Could not ", store_options.isServer ? "host" : "reach",
-        " the job's store at ", where, " within ", timeout_.count(), " ms: ", e.what(),
-        "\nLikely cause: ",
+        " the job's store at ", where, " within the join timeout of ", seconds_of(join_timeout),
+        " s: ", e.what(), "\nLikely cause: ",
         store_options.isServer ? "the port is in use by another job"
                                : "the process hosting the store (rank 0 or the launcher) has not "
                                  "started, failed, or MASTER_ADDR/MASTER_PORT point elsewhere",
         ". Fix: check MASTER_ADDR and MASTER_PORT on every machine, pick a free port, and make "
         "sure a firewall does not block it."));
   }
-  rendezvous_->attempt_store = c10::make_intrusive<c10d::PrefixStore>(
-      detail::str(env_.job_secret.empty() ? "" : env_.job_secret + "/", "accelerant/attempt_",
-                  env_.restart_count),
-      rendezvous_->tcp_store);
+  const std::string prefix = detail::str(env_.job_secret.empty() ? "" : env_.job_secret + "/",
+                                         "accelerant/attempt_", env_.restart_count);
+  rendezvous_->attempt_store =
+      c10::make_intrusive<c10d::PrefixStore>(prefix, rendezvous_->tcp_store);
   auto& store = *rendezvous_->attempt_store;
 
   // Who we are, so that a peer whose collective fails can tell that this process died.
@@ -165,51 +186,9 @@ void ProcessState::rendezvous() {
         ". Fix: start every rank with the same WORLD_SIZE (and MASTER_ADDR, MASTER_PORT).");
     store.set("world_size_mismatch", std::vector<uint8_t>(mismatch.begin(), mismatch.end()));
   }
-  const auto refuse_mismatch = [&] {
-    std::vector<uint8_t> text;
-    try {
-      if (!store.check({"world_size_mismatch"})) return;
-      text = store.get("world_size_mismatch");
-    } catch (const std::exception&) {
-      return;  // the store is gone (its host ended): the caller says what it can
-    }
-    throw Error(rank_prefix() + std::string(text.begin(), text.end()));
-  };
   // Our own arrival step before Gloo's, so that a rank that never comes is named.
   store.set(detail::str("arrived/", env_.rank), std::vector<uint8_t>{1});
-  std::vector<std::string> keys;
-  for (int r = 0; r < env_.world_size; ++r) keys.push_back(detail::str("arrived/", r));
-  try {
-    store.wait(keys, timeout_);
-    refuse_mismatch();
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    refuse_mismatch();
-    std::vector<int> missing;
-    try {
-      for (int r = 0; r < env_.world_size; ++r) {
-        if (!store.check({keys[r]})) missing.push_back(r);
-      }
-    } catch (const std::exception&) {
-      // Not a timeout: the store went away while this rank waited ("Broken pipe").
-      throw Error(detail::str(
-          rank_prefix(), "The job's store at ", where, " went away while this rank waited for ",
-          "the others of its ", env_.world_size, " ranks to arrive (", e.what(),
-          "). Likely cause: ",
-          "the process hosting it (rank 0, or the launcher) ended; its output says why. Fix: ",
-          "look at rank 0's output, and start every rank with the same MASTER_ADDR, MASTER_PORT ",
-          "and WORLD_SIZE."));
-    }
-    throw CollectiveError(
-        detail::str(rank_prefix(), "Rendezvous at ", where, " timed out after ", timeout_.count(),
-                    " ms: rank(s) ", detail::join(missing, ", "), " of ", env_.world_size,
-                    " never arrived. Likely cause: those processes were not started, crashed ",
-                    "before initialising, or use another MASTER_ADDR/MASTER_PORT or WORLD_SIZE. "
-                    "Fix: start every rank with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, "
-                    "and look at the missing ranks' output."),
-        missing);
-  }
+  wait_for_arrivals(join_timeout, where);
 
   auto impl = std::make_unique<Communicator::Impl>();
   impl->store = rendezvous_->attempt_store;
@@ -219,11 +198,14 @@ void ProcessState::rendezvous() {
   impl->debug_mode = debug_mode_;
   impl->rank_prefix = rank_prefix();
   impl->error_file = env_.error_file;
+  // Every rank has arrived: Gloo's own connection (held to the collective timeout, which it also
+  // uses for every collective) starts together on all of them.
   auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout_);
   gloo_options->devices = gloo_devices(env_.master_addr);
   impl->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(
       c10::make_intrusive<c10d::PrefixStore>("gloo", rendezvous_->attempt_store), env_.rank,
       env_.world_size, gloo_options);
+  // The collective timeout: it is also the timeout of every shared-memory collective.
   auto plan = detail::connect_shared_memory(rendezvous_->attempt_store, env_.rank, env_.world_size,
                                             timeout_, gloo_options->devices);
   impl->shm = std::move(plan.shm);
@@ -237,7 +219,103 @@ void ProcessState::rendezvous() {
         env_.world_size, nccl_options);
   }
 #endif
+  rendezvous_->tcp_store->setTimeout(timeout_);  // joined: later waits are collectives' waits
+  if (timeout_ > detail::kWatchdogMinTimeout) {
+    detail::CollectiveWatchdog::Setup watch;
+    watch.connect = [host = env_.master_addr, port = store_options.port, prefix] {
+      c10d::TCPStoreOptions options;
+      options.port = port;
+      options.isServer = false;
+      options.waitWorkers = false;
+      options.timeout = std::chrono::seconds(10);
+      return c10::intrusive_ptr<c10d::Store>(c10::make_intrusive<c10d::PrefixStore>(
+          prefix, c10::make_intrusive<c10d::TCPStore>(host, options)));
+    };
+    watch.flight = &impl->flight;
+    watch.blocked = &impl->blocked;
+    watch.issued = &impl->sequence;
+    watch.rank = env_.rank;
+    watch.size = env_.world_size;
+    watch.collective_timeout = timeout_;
+    watch.rank_prefix = rank_prefix();
+    watch.error_file = env_.error_file;
+    impl->watchdog = std::make_unique<detail::CollectiveWatchdog>(std::move(watch));
+    rendezvous_->watchdog = impl->watchdog.get();
+  }
   communicator_ = Communicator(std::move(impl));
+}
+
+void ProcessState::wait_for_arrivals(std::chrono::milliseconds join_timeout,
+                                     const std::string& where) {
+  auto& store = *rendezvous_->attempt_store;
+  const auto refuse_mismatch = [&] {
+    std::vector<uint8_t> text;
+    try {
+      if (!store.check({"world_size_mismatch"})) return;
+      text = store.get("world_size_mismatch");
+    } catch (const std::exception&) {
+      return;  // the store is gone (its host ended): the caller says what it can
+    }
+    throw Error(rank_prefix() + std::string(text.begin(), text.end()));
+  };
+  std::vector<std::string> keys;
+  for (int r = 0; r < env_.world_size; ++r) keys.push_back(detail::str("arrived/", r));
+  const auto missing_ranks = [&] {
+    std::vector<int> missing;
+    for (int r = 0; r < env_.world_size; ++r) {
+      if (!store.check({keys[r]})) missing.push_back(r);
+    }
+    return missing;
+  };
+  // Polled with check (one request, one answer), not a wait sliced into short timeouts: a wait
+  // that times out leaves c10d's client out of step with the server.
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  auto next_notice = start + kFirstJoinNotice;
+  while (true) {
+    try {
+      if (store.check(keys)) break;
+      refuse_mismatch();
+      const auto now = Clock::now();
+      if (now - start >= join_timeout) {
+        const auto missing = missing_ranks();
+        throw CollectiveError(
+            detail::str(rank_prefix(), "Rendezvous at ", where, ": after the join timeout of ",
+                        seconds_of(join_timeout), " s, rank(s) ", detail::join(missing, ", "),
+                        " of ", env_.world_size,
+                        " never arrived. Likely cause: those processes were not started, crashed "
+                        "before initialising, or use another MASTER_ADDR/MASTER_PORT or "
+                        "WORLD_SIZE. Fix: start every rank with the same MASTER_ADDR, MASTER_PORT "
+                        "and WORLD_SIZE, and look at the missing ranks' output; a launcher's "
+                        "--join_timeout (ACCELERANT_JOIN_TIMEOUT_MS) sets how long to wait."),
+            missing);
+      }
+      if (now >= next_notice) {
+        const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - start);
+        std::fprintf(stderr,
+                     "%sWaiting for rank(s) %s of %d to join at %s (%lld s of the join timeout of "
+                     "%lld s). If they were not started, start them with the same MASTER_ADDR, "
+                     "MASTER_PORT and WORLD_SIZE.\n",
+                     rank_prefix().c_str(), detail::join(missing_ranks(), ", ").c_str(),
+                     env_.world_size, where.c_str(), seconds_of(waited), seconds_of(join_timeout));
+        next_notice = now + kJoinNoticeInterval;
+      }
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      refuse_mismatch();
+      // Not a timeout: the store went away while this rank waited ("Broken pipe").
+      throw Error(detail::str(
+          rank_prefix(), "The job's store at ", where, " went away while this rank waited for ",
+          "the others of its ", env_.world_size, " ranks to arrive (", e.what(),
+          "). Likely cause: ",
+          "the process hosting it (rank 0, or the launcher) ended; its output says why. Fix: ",
+          "look at rank 0's output, and start every rank with the same MASTER_ADDR, MASTER_PORT ",
+          "and WORLD_SIZE."));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  refuse_mismatch();
 }
 
 void ProcessState::wait_for_everyone() { communicator_.barrier(); }
@@ -274,6 +352,7 @@ void ProcessState::shutdown() {
   if (slot->rendezvous_) {
     // A store-side barrier rather than a Gloo one: after it, no rank still waits on bytes from
     // another, so closing the Gloo sockets cannot cut a transfer short.
+    if (slot->rendezvous_->watchdog) slot->rendezvous_->watchdog->mark_ended();
     auto& store = *slot->rendezvous_->attempt_store;
     if (store.add("finished", 1) == slot->env_.world_size) {
       store.set("all_finished", std::vector<uint8_t>{1});

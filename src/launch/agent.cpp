@@ -362,6 +362,7 @@ class Agent {
       env.restart_count = attempt;
       env.debug_mode = debug;
       env.timeout = timeout_;
+      env.join_timeout = o_.join_timeout();
       env.mixed_precision =
           parse_mixed_precision(o_.mixed_precision(), "LaunchOptions::mixed_precision");
       env.threads_per_process = threads_;

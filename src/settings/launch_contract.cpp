@@ -163,6 +163,10 @@ void read_accelerant_extras(const Reader& r, LaunchContract& env) {
                           "set a positive number of milliseconds")) {
     env.timeout = std::chrono::milliseconds(*ms);
   }
+  if (auto ms = r.integer("ACCELERANT_JOIN_TIMEOUT_MS", 1, std::numeric_limits<long long>::max(),
+                          "set a positive number of milliseconds")) {
+    env.join_timeout = std::chrono::milliseconds(*ms);
+  }
   if (auto mp = r.text("ACCELERANT_MIXED_PRECISION")) {
     env.mixed_precision = parse_mixed_precision(*mp, "ACCELERANT_MIXED_PRECISION");
   }
@@ -293,6 +297,9 @@ std::map<std::string, std::string> to_environment(const LaunchContract& env) {
   if (env.debug_mode) vars["ACCELERANT_DEBUG_MODE"] = *env.debug_mode ? "1" : "0";
   if (env.mixed_precision) vars["ACCELERANT_MIXED_PRECISION"] = to_string(*env.mixed_precision);
   if (env.timeout) vars["ACCELERANT_TIMEOUT_MS"] = std::to_string(env.timeout->count());
+  if (env.join_timeout) {
+    vars["ACCELERANT_JOIN_TIMEOUT_MS"] = std::to_string(env.join_timeout->count());
+  }
   if (env.threads_per_process > 0) {
     vars["ACCELERANT_THREADS_PER_PROCESS"] = std::to_string(env.threads_per_process);
     vars["OMP_NUM_THREADS"] = std::to_string(env.threads_per_process);
