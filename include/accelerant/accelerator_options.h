@@ -130,8 +130,8 @@ struct AcceleratorSettings {
   /// Training stays on the CPU even when CUDA is available. Also from ACCELERANT_USE_CPU or the
   /// config file's use_cpu.
   bool cpu = false;
-  /// The rendezvous and collective timeout. Also from ACCELERANT_TIMEOUT_MS or the config file's
-  /// collective_timeout (seconds).
+  /// The collective timeout (the join at start-up has its own, ACCELERANT_JOIN_TIMEOUT_MS). Also
+  /// from ACCELERANT_TIMEOUT_MS or the config file's collective_timeout (seconds).
   std::chrono::milliseconds timeout = kDefaultCollectiveTimeout;
   /// Cross-rank checks before every collective. Also from ACCELERANT_DEBUG_MODE or the config
   /// file's debug.

@@ -57,7 +57,8 @@ struct Config {
   bool debug = false;
   int max_restarts = 0;  ///< how often the whole group is restarted after a worker fails, ≥ 0
   double monitor_interval = 0.1;  ///< seconds between checks of the workers
-  double join_timeout = 600;      ///< seconds the machines' launchers wait for each other
+  double join_timeout =
+      600;  ///< seconds the launchers, and workers at start-up, wait for each other
   /// Seconds a collective (or the workers' rendezvous) may wait before it fails naming the ranks it
   /// waited for (ACCELERANT_TIMEOUT_MS in the workers). `accelerant launch`: --collective_timeout,
   /// else the user's ACCELERANT_TIMEOUT_MS, else this key.

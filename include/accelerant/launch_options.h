@@ -82,11 +82,13 @@ struct LaunchOptions {
   /// Default: ACCELERANT_DEBUG_MODE, else off.
   ACCELERANT_LAUNCH_OPTION(std::optional<bool>, debug) = std::nullopt;
   /// With num_nodes > 1: how long the launchers wait for every machine to arrive (and, after a
-  /// restart, to be ready again) before giving up, naming the machines that did not come.
+  /// restart, to be ready again) before giving up, naming the machines that did not come. Also
+  /// how long the workers wait for each other at start-up (passed as ACCELERANT_JOIN_TIMEOUT_MS).
   /// Default: 10 minutes (torchrun's join_timeout).
   ACCELERANT_LAUNCH_OPTION(std::chrono::milliseconds, join_timeout) = std::chrono::minutes(10);
-  /// Rendezvous and collective timeout inside the workers (passed as ACCELERANT_TIMEOUT_MS): a
-  /// collective that does not complete within it fails, naming the ranks it waited for.
+  /// Collective timeout inside the workers (passed as ACCELERANT_TIMEOUT_MS): a collective that
+  /// does not complete within it fails, naming the ranks it waited for. (A hang no collective can
+  /// leave is named in seconds by the workers' watchdog: docs/collectives.md.)
   /// Default: unset = this process's ACCELERANT_TIMEOUT_MS when the user set it, else 30 minutes.
   ACCELERANT_LAUNCH_OPTION(std::optional<std::chrono::milliseconds>, timeout) = std::nullopt;
   /// When the group is stopped: the time between the stop signal (SIGTERM, or the SIGINT, SIGTERM

@@ -17,6 +17,9 @@ namespace accelerant::detail {
 namespace {
 
 std::string report_key(int rank) { return str("watch/", rank); }
+// The rank's whole flight record, for the verdict's table: rewritten only when where it stands
+// changes, so that the report read every tick stays one line of a collective.
+std::string record_key(int rank) { return str("watchrec/", rank); }
 
 const char* status_word(WatchStatus s) {
   switch (s) {
@@ -198,14 +201,29 @@ void CollectiveWatchdog::run() {
 }
 
 void CollectiveWatchdog::publish(c10d::Store& store, WatchStatus status, int64_t sequence) {
+  const RankFlightRecord whole = setup_.flight->record(setup_.rank, setup_.size);
+  if (status != published_ || sequence != published_sequence_ || heartbeat_ == 0) {
+    store.set(record_key(setup_.rank), bytes_of(format_flight_record(whole)));
+  }
   WatchReport r;
   r.rank = setup_.rank;
   r.heartbeat = ++heartbeat_;
   r.status = status;
   r.sequence = sequence;
-  r.record = setup_.flight->record(setup_.rank, setup_.size);
+  // Only the collective the report is about (the one waited in, or the last one): the reports
+  // are read every tick by every waiting rank, so they stay small whatever the world size.
+  r.record.rank = whole.rank;
+  r.record.world_size = whole.world_size;
+  r.record.written_ms = whole.written_ms;
+  for (const auto& c : whole.collectives) {
+    if (status == WatchStatus::kWaiting ? c.sequence == sequence
+                                        : &c == &whole.collectives.back()) {
+      r.record.collectives.push_back(c);
+    }
+  }
   store.set(report_key(setup_.rank), bytes_of(format_watch_report(r)));
   published_ = status;
+  published_sequence_ = sequence;
 }
 
 std::vector<std::optional<WatchReport>> CollectiveWatchdog::read_reports(c10d::Store& store) {
@@ -258,6 +276,11 @@ void CollectiveWatchdog::tick(c10d::Store& store) {
     return;
   }
   publish(store, status, blocked);  // every tick: the heartbeat says the report is current
+  // Reading every report costs a request per rank: with many ranks, each compares on every
+  // (size / 8)-th tick only, the ranks taking turns, so that about 8 comparisons run per tick
+  // whatever the world size (a verdict then waits for a rank's turn, still seconds to a minute).
+  const int64_t compare_every = std::max(1, setup_.size / 8);
+  if ((++ticks_waiting_ + setup_.rank) % compare_every != 0) return;
   const auto reports = read_reports(store);
   const auto finding = find_hang(reports);
   if (!finding) {
@@ -282,7 +305,13 @@ void CollectiveWatchdog::tick(c10d::Store& store) {
     }
   }
   std::vector<RankFlightRecord> records;
-  for (const auto& r : reports) records.push_back(r->record);
+  for (const auto& r : reports) {
+    RankFlightRecord whole;
+    const std::string key = record_key(r->rank);
+    records.push_back(store.check({key}) && parse_flight_record(text_of(store.get(key)), whole)
+                          ? whole
+                          : r->record);
+  }
   const auto waited = std::chrono::duration_cast<std::chrono::seconds>(blocked_for).count();
   const std::string verdict = str(
       setup_.rank_prefix, "Collective watchdog: ", finding->summary,

@@ -43,7 +43,8 @@ inline constexpr std::chrono::seconds kWatchdogMinTimeout{10};
 /// Where a rank stands, as its watchdog reports it.
 enum class WatchStatus { kRunning, kWaiting, kEnded };
 
-/// One rank's report in the store ("watch/<rank>").
+/// One rank's report in the store ("watch/<rank>"); its record holds only the collective at
+/// `sequence` (or, running, its newest one), the whole record lives under "watchrec/<rank>".
 struct WatchReport {
   int rank = -1;
   int64_t heartbeat = 0;  // advances each time the rank's watchdog publishes
@@ -123,6 +124,8 @@ class CollectiveWatchdog {
   c10::intrusive_ptr<c10d::Store> store_;
   int64_t heartbeat_ = 0;
   WatchStatus published_ = WatchStatus::kRunning;
+  int64_t published_sequence_ = 0;
+  int64_t ticks_waiting_ = 0;  // ticks spent waiting, for taking turns to compare
   // The finding being confirmed: its key, since when, and each rank's heartbeat then.
   std::string pending_key_;
   std::chrono::steady_clock::time_point pending_since_;

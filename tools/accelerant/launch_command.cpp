@@ -102,10 +102,12 @@ void add_launch_command(CLI::App& app, Action& action) {
   launch->add_option("--monitor_interval", flags->monitor_interval,
                      "Seconds between checks of the workers");
   launch->add_option("--join_timeout", flags->join_timeout,
-                     "Seconds the machines' launchers wait for each other (default 600)");
+                     "Seconds the machines' launchers, and the workers at start-up, wait for each "
+                     "other (default 600)");
   launch->add_option("--collective_timeout", flags->collective_timeout,
-                     "Seconds a collective may wait in the workers before failing (default: "
-                     "$ACCELERANT_TIMEOUT_MS / 1000, else the config's, else 1800)");
+                     "Seconds a collective every rank entered may take before failing (default: "
+                     "$ACCELERANT_TIMEOUT_MS / 1000, else the config's, else 1800); ranks in "
+                     "different collectives are named in seconds whatever it is");
   launch->add_option("--mixed_precision", flags->mixed_precision, "no, fp16 or bf16")
       ->transform(mixed_precision_flag());
   launch->add_option("--threads_per_process", flags->threads_per_process,
