@@ -450,3 +450,43 @@ TEST(Trackers, OnlyTheMainProcessWritesAndNoCollective) {
 }
 
 }  // namespace
+
+// Every line the trackers can write, `accelerant report` reads back (issue 38: a 1 MB tag was
+// written, then refused by the report). A record or a config over kMaxTrackerLineBytes is refused
+// when logged, on every rank alike, before any file is touched; one just under it is written and
+// read back by the report.
+TEST(Trackers, EveryLineTheTrackersWriteTheReportReadsBack) {
+  t::ScratchDir dir;
+  Accelerator acc(AcceleratorOptions().project_dir(dir.path).log_with({"csv", "jsonl"}));
+  const std::string huge(kMaxTrackerLineBytes, 'a');
+  auto message = t::error_message([&] { acc.init_trackers("run", {{"notes", huge}}); });
+  EXPECT_TRUE(t::contains(message, "init_trackers: the config of 1 values would be a line of"))
+      << message.substr(0, 300);
+  EXPECT_TRUE(t::contains(message, "Fix:")) << message.substr(0, 300);
+  EXPECT_FALSE(std::filesystem::exists(dir.path + "/run")) << "nothing written";
+
+  acc.init_trackers("run", {{"lr", 0.1}});
+  message = t::error_message([&] { acc.log({{huge, 1.0}}, 1); });
+  EXPECT_TRUE(t::contains(message, "log(step 1): this record of 1 scalars would be a line of"))
+      << message.substr(0, 300);
+  EXPECT_TRUE(t::contains(message, std::to_string(kMaxTrackerLineBytes) + "-byte line limit"))
+      << message.substr(0, 300);
+  // Many short tags whose record adds up past the limit are refused the same way.
+  TrackerScalars many;
+  for (int i = 0; i < 40000; ++i) many.emplace_back("train/some_tag_" + std::to_string(i), i);
+  message = t::error_message([&] { acc.log(many, 2); });
+  EXPECT_TRUE(t::contains(message, "this record of 40000 scalars")) << message.substr(0, 300);
+
+  const std::string longest(kMaxTrackerLineBytes - 64, 'b');
+  acc.log({{longest, 0.5}}, 3);
+  acc.log({{"loss", 0.25}}, 4);
+  acc.end_training();
+  EXPECT_EQ(slurp(dir.path + "/run/scalars.jsonl").find("\"step\":1,"), std::string::npos);
+
+  std::string output;
+  auto run = t::start_program(
+      {t::cli_path(), "report", dir.path + "/run", "-o", dir.path + "/report.html"});
+  const int status = t::finish_program(run, output, std::chrono::seconds(60));
+  EXPECT_TRUE(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
+  EXPECT_GT(std::filesystem::file_size(dir.path + "/report.html"), 0u) << output;
+}

@@ -48,6 +48,12 @@ using TrackerConfig = std::vector<std::pair<std::string, TrackerValue>>;
 /// Scalars of one log call, tag -> value, in the order given.
 using TrackerScalars = std::vector<std::pair<std::string, double>>;
 
+/// The longest line the CSV and JSON Lines trackers write, and so the longest `accelerant report`
+/// reads back: 1 MiB. Accelerator::log and init_trackers refuse a record or a config that would
+/// make a longer line (a tag is a name, e.g. "train/loss", not a payload), before any tracker
+/// writes it.
+inline constexpr size_t kMaxTrackerLineBytes = size_t{1} << 20;
+
 /// Receives a run's hyper-parameters and scalars. Called from one thread (the caller of
 /// Accelerator::log), on the main process only.
 class Tracker {

@@ -8,6 +8,7 @@
 #include "accelerant/accelerator.h"
 #include "accelerant/error.h"
 #include "accelerator/accelerator_impl.h"
+#include "track/builtin_trackers.h"
 
 namespace accelerant {
 
@@ -24,6 +25,8 @@ void Accelerator::init_trackers(const std::string& project_name, const TrackerCo
   }
   const std::string base =
       impl_->options_.project_dir().empty() ? "." : impl_->options_.project_dir();
+  // On every rank, before any file: a config no tracker can write fails everywhere alike.
+  detail::check_tracker_config(config, impl_->rank_prefix_ + "init_trackers");
   impl_->tracker_dir_ = base + "/" + project_name;
   if (!is_main_process()) {
     impl_->trackers_.clear();  // add_tracker keeps none here either
@@ -58,6 +61,8 @@ void Accelerator::log(const TrackerScalars& values, int64_t step) {
                 "init_trackers(\"<project name>\", config) once before the training loop.");
   }
   if (!is_main_process()) return;
+  detail::check_tracker_record(values, step,
+                               impl_->rank_prefix_ + "log(step " + std::to_string(step) + ")");
   for (auto& tracker : impl_->trackers_) tracker->log(values, step);
 }
 

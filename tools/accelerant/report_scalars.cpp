@@ -2,6 +2,7 @@
 
 #include <accelerant/bounded_file.h>
 #include <accelerant/error.h>
+#include <accelerant/tracker.h>
 
 #include <cerrno>
 #include <cmath>
@@ -16,9 +17,9 @@
 namespace accelerant::cli {
 namespace {
 
-// A record is one line of a few hundred bytes; a longer one is not a tracker's and would only
-// make the report slow or huge.
-constexpr size_t kMaxLineBytes = 1 << 20;
+// A record is one line of a few hundred bytes; the trackers write none longer than this, so a
+// longer one is not theirs and would only make the report slow or huge.
+constexpr size_t kMaxLineBytes = kMaxTrackerLineBytes;
 // A tracker file larger than this is not read (a million steps of ten tags is about 300 MB of CSV).
 constexpr uint64_t kMaxScalarFileBytes = uint64_t{4} << 30;
 
