@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <thread>
 
 #include "test_support.h"
 
@@ -112,4 +113,39 @@ TEST(HostileInputs, RanksStartedWithDifferentWorldSizesAreToldSo) {
   EXPECT_TRUE(contains(large_out, "WORLD_SIZE")) << large_out;
   EXPECT_FALSE(contains(small_out + large_out, "Socket Timeout")) << small_out << large_out;
   EXPECT_FALSE(contains(large_out, "std::system_error")) << large_out;
+}
+
+// A second job started by hand on the port of a running one: its rank 1 reaches the first job's
+// store and claimed rank 1 there, then failed inside Gloo ("pair.cc:799 ... Connection refused").
+// Each rank's arrival is now claimed with its process's identity, so the second claimant is told
+// that the rank has already joined, with the fix (issue 38).
+TEST(HostileInputs, ARankOfASecondJobOnABusyPortIsToldSo) {
+  const std::string port = std::to_string(free_port());
+  auto rank = [&](int r) {
+    return start_program({"/usr/bin/env", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port,
+                          "RANK=" + std::to_string(r), "WORLD_SIZE=3",
+                          "LOCAL_RANK=" + std::to_string(r), "LOCAL_WORLD_SIZE=3",
+                          "ACCELERANT_JOIN_TIMEOUT_MS=60000", launch_helper_path(), "worker"});
+  };
+  auto first_0 = rank(0);  // the first job: ranks 0 and 1 wait for a rank 2 that never comes
+  auto first_1 = rank(1);
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  auto second_1 = rank(1);  // the second job's rank 1, on the same port
+  std::string second_out, first_1_out, first_0_out;
+  const int status = finish_program(second_1, second_out, std::chrono::seconds(30));
+  finish_program(first_1, first_1_out, std::chrono::seconds(1));  // killed: it waits for rank 2
+  finish_program(first_0, first_0_out, std::chrono::seconds(1));
+  // Normally the second job's rank 1 is the one refused; on a machine so loaded that the first
+  // job's rank 1 had not arrived within 4 s, it is the first job's.
+  const std::string refused = contains(second_out, "has already joined") ? second_out : first_1_out;
+  EXPECT_TRUE(contains(refused, "Rank 1 of the job whose store is at 127.0.0.1:" + port +
+                                    " has already joined, from another process (pid "))
+      << second_out << "\n---\n"
+      << first_1_out;
+  EXPECT_TRUE(contains(refused, "Fix: give each job its own MASTER_PORT")) << refused;
+  EXPECT_FALSE(contains(second_out + first_1_out, "pair.cc")) << second_out << first_1_out;
+  if (refused == second_out) {
+    // It failed (the helper lets the error end it: exit status or SIGABRT), and did not hang.
+    EXPECT_TRUE(status >= 0 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) << second_out;
+  }
 }

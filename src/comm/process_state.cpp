@@ -35,6 +35,12 @@ std::unique_ptr<ProcessState>& state_slot() {
   return slot;
 }
 
+std::string host_name() {
+  char name[256] = {0};
+  return ::gethostname(name, sizeof name - 1) == 0 ? std::string(name)
+                                                   : std::string("this machine");
+}
+
 bool is_loopback(const std::string& addr) {
   return addr.rfind("127.", 0) == 0 || addr == "localhost" || addr == "::1";
 }
@@ -186,8 +192,22 @@ void ProcessState::rendezvous() {
         ". Fix: start every rank with the same WORLD_SIZE (and MASTER_ADDR, MASTER_PORT).");
     store.set("world_size_mismatch", std::vector<uint8_t>(mismatch.begin(), mismatch.end()));
   }
-  // Our own arrival step before Gloo's, so that a rank that never comes is named.
-  store.set(detail::str("arrived/", env_.rank), std::vector<uint8_t>{1});
+  // Our own arrival step before Gloo's, so that a rank that never comes is named. Claimed with
+  // this process's identity: a second process claiming the same rank (another job whose ranks use
+  // the same MASTER_PORT and reached this job's store, or a rank started twice) is told so here,
+  // instead of joining this job's Gloo group and failing in it with "Connection refused".
+  const std::string me = detail::str("pid ", ::getpid(), " on ", host_name());
+  const std::vector<uint8_t> claim(me.begin(), me.end());
+  const std::vector<uint8_t> holder =
+      store.compareSet(detail::str("arrived/", env_.rank), {}, claim);
+  if (holder != claim) {
+    throw Error(detail::str(
+        rank_prefix(), "Rank ", env_.rank, " of the job whose store is at ", where,
+        " has already joined, from another process (", std::string(holder.begin(), holder.end()),
+        "). Likely cause: another job uses the same MASTER_ADDR and MASTER_PORT, and this rank "
+        "reached that job's store; or this rank was started twice. Fix: give each job its own "
+        "MASTER_PORT (a free port), and start each rank once."));
+  }
   wait_for_arrivals(join_timeout, where);
 
   auto impl = std::make_unique<Communicator::Impl>();
