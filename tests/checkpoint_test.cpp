@@ -200,7 +200,7 @@ TEST(Checkpoint, ResumingMidEpochOnTwoProcessesEndsBitIdenticalToTheUninterrupte
       << "the comparison cannot fail: stopping early gives the same parameters";
 }
 
-TEST(Checkpoint, AFusedOptimizerResumesMidEpochBitIdenticalAndAPlainCheckpointIsRefused) {
+TEST(Checkpoint, AFusedOptimizerResumesMidEpochBitIdenticalAndFromAPlainCheckpoint) {
   ScratchDir scratch;
   const std::string dir = scratch.path + "/fused", plain = scratch.path + "/plain";
   auto uninterrupted = launch([](int) { return train("", -1, false, 3, true); }, ranks(2));
@@ -208,15 +208,14 @@ TEST(Checkpoint, AFusedOptimizerResumesMidEpochBitIdenticalAndAPlainCheckpointIs
   auto resumed = launch([dir](int) { return train(dir, -1, true, 3, true); }, ranks(2));
   for (int r = 0; r < 2; ++r)
     EXPECT_TRUE(torch::equal(resumed[r], uninterrupted[r])) << "rank " << r;
-  // A checkpoint without fused state (fused_optimizers off when saved) cannot give its momentum.
+  // A checkpoint saved without fused state (fused_optimizers off) gives its momentum buffers to
+  // the fused update (issue 38: it was refused): the run continues as the unfused one does, up to
+  // the rounding of the other kernel, and far from a restart without momentum.
+  const auto unfused = launch([](int) { return train("", -1, false); }, ranks(1));
   launch([plain](int) { return train(plain, 8, false); }, ranks(1));
-  try {
-    launch([plain](int) { return train(plain, -1, true, 3, true); }, ranks(1));
-    FAIL() << "a checkpoint without fused state was loaded into a fused optimizer";
-  } catch (const std::exception& e) {
-    EXPECT_TRUE(contains(e.what(), "optimizer_0.pt")) << e.what();
-    EXPECT_TRUE(contains(e.what(), "saved without fused optimizer state")) << e.what();
-  }
+  const auto continued = launch([plain](int) { return train(plain, -1, true, 3, true); }, ranks(1));
+  const double difference = (continued[0] - unfused[0]).abs().max().item<double>();
+  EXPECT_LT(difference, 1e-5) << "the fused run did not continue the unfused one";
 }
 
 TEST(Checkpoint, AutoResumeAfterARestartEndsBitIdenticalToTheUninterruptedRun) {

@@ -32,6 +32,7 @@ struct TrainingRun {
   bool loss_scaler = false;  // fp16's GradScaler (init scale 1024) on fp32 training: fp16 itself
                              // needs CUDA, so the scaler is set in the Accelerator's state
   int overflow_at = -1;      // at this step rank 0's gradient of one weight element is inf
+  bool fused = true;         // fused_optimizers (stage 0 only: ZeRO always fuses the update)
   int steps = 50;
   std::string save_dir;  // save after step save_at (1-based), then go on
   int save_at = 0;
@@ -60,7 +61,7 @@ torch::Tensor train(int rank, int world, const TrainingRun& run) {
   Accelerator acc(AcceleratorOptions()
                       .cpu(true)
                       .zero_stage(run.stage)
-                      .fused_optimizers(true)
+                      .fused_optimizers(run.fused)
                       .bucket_cap_mb(1)
                       .mixed_precision(run.bf16 ? "bf16" : "no")
                       .gradient_accumulation_steps(run.accumulate ? 2 : 1));
@@ -291,6 +292,47 @@ TEST(Zero, ASavedShardedRunResumesBitForBitAndLoadsOnAnotherNumberOfProcesses) {
   resumed.stage = 0;
   const auto one = train_on(1, resumed);
   expect_same_training(parameters_of(one[0]), parameters_of(uninterrupted[0]), "resumed on 1");
+  remove_tree(dir);
+}
+
+// Issue 38: a ZeRO checkpoint loads under another stage, as docs/zero.md says: saved with stage 2,
+// resumed with stage 0 and an optimizer that steps by itself (fused_optimizers off), on 2
+// processes and on one; and saved that way, resumed under stage 2. Each continues the
+// uninterrupted run (up to the rounding of another reduction order and of the unfused update).
+TEST(Zero, ACheckpointLoadsUnderAnotherStageAndWithoutFusedOptimizers) {
+  const std::string dir = make_temp_dir();
+  TrainingRun sharded;
+  sharded.stage = 2;
+  sharded.steps = 20;
+  sharded.save_dir = dir + "/zero2";
+  sharded.save_at = 8;
+  const auto uninterrupted = train_on(2, sharded);
+
+  TrainingRun plain = sharded;
+  plain.save_dir.clear();
+  plain.load_dir = dir + "/zero2";
+  plain.stage = 0;
+  plain.fused = false;
+  const auto on_two = train_on(2, plain);
+  expect_same_training(parameters_of(on_two[0]), parameters_of(uninterrupted[0]),
+                       "stage 2 resumed as stage 0, unfused, on 2");
+  const auto on_one = train_on(1, plain);
+  expect_same_training(parameters_of(on_one[0]), parameters_of(uninterrupted[0]),
+                       "stage 2 resumed as stage 0, unfused, on 1");
+
+  TrainingRun saved_plain = sharded;
+  saved_plain.stage = 0;
+  saved_plain.fused = false;
+  saved_plain.save_dir = dir + "/plain";
+  const auto plain_whole = train_on(2, saved_plain);
+  expect_same_training(parameters_of(plain_whole[0]), parameters_of(uninterrupted[0]),
+                       "stage 0 unfused against stage 2");
+  TrainingRun into_zero = sharded;
+  into_zero.save_dir.clear();
+  into_zero.load_dir = dir + "/plain";
+  const auto zero = train_on(2, into_zero);
+  expect_same_training(parameters_of(zero[0]), parameters_of(plain_whole[0]),
+                       "stage 0 unfused resumed under stage 2");
   remove_tree(dir);
 }
 

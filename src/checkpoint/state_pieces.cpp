@@ -11,6 +11,8 @@
 
 #include "accelerant/error.h"
 #include "base/text.h"
+#include "base/uncaught_exception_recorder.h"
+#include "train/fused_state_conversion.h"
 
 namespace accelerant::detail {
 
@@ -223,18 +225,29 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::string&
     // Parameters without saved state (no step yet when it was saved) must not keep today's.
     optimizer.state().clear();
     optimizer.load(archive);
-    if (fused) {
-      torch::serialize::InputArchive state;
-      if (!archive.try_read(kFusedUpdater, state)) {
-        throw Error(
-            "it was saved without fused optimizer state, by a run with fused_optimizers off");
-      }
-      fused->load(state);
+    torch::serialize::InputArchive fused_state;
+    const bool saved_fused = archive.try_read(kFusedUpdater, fused_state);
+    if (fused && saved_fused) {
+      fused->load(fused_state);
+    } else if (fused) {
+      // Saved by an optimizer that stepped by itself (fused_optimizers off, no ZeRO): its
+      // per-parameter state becomes the fused update's, which keeps it from now on.
+      const std::string converted = archive_to_bytes([&](torch::serialize::OutputArchive& out) {
+        write_optimizer_state_as_fused(optimizer, out);
+      });
+      auto whole = archive_from_bytes(converted, what, device);
+      fused->load(whole);
+      optimizer.state().clear();
+    } else if (saved_fused) {
+      // Saved with a fused update (fused_optimizers, or ZeRO on one process); this optimizer
+      // steps by itself: the fused state becomes its per-parameter state.
+      load_fused_state_into_optimizer(optimizer, fused_state);
     }
     restore_group_options(optimizer, archive);
-  } catch (const std::exception& e) {
+  } catch (const std::exception&) {
     throw CheckpointError(
-        str(what, " does not fit this optimizer (", e.what(), "). Likely cause: a different ",
+        str(what, " does not fit this optimizer (", exception_text(std::current_exception()),
+            "). Likely cause: a different ",
             "optimizer type or different parameter groups than when it was saved. Fix: build ",
             "the optimizer as the saved run did."));
   }
@@ -248,13 +261,9 @@ bool optimizer_sharded(torch::optim::Optimizer& optimizer, const FusedUpdater* f
 void load_sharded_optimizer_state(torch::optim::Optimizer& optimizer,
                                   const std::vector<std::string>& shards, const std::string& what,
                                   FusedUpdater* fused) {
+  // Null when this optimizer steps by itself (no ZeRO, fused_optimizers off, or one process):
+  // the merged state then becomes its per-parameter state.
   FusedUpdater* updater = fused ? fused : fused_updater_of(optimizer);
-  if (!updater) {
-    throw CheckpointError(str(
-        what, " was saved under ZeRO (fused optimizer state in shards), and this optimizer has ",
-        "no fused update to take it. Fix: AcceleratorOptions::fused_optimizers(true) or a ",
-        "zero_stage, or build the optimizer as accelerant::FusedAdamW / FusedAdam / FusedSGD."));
-  }
   torch::Device device(torch::kCPU);
   for (const auto& group : optimizer.param_groups()) {
     if (!group.params().empty()) {
@@ -269,20 +278,33 @@ void load_sharded_optimizer_state(torch::optim::Optimizer& optimizer,
       archives[r] = archive_from_bytes(shards[r], str(what, " (rank ", r, "'s shard)"));
       // A fused type saves its update's state at the top; prepare's updater beside the
       // optimizer's own (empty) state.
-      if (fused && !archives[r].try_read(kFusedUpdater, states[r])) {
+      const bool beside = archives[r].try_read(kFusedUpdater, states[r]);
+      if (fused && !beside) {
         throw Error(str("rank ", r, "'s shard has no fused optimizer state"));
       }
-      pointers.push_back(fused ? &states[r] : &archives[r]);
+      pointers.push_back(beside ? &states[r] : &archives[r]);
     }
-    const std::string merged = archive_to_bytes(
-        [&](torch::serialize::OutputArchive& out) { merge_optimizer_shards(pointers, out); });
+    std::string merged;
+    try {
+      merged = archive_to_bytes(
+          [&](torch::serialize::OutputArchive& out) { merge_optimizer_shards(pointers, out); });
+    } catch (const Error& e) {  // the shards disagree: said as such, not as another optimizer
+      throw CheckpointError(str(what, " and the other ranks' shards cannot be merged: ", e.what()));
+    }
     auto whole = archive_from_bytes(merged, what, device);
-    if (fused) optimizer.state().clear();
-    updater->load(whole);
+    if (updater) {
+      if (fused) optimizer.state().clear();
+      updater->load(whole);
+    } else {
+      load_fused_state_into_optimizer(optimizer, whole);
+    }
     restore_group_options(optimizer, archives[0]);
-  } catch (const std::exception& e) {
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const std::exception&) {
     throw CheckpointError(
-        str(what, " does not fit this optimizer (", e.what(), "). Likely cause: a different ",
+        str(what, " does not fit this optimizer (", exception_text(std::current_exception()),
+            "). Likely cause: a different ",
             "optimizer type or different parameter groups than when it was saved. Fix: build ",
             "the optimizer as the saved run did."));
   }

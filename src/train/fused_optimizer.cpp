@@ -9,6 +9,7 @@
 #include "base/tensor_alias.h"
 #include "base/text.h"
 #include "train/fused_kernels.h"
+#include "train/fused_state_format.h"
 
 namespace accelerant {
 
@@ -17,30 +18,8 @@ using detail::FusedSegment;
 
 namespace {
 
-const char* kind_name(FusedKind kind) {
-  switch (kind) {
-    case FusedKind::kSGD:
-      return "SGD";
-    case FusedKind::kAdam:
-      return "Adam";
-    case FusedKind::kAdamW:
-      return "AdamW";
-  }
-  return "?";
-}
-
-// (AdamW and Adam are unrelated types in LibTorch 1.13; a user subclass of either is still that
-// kind.)
-FusedKind kind_of(torch::optim::Optimizer& optimizer) {
-  if (dynamic_cast<torch::optim::AdamW*>(&optimizer)) return FusedKind::kAdamW;
-  if (dynamic_cast<torch::optim::Adam*>(&optimizer)) return FusedKind::kAdam;
-  if (dynamic_cast<torch::optim::SGD*>(&optimizer)) return FusedKind::kSGD;
-  throw Error(detail::str(
-      "The fused update exists for torch::optim::SGD, Adam and AdamW; this optimizer is ",
-      "another type (", typeid(optimizer).name(), "). Fix: use one of those three, or ",
-      "turn fused optimizers off (AcceleratorOptions::fused_optimizers(false)) to step ",
-      "it with its own step()."));
-}
+const char* kind_name(FusedKind kind) { return detail::fused_kind_name(kind); }
+FusedKind kind_of(torch::optim::Optimizer& optimizer) { return detail::fused_kind_of(optimizer); }
 
 // This step's constants of one parameter group, as torch::optim computes them.
 struct GroupConstants {
@@ -680,13 +659,13 @@ void FusedUpdater::step_unless(const torch::Tensor& skip) {
 }
 
 namespace {
-const char* kKind = "accelerant_fused_kind";
-const char* kNumels = "accelerant_fused_numels";
-const char* kSteps = "accelerant_fused_steps";
-const char* kState1 = "accelerant_fused_state1";
-const char* kState2 = "accelerant_fused_state2";
+const char* kKind = detail::kFusedKindKey;
+const char* kNumels = detail::kFusedNumelsKey;
+const char* kSteps = detail::kFusedStepsKey;
+const char* kState1 = detail::kFusedState1Key;
+const char* kState2 = detail::kFusedState2Key;
 // A shard: [pieces, 3] int64 rows of (parameter, begin, length); its states hold those elements.
-const char* kPieces = "accelerant_fused_shard_pieces";
+const char* kPieces = detail::kFusedPiecesKey;
 
 torch::Tensor pieces_tensor(const std::vector<FusedShardPiece>& pieces) {
   torch::Tensor t = torch::empty({static_cast<int64_t>(pieces.size()), 3}, torch::kLong);
@@ -785,8 +764,18 @@ void merge_optimizer_shards(const std::vector<torch::serialize::InputArchive*>& 
       throw Error(detail::str("merge_optimizer_shards: shard ", r,
                               " was saved by another optimizer (kind or parameter sizes differ "
                               "from shard 0's). Fix: merge the shards of one checkpoint."));
-    } else {
-      steps_all = torch::maximum(steps_all, steps);
+    } else if (!steps.equal(steps_all)) {
+      // Every process counts every parameter's updates, owner or not: the shards of one
+      // checkpoint agree on them. Differing counts mean a shard of another step.
+      const auto differ = (steps != steps_all).nonzero();
+      const int64_t p = differ[0][0].item<int64_t>();
+      throw Error(detail::str(
+          "merge_optimizer_shards: shard ", r, " was saved at another step than ",
+          "shard 0: parameter ", p, " has had ", static_cast<int64_t>(steps[p].item<double>()),
+          " updates there and ", static_cast<int64_t>(steps_all[p].item<double>()),
+          " in shard 0. Likely cause: a shard of another checkpoint was put "
+          "in this one. Fix: use the shards one save_state wrote, together "
+          "(or an older checkpoint)."));
     }
     if (has1 != whole1.defined() || has2 != whole2.defined()) {
       throw Error(detail::str("merge_optimizer_shards: shard ", r,
