@@ -107,21 +107,23 @@ void copy_file(const std::string& from, const std::string& to) {
   std::ofstream(to, std::ios::binary | std::ios::trunc).write(bytes.data(), bytes.size());
 }
 
-// Puts `file` in place of checkpoint `dir`'s optimizer_0.pt, with the manifest's size and CRC-32
-// updated, so that load_state reads it as that run's own.
-void replace_optimizer_file(const std::string& dir, const std::string& file) {
-  copy_file(file, dir + "/optimizer_0.pt");
+// Puts `file` in place of checkpoint `dir`'s `name` (optimizer_0.pt by default), with the
+// manifest's size and CRC-32 updated ("re-signed"), so that verify passes and load_state reads it
+// as that run's own.
+void replace_optimizer_file(const std::string& dir, const std::string& file,
+                            const std::string& name = "optimizer_0.pt") {
+  copy_file(file, dir + "/" + name);
   const std::string bytes = slurp(file);
   CheckpointManifest manifest = read_checkpoint_manifest(dir);
   bool found = false;
   for (auto& entry : manifest.files) {
-    if (entry.path != "optimizer_0.pt") continue;
+    if (entry.path != name) continue;
     entry.size = bytes.size();
     entry.crc32 = static_cast<uint32_t>(
         ::crc32(0, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
     found = true;
   }
-  ASSERT_TRUE(found) << dir << " has no optimizer_0.pt: it was saved under ZeRO";
+  ASSERT_TRUE(found) << dir << " has no " << name;
   std::ofstream(dir + "/manifest.json", std::ios::trunc) << format_checkpoint_manifest(manifest);
   verify_checkpoint(dir);
 }
@@ -291,6 +293,62 @@ TEST_F(CheckpointMergeRefuses, ADamagedOrAbsentCheckpoint) {
   std::tie(status, output) = cli({"checkpoint", "merge", dir_ + "/nothing", dir_ + "/out_none"});
   EXPECT_EQ(status, 1) << output;
   EXPECT_TRUE(contains(output, "no checkpoint at " + dir_ + "/nothing")) << output;
+}
+
+// Issue 38: a shard of an older checkpoint put into a newer one and re-signed (its checksum
+// rewritten) passes verify, which checks only bytes; merge and load refuse it, naming the shard,
+// because the shards of one save agree on every parameter's update count. auto_resume then falls
+// back to the older checkpoint, as for one that does not verify.
+TEST(CheckpointSemantics, AnOlderShardResignedIntoANewerCheckpointIsRefusedAndResumeFallsBack) {
+  ScratchDir scratch;
+  const std::string project = scratch.path + "/project";
+  auto run = [project](int rank, bool resume) {
+    Accelerator acc(AcceleratorOptions()
+                        .cpu(true)
+                        .zero_stage(2)
+                        .bucket_cap_mb(1)
+                        .project_dir(project)
+                        .auto_resume(resume));
+    auto model = merge_model();
+    torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-3));
+    // auto_resume is armed by a prepared loader (whose position it restores): both runs prepare
+    // one, unused otherwise.
+    auto [m, opt, loader] =
+        acc.prepare(model, adamw,
+                    make_data_loader(torch::zeros({16, 16}), torch::zeros({16, 4}),
+                                     DataLoaderOptions().batch_size(4)));
+    if (resume) {
+      acc.auto_resume_now();
+      return static_cast<int64_t>(acc.state()->optimizer_steps);
+    }
+    for (int step = 0; step < kSavedAt; ++step) {
+      auto [x, y] = global_batch(step);
+      x = x.narrow(0, rank * 4, 4), y = y.narrow(0, rank * 4, 4);
+      acc.backward((m->forward(x) - y).pow(2).mean());
+      opt.step();
+      opt.zero_grad();
+      if (step + 1 == kSavedAt / 2 || step + 1 == kSavedAt) acc.save_state();
+    }
+    return static_cast<int64_t>(acc.state()->optimizer_steps);
+  };
+  auto options =
+      LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(90)).verbose(false);
+  launch([&](int rank) { return run(rank, false); }, options);
+  const std::string older = project + "/checkpoints/checkpoint_0";
+  const std::string newer = project + "/checkpoints/checkpoint_1";
+  replace_optimizer_file(newer, older + "/rank_1/optimizer_0.pt", "rank_1/optimizer_0.pt");
+
+  const auto [status, out] =
+      cli({"checkpoint", "merge", "--optimizer", newer, scratch.path + "/merged"});
+  EXPECT_NE(status, 0) << out;
+  EXPECT_TRUE(out.find("shard 1 was saved at another step than shard 0") != std::string::npos)
+      << out;
+  EXPECT_FALSE(std::filesystem::exists(scratch.path + "/merged")) << "nothing written";
+
+  const auto resumed = launch([&](int rank) { return run(rank, true); }, options);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(resumed[r], kSavedAt / 2) << "rank " << r << " should have fallen back to " << older;
+  }
 }
 
 TEST(CheckpointMergeHelp, TeachesWhatItWritesAndHowToLoadIt) {

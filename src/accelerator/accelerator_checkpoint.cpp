@@ -4,6 +4,7 @@
 #include "accelerant/error.h"
 #include "accelerant/safetensors.h"
 #include "accelerator/accelerator_impl.h"
+#include "base/text.h"
 #include "base/trace_events.h"
 #include "checkpoint/training_checkpoint.h"
 #include "comm/collective_label.h"
@@ -52,11 +53,37 @@ void Accelerator::auto_resume_now() {
 void Accelerator::resume_from_latest() {
   detail::ScopedCollectiveLabel label("auto_resume");
   detail::TraceSpan span("auto_resume", "checkpoint");
-  const std::string latest =
-      detail::agreed_latest_checkpoint(checkpoint_ranks(), checkpoints_dir());
-  if (latest.empty()) return;
-  load_state(latest);
-  print("Resumed from ", latest, " (step ", impl_->state_->optimizer_steps, ")");
+  // A checkpoint whose files verify can still fail to load (files swapped or edited and their
+  // checksums rewritten; a model built differently): as with one that does not verify, the next
+  // older one is tried. A failed load changed nothing (load_state puts every object back), and
+  // it failed on every process alike, so all of them go on to the same older checkpoint.
+  std::vector<std::pair<std::string, std::string>> failed;
+  while (true) {
+    const std::string latest =
+        detail::agreed_latest_checkpoint(checkpoint_ranks(), checkpoints_dir(), failed);
+    if (latest.empty() && !failed.empty()) {
+      // Every checkpoint that verifies failed to load: most likely this run differs from the
+      // one that saved them (its model or optimizer). Starting from step 0 could let
+      // checkpoint_total_limit delete them: refuse instead.
+      std::vector<std::string> reasons;
+      for (const auto& f : failed) reasons.push_back(f.second);
+      throw CheckpointError(detail::str(
+          impl_->rank_prefix_, "auto_resume: every checkpoint in ", checkpoints_dir(),
+          " that verifies failed to load:\n  ", detail::join(reasons, "\n  "),
+          "\nLikely cause: this run builds its model, optimizer or other saved objects "
+          "differently from the run that saved them. Fix: build them as that run did, or move "
+          "the checkpoints away to start afresh."));
+    }
+    if (latest.empty()) return;
+    try {
+      load_state(latest);
+    } catch (const CheckpointError& e) {
+      failed.emplace_back(latest, e.what());
+      continue;
+    }
+    print("Resumed from ", latest, " (step ", impl_->state_->optimizer_steps, ")");
+    return;
+  }
 }
 
 void Accelerator::save_model_module(const torch::nn::Module& module, const std::string& dir,

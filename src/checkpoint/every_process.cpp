@@ -2,6 +2,7 @@
 
 #include "accelerant/error.h"
 #include "base/text.h"
+#include "base/uncaught_exception_recorder.h"
 
 namespace accelerant::detail {
 
@@ -10,8 +11,9 @@ ProcessOutcomes outcomes_everywhere(const CheckpointRanks& ranks,
   std::string outcome;
   try {
     outcome = "ok:" + step();
-  } catch (const std::exception& e) {
-    outcome = std::string("error:") + e.what();
+  } catch (...) {
+    // Without LibTorch's C++ backtrace (a hundred frames that say nothing to the user).
+    outcome = "error:" + exception_text(std::current_exception());
   }
   ProcessOutcomes all;
   const auto reports = ranks.communicator->gather_bytes(outcome);

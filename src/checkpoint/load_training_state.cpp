@@ -350,8 +350,9 @@ std::string load_training_state(CheckpointedState& state, const CheckpointRanks&
   return source;
 }
 
-std::string agreed_latest_checkpoint(const CheckpointRanks& ranks,
-                                     const std::string& checkpoints_dir) {
+std::string agreed_latest_checkpoint(
+    const CheckpointRanks& ranks, const std::string& checkpoints_dir,
+    const std::vector<std::pair<std::string, std::string>>& failed) {
   if (checkpoints_dir.empty()) {
     throw CheckpointError(str(ranks.rank_prefix,
                               "auto_resume needs a project directory to find checkpoints in. ",
@@ -361,7 +362,7 @@ std::string agreed_latest_checkpoint(const CheckpointRanks& ranks,
   std::string chosen;
   if (ranks.is_main()) {
     std::vector<std::string> skipped;
-    chosen = newest_verified_checkpoint(checkpoints_dir, &skipped);
+    chosen = newest_verified_checkpoint(checkpoints_dir, &skipped, failed);
     if (!skipped.empty()) {
       std::fprintf(stderr,
                    "%sWARNING: auto_resume skipped %zu checkpoint(s) in %s that cannot be "
@@ -380,8 +381,9 @@ std::string agreed_latest_checkpoint(const CheckpointRanks& ranks,
   return ranks.communicator->broadcast_bytes(chosen, 0);
 }
 
-std::string newest_verified_checkpoint(const std::string& checkpoints_dir,
-                                       std::vector<std::string>* skipped) {
+std::string newest_verified_checkpoint(
+    const std::string& checkpoints_dir, std::vector<std::string>* skipped,
+    const std::vector<std::pair<std::string, std::string>>& failed) {
   std::vector<std::pair<int64_t, std::string>> found;
   for (const auto& name : list_directory(checkpoints_dir)) {
     const int64_t n = checkpoint_iteration(name);
@@ -390,6 +392,12 @@ std::string newest_verified_checkpoint(const std::string& checkpoints_dir,
   }
   std::sort(found.rbegin(), found.rend());
   for (const auto& [n, dir] : found) {
+    const auto load_failed =
+        std::find_if(failed.begin(), failed.end(), [&](const auto& f) { return f.first == dir; });
+    if (load_failed != failed.end()) {
+      skipped->push_back(str(dir, " verified, but loading it failed: ", load_failed->second));
+      continue;
+    }
     if (!path_exists(dir + "/" + layout::kManifestFile)) {
       skipped->push_back(str(dir, " has no ", layout::kManifestFile,
                              " (not a complete checkpoint: deleted or never finished)"));

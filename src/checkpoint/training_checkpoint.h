@@ -113,14 +113,18 @@ std::string read_checked_file(const std::string& dir, const CheckpointManifest& 
 /// The newest checkpoint in `checkpoints_dir` that verifies (newest_verified_checkpoint) as the
 /// main process sees it, the same on every process (a collective); "" when there is none. The
 /// main process prints a warning to stderr naming every newer checkpoint it skipped and why.
-/// Throws CheckpointError when `checkpoints_dir` is empty (no project directory).
-std::string agreed_latest_checkpoint(const CheckpointRanks& ranks,
-                                     const std::string& checkpoints_dir);
+/// `failed`: checkpoints a load already failed on, passed over (with their reasons, for the
+/// warning). Throws CheckpointError when `checkpoints_dir` is empty (no project directory).
+std::string agreed_latest_checkpoint(
+    const CheckpointRanks& ranks, const std::string& checkpoints_dir,
+    const std::vector<std::pair<std::string, std::string>>& failed = {});
 
 /// The newest checkpoint_<n> in `checkpoints_dir` with a manifest whose files all verify
-/// (verify_checkpoint); "" when none does. Each newer one passed over is added to `*skipped`
-/// with the reason (no manifest.json, or verify_checkpoint's message), newest first.
-std::string newest_verified_checkpoint(const std::string& checkpoints_dir,
-                                       std::vector<std::string>* skipped);
+/// (verify_checkpoint) and that is not in `failed` (dir, reason); "" when none does. Each newer
+/// one passed over is added to `*skipped` with the reason (no manifest.json, verify_checkpoint's
+/// message, or the failed load's), newest first.
+std::string newest_verified_checkpoint(
+    const std::string& checkpoints_dir, std::vector<std::string>* skipped,
+    const std::vector<std::pair<std::string, std::string>>& failed = {});
 
 }  // namespace accelerant::detail
