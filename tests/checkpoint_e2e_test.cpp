@@ -186,7 +186,7 @@ TEST(CheckpointCommand, InspectAndVerifyWhatATrainingRunLeft) {
   EXPECT_TRUE(contains(out, "OK " + project + "/weights: 8 tensors")) << out;
 
   ASSERT_EQ(run_cli({"checkpoint", "verify", newest}, out), 0) << out;
-  EXPECT_TRUE(contains(out, "OK " + newest + ": 5 files")) << out;
+  EXPECT_TRUE(contains(out, "OK  " + newest + " (step 20, 5 files")) << out;
 
   // One flipped byte in the newest checkpoint's weights: verify names the file, per checkpoint.
   {

@@ -344,10 +344,49 @@ TEST(CheckpointSemantics, AnOlderShardResignedIntoANewerCheckpointIsRefusedAndRe
   EXPECT_TRUE(out.find("shard 1 was saved at another step than shard 0") != std::string::npos)
       << out;
   EXPECT_FALSE(std::filesystem::exists(scratch.path + "/merged")) << "nothing written";
+  // verify checks what the files hold, not only their bytes: the newer checkpoint is refused
+  // naming its shards, the older one passes, and the folder counts one of two.
+  const auto [bad, bad_out] = cli({"checkpoint", "verify", newer});
+  EXPECT_EQ(bad, 1) << bad_out;
+  EXPECT_TRUE(bad_out.find("do not belong together") != std::string::npos) << bad_out;
+  EXPECT_TRUE(bad_out.find("shard 1 was saved at another step") != std::string::npos) << bad_out;
+  const auto [good, good_out] = cli({"checkpoint", "verify", older});
+  EXPECT_EQ(good, 0) << good_out;
+  EXPECT_TRUE(good_out.find("every file holds what its name says") != std::string::npos)
+      << good_out;
+  const auto [folder, folder_out] = cli({"checkpoint", "verify", project + "/checkpoints"});
+  EXPECT_EQ(folder, 1) << folder_out;
+  EXPECT_TRUE(folder_out.find("1 of 2 checkpoint(s) verified") != std::string::npos) << folder_out;
 
   const auto resumed = launch([&](int rank) { return run(rank, true); }, options);
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(resumed[r], kSavedAt / 2) << "rank " << r << " should have fallen back to " << older;
+  }
+}
+
+// A model's file swapped with an optimizer's, the manifest re-signed: verify names the file and
+// what it holds; load_state refuses it in words (no LibTorch backtrace) and changes nothing.
+TEST(CheckpointSemantics, AModelFileThatHoldsAnOptimizersStateIsNamed) {
+  ScratchDir scratch;
+  const std::string ckpt = scratch.path + "/ckpt";
+  TrainingRun saved;
+  saved.save_dir = ckpt;
+  train_on(1, saved);
+  ASSERT_EQ(cli({"checkpoint", "verify", ckpt}).first, 0);
+  replace_optimizer_file(ckpt, ckpt + "/optimizer_0.pt", "model_0.pt");
+  const auto [status, out] = cli({"checkpoint", "verify", ckpt});
+  EXPECT_EQ(status, 1) << out;
+  EXPECT_TRUE(out.find("model_0.pt holds an optimizer's state, not a model's") != std::string::npos)
+      << out;
+  TrainingRun resumed;
+  resumed.load_dir = ckpt;
+  try {
+    train_on(1, resumed);
+    ADD_FAILURE() << "a checkpoint whose model file holds an optimizer's state was loaded";
+  } catch (const LaunchError& e) {
+    const std::string m = e.what();
+    EXPECT_TRUE(m.find("model_0.pt") != std::string::npos) << m;
+    EXPECT_EQ(m.find("frame #"), std::string::npos) << "LibTorch's backtrace: " << m;
   }
 }
 

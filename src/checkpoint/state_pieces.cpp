@@ -83,7 +83,17 @@ std::vector<std::string> module_state_mismatches(const torch::nn::Module& module
   std::map<std::string, std::vector<int64_t>> saved;
   for (const auto& name : archive.keys()) {
     torch::Tensor tensor;
-    archive.read(name, tensor);
+    // A module's state holds tensors only: anything else (an optimizer's version string, a
+    // sub-archive) means the file is another kind of state, swapped in.
+    if (!archive.try_read(name, tensor)) {
+      throw CheckpointError(
+          str(what, " is not a module's state: it holds '", name, "', which is not a tensor (",
+              name == "pytorch_version" ? "it is an optimizer's state" : "another kind of file",
+              "). Likely cause: files were swapped between checkpoints or edited, and the "
+              "manifest's checksums rewritten to match. Fix: use another checkpoint (auto_resume "
+              "takes the newest one that loads)."),
+          what);
+    }
     saved[name] = tensor.sizes().vec();
   }
   return state_mismatches(named_state(module), saved);

@@ -23,6 +23,13 @@ void add_launch_command(CLI::App& app, Action& action);
 void add_checkpoint_command(CLI::App& app, Action& action);
 /// `accelerant checkpoint merge DIR OUT [--optimizer] [--force]` (in the helper).
 void add_checkpoint_merge_command(CLI::App& app, Action& action);
+/// The helper's `checkpoint verify-contents DIR...` (started by the front end's `checkpoint verify`
+/// once the bytes verify): prints one line per checkpoint, OK or BAD with the reason; the exit
+/// status is the number of bad ones (at most 100).
+void add_checkpoint_contents_command(CLI::App& checkpoint, Action& action);
+/// Runs the helper with `args` as a child process (its output goes where this process's goes) and
+/// returns its exit status, or throws accelerant::Error when it cannot be started.
+int run_helper(const std::vector<std::string>& args);
 /// `accelerant report RUN_DIR [-o FILE] [--log_dir DIR] [--checkpoints DIR]`.
 void add_report_command(CLI::App& app, Action& action);
 /// `accelerant trace merge DIR`.

@@ -7,9 +7,12 @@
 // build/libexec/accelerant in the build tree.
 #include <accelerant/error.h>
 #include <limits.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -46,6 +49,30 @@ std::string helper_path() {
       "installs bin/accelerant and libexec/accelerant/accelerant-libtorch together), or "
       "build the accelerant_libtorch target.");
 }
+
+}  // namespace
+
+int run_helper(const std::vector<std::string>& args) {
+  const std::string helper = helper_path();
+  std::vector<char*> argv{const_cast<char*>(helper.c_str())};
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::fflush(nullptr);
+  pid_t pid = 0;
+  const int error = ::posix_spawn(&pid, helper.c_str(), nullptr, nullptr, argv.data(), environ);
+  if (error != 0) {
+    throw Error("accelerant: the LibTorch helper " + helper +
+                " cannot be run: " + std::strerror(error) +
+                ". Likely cause: an incomplete installation. Fix: reinstall Accelerant, or build "
+                "the accelerant_libtorch target.");
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+namespace {
 
 // A sub-command whose arguments, --help included, all go to the helper.
 void add_forwarded(CLI::App& app, Action& action, const std::string& name,

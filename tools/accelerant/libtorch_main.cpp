@@ -1,5 +1,5 @@
 // accelerant-libtorch: the helper that runs the sub-commands needing LibTorch (`env`, `test`,
-// `checkpoint merge`).
+// `checkpoint merge`, and `checkpoint verify`'s look into the files).
 // Users do not call it: the `accelerant` front end, which does not load LibTorch, execs it with
 // its own command line (libtorch_commands.cpp), so its help and errors read as the front end's.
 #include <accelerant/error.h>
@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   accelerant::cli::add_env_command(app, action);
   accelerant::cli::add_test_command(app, action);
   accelerant::cli::add_checkpoint_merge_command(app, action);
+  accelerant::cli::add_checkpoint_contents_command(*app.get_subcommand("checkpoint"), action);
   app.require_subcommand(1);
   try {
     app.parse(argc, argv);
