@@ -17,8 +17,8 @@ namespace accelerant {
 /// (optimizer_0.pt, or the ZeRO shards rank_0/optimizer_0.pt, ...) holds an optimizer's state, of
 /// no later step than the checkpoint's; the ZeRO shards of each optimizer belong together (the
 /// same update counts: a shard of another checkpoint is named) and cover every parameter that has
-/// state; each rank's generator file (rank_0/rng.pt, ...) holds a random generator's state. Returns the manifest. Throws CheckpointError naming the file and
-/// what it holds instead.
+/// state; each rank's generator file (rank_0/rng.pt, ...) holds a random generator's state. Returns
+/// the manifest. Throws CheckpointError naming the file and what it holds instead.
 CheckpointManifest verify_checkpoint_contents(const std::string& dir);
 
 }  // namespace accelerant

@@ -10,7 +10,6 @@
 #include "accelerant/fused_optimizer.h"
 #include "base/file_io.h"
 #include "base/text.h"
-#include "base/uncaught_exception_recorder.h"
 #include "checkpoint/state_pieces.h"
 #include "train/fused_state_format.h"
 
@@ -86,14 +85,8 @@ CheckpointManifest verify_checkpoint_contents(const std::string& dir) {
     const bool is_rng = std::regex_match(f.path, rng_file);
     if (!is_model && !is_optimizer && !is_shard && !is_rng) continue;
     const std::string bytes = detail::read_file(dir + "/" + f.path);
-    torch::serialize::InputArchive archive;
-    try {
-      archive = detail::archive_from_bytes(bytes, dir + "/" + f.path);
-    } catch (const std::exception&) {
-      refuse(dir, f.path,
-             str("is not a LibTorch archive (", detail::exception_text(std::current_exception()),
-                 ")"));
-    }
+    // Not an archive at all: archive_from_bytes says so, naming the file.
+    torch::serialize::InputArchive archive = detail::archive_from_bytes(bytes, dir + "/" + f.path);
     const bool optimizer_like =
         has_archive(archive, detail::kGroupOptions) || has_value(archive, "pytorch_version");
     if (is_model) {

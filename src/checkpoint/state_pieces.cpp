@@ -29,9 +29,10 @@ torch::serialize::InputArchive archive_from_bytes(const std::string& bytes, cons
   torch::serialize::InputArchive archive;
   try {
     archive.load_from(bytes.data(), bytes.size(), device);
-  } catch (const std::exception& e) {
+  } catch (const std::exception&) {
     throw CheckpointError(
-        str(what, " cannot be read as a LibTorch archive (", e.what(), "). Likely cause: it ",
+        str(what, " cannot be read as a LibTorch archive (",
+            exception_text(std::current_exception()), "). Likely cause: it ",
             "was damaged after its checksum was taken, or written by another program. Fix: ",
             "use another checkpoint."));
   }

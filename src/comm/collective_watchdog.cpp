@@ -63,18 +63,6 @@ std::string ranks_text(const std::vector<int>& ranks) {
   return str(ranks.size() == 1 ? "rank " : "ranks ", join(ranks, ", "));
 }
 
-int64_t steady_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-int64_t wall_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 }  // namespace
 
 std::string format_watch_report(const WatchReport& r) {
@@ -259,7 +247,8 @@ void CollectiveWatchdog::tick(c10d::Store& store) {
                     text_of(store.get(kWatchdogVerdictKey))));
   }
   const int64_t blocked = setup_.blocked->sequence.load();
-  const auto blocked_for = std::chrono::nanoseconds(steady_ns() - setup_.blocked->since_ns.load());
+  const auto blocked_for =
+      std::chrono::nanoseconds(steady_clock_ns() - setup_.blocked->since_ns.load());
   WatchStatus status = WatchStatus::kRunning;
   if (ended_) {
     status = WatchStatus::kEnded;
@@ -319,7 +308,7 @@ void CollectiveWatchdog::tick(c10d::Store& store) {
       " s) instead of at the collective timeout of ",
       std::chrono::duration_cast<std::chrono::seconds>(setup_.collective_timeout).count(),
       " s, which still governs a collective every rank entered.\n",
-      merged_flight_table(records, wall_ms()),
+      merged_flight_table(records, wall_clock_ms()),
       finding->ended
           ? str("Likely cause: the ranks ran different numbers of steps or epochs (unevenly "
                 "sharded data, a loop bound or an early return that differs between ranks). Fix: "

@@ -75,9 +75,7 @@ class BlockedScope {
  public:
   BlockedScope(detail::BlockedIn& blocked, int64_t sequence) : blocked_(blocked) {
     if (blocked_.sequence.load() != 0) return;
-    blocked_.since_ns.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                std::chrono::steady_clock::now().time_since_epoch())
-                                .count());
+    blocked_.since_ns.store(detail::steady_clock_ns());
     blocked_.sequence.store(sequence);
     owner_ = true;
   }

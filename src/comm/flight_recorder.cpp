@@ -7,22 +7,20 @@
 
 namespace accelerant::detail {
 namespace {
-
 constexpr auto kRelaxed = std::memory_order_relaxed;
+}  // namespace
 
-int64_t steady_ns() {
+int64_t steady_clock_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
-int64_t wall_ms() {
+int64_t wall_clock_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
-
-}  // namespace
 
 void FlightRecorder::start(int64_t sequence, const char* op, const CollectiveLabel& api,
                            const char* dtype, int64_t elements) {
@@ -33,7 +31,7 @@ void FlightRecorder::start(int64_t sequence, const char* op, const CollectiveLab
   slot.api_index.store(api.index, kRelaxed);
   slot.dtype.store(dtype, kRelaxed);
   slot.elements.store(elements, kRelaxed);
-  slot.start_ns.store(steady_ns(), kRelaxed);
+  slot.start_ns.store(steady_clock_ns(), kRelaxed);
   slot.end_ns.store(0, kRelaxed);
   slot.state.store(static_cast<int>(CollectiveState::kStarted), kRelaxed);
   slot.sequence.store(sequence, std::memory_order_release);
@@ -42,16 +40,16 @@ void FlightRecorder::start(int64_t sequence, const char* op, const CollectiveLab
 void FlightRecorder::finish(int64_t sequence, CollectiveState state) {
   Slot& slot = slots_[static_cast<size_t>(sequence % kFlightRecorderSlots)];
   if (slot.sequence.load(std::memory_order_acquire) != sequence) return;
-  slot.end_ns.store(steady_ns(), kRelaxed);
+  slot.end_ns.store(steady_clock_ns(), kRelaxed);
   slot.state.store(static_cast<int>(state), std::memory_order_release);
 }
 
 RankFlightRecord FlightRecorder::record(int rank, int world_size) const {
-  const int64_t now_ns = steady_ns();
+  const int64_t now_ns = steady_clock_ns();
   RankFlightRecord record;
   record.rank = rank;
   record.world_size = world_size;
-  record.written_ms = wall_ms();
+  record.written_ms = wall_clock_ms();
   auto to_wall_ms = [&](int64_t ns) { return record.written_ms - (now_ns - ns) / 1000000; };
   for (const Slot& slot : slots_) {
     const int64_t sequence = slot.sequence.load(std::memory_order_acquire);

@@ -23,6 +23,12 @@ namespace accelerant::detail {
 /// rank's ring with room to spare, and the record stays a few kilobytes.
 inline constexpr int64_t kFlightRecorderSlots = 64;
 
+/// Now on the steady clock, in nanoseconds: when a collective started or ended, and since when a
+/// rank waits (the watchdog).
+int64_t steady_clock_ns();
+/// Now on the wall clock, in milliseconds since the epoch: the times a flight record shows.
+int64_t wall_clock_ms();
+
 class FlightRecorder {
  public:
   /// Records collective `sequence` as started now. `op` and `dtype` must be string literals (or
