@@ -8,7 +8,6 @@
 //      ~/.cache/accelerant/default_config.yaml;
 //   4. the default.
 #pragma once
-#include <torch/arg.h>
 
 #include <chrono>
 #include <cstdint>
@@ -20,6 +19,7 @@
 #include "accelerant/config.h"
 #include "accelerant/environment.h"  // MixedPrecision and its parser
 #include "accelerant/launch_contract.h"
+#include "accelerant/options.h"
 
 namespace accelerant {
 
@@ -31,59 +31,59 @@ namespace accelerant {
 struct AcceleratorOptions {
   /// "no", "fp16" (CUDA only, with loss scaling) or "bf16" (CPU and CUDA autocast), in any case;
   /// "fp32" and "none" are refused (parse_mixed_precision, docs/environment.md). Default: "no".
-  TORCH_ARG(std::optional<std::string>, mixed_precision) = std::nullopt;
+  ACCELERANT_OPTION(std::optional<std::string>, mixed_precision) = std::nullopt;
   /// Keep the model's weights in bf16 (converted at prepare) while gradient all-reduces, reduce()
   /// and gather() of bf16 values run in fp32. See docs/mixed_precision.md. Default: false.
-  TORCH_ARG(std::optional<bool>, downcast_bf16) = std::nullopt;
+  ACCELERANT_OPTION(std::optional<bool>, downcast_bf16) = std::nullopt;
   /// Micro-batches per optimizer step. Default: 1.
-  TORCH_ARG(std::optional<int64_t>, gradient_accumulation_steps) = std::nullopt;
+  ACCELERANT_OPTION(std::optional<int64_t>, gradient_accumulation_steps) = std::nullopt;
   /// A loader's batch_size is the global batch, split across processes. Default: false.
-  TORCH_ARG(std::optional<bool>, split_batches) = std::nullopt;
+  ACCELERANT_OPTION(std::optional<bool>, split_batches) = std::nullopt;
   /// Pad the last step so that every process has the same number of batches. Default: true.
-  TORCH_ARG(std::optional<bool>, even_batches) = std::nullopt;
+  ACCELERANT_OPTION(std::optional<bool>, even_batches) = std::nullopt;
   /// Train on the CPU even when CUDA is available: the process state then makes no CUDA context
   /// and uses Gloo. Default: false.
-  TORCH_ARG(std::optional<bool>, cpu) = std::nullopt;
+  ACCELERANT_OPTION(std::optional<bool>, cpu) = std::nullopt;
   /// How long the rendezvous and each collective wait for the other processes before failing with
   /// a diagnosis; handed to ProcessState. Default: ACCELERANT_TIMEOUT_MS, else the config file's
   /// collective_timeout, else kDefaultCollectiveTimeout (30 minutes).
-  TORCH_ARG(std::optional<std::chrono::milliseconds>, timeout) = std::nullopt;
+  ACCELERANT_OPTION(std::optional<std::chrono::milliseconds>, timeout) = std::nullopt;
   /// Check op, dtype and shape across the processes before every collective (communicator.h), so
   /// that a mismatch fails at once naming both calls instead of hanging; handed to ProcessState.
   /// Default: ACCELERANT_DEBUG_MODE, else the config file's debug, else false.
-  TORCH_ARG(std::optional<bool>, debug_mode) = std::nullopt;
+  ACCELERANT_OPTION(std::optional<bool>, debug_mode) = std::nullopt;
   /// Seeds every generator at construction (set_seed) and the loaders' shuffling. Default: unset
   /// (generators untouched, loaders shuffle with seed 0).
-  TORCH_ARG(std::optional<uint64_t>, seed) = std::nullopt;
+  ACCELERANT_OPTION(std::optional<uint64_t>, seed) = std::nullopt;
   /// CPU defaults: intra-op and BLAS threads = cores / local processes (unless a launcher or
   /// OMP_NUM_THREADS chose), and malloc thresholds that keep step-sized buffers out of mmap.
   /// Default: true.
-  TORCH_ARG(std::optional<bool>, cpu_defaults) = std::nullopt;
+  ACCELERANT_OPTION(std::optional<bool>, cpu_defaults) = std::nullopt;
   /// prepare(optimizer) steps torch::optim::SGD, Adam and AdamW with a fused update
   /// (fused_optimizer.h): one pass over a contiguous arena per step instead of several tensor
   /// operations per parameter. Other optimizer types are refused while this is on. Default: false.
-  TORCH_ARG(bool, fused_optimizers) = false;
+  ACCELERANT_OPTION(bool, fused_optimizers) = false;
   /// Gradient bucket size in MiB for the all-reduce during backward. Default: 25.
-  TORCH_ARG(int64_t, bucket_cap_mb) = 25;
+  ACCELERANT_OPTION(int64_t, bucket_cap_mb) = 25;
   /// Treat trainable parameters that get no gradient as zero gradients instead of an error.
   /// Default: false.
-  TORCH_ARG(bool, allow_unused_parameters) = false;
+  ACCELERANT_OPTION(bool, allow_unused_parameters) = false;
   /// ZeRO sharding across the processes (docs/zero.md): 1 keeps 1/N of the optimizer state on
   /// each process (each updates its share of every gradient bucket, then the parameters are
   /// all-gathered); 2 also reduce-scatters the gradients during backward instead of all-reducing
   /// them, so that each process receives only the share it updates. Implies the fused update
   /// (fused_optimizers), whose limits apply. 0 is plain data parallelism; with one process every
   /// stage is. Default: 0.
-  TORCH_ARG(int, zero_stage) = 0;
+  ACCELERANT_OPTION(int, zero_stage) = 0;
   /// Where automatic checkpoints go: save_state() without a directory writes
   /// `<project_dir>/checkpoints/checkpoint_<n>`, and load_state() without one reads the newest.
   /// Trackers (log_with) write under `<project_dir>/<project_name>/`.
   /// Default: none (save_state then needs a directory; trackers write under the current directory).
-  TORCH_ARG(std::string, project_dir) = "";
+  ACCELERANT_OPTION(std::string, project_dir) = "";
   /// The built-in trackers that Accelerator::init_trackers starts and log() writes to, on the main
   /// process only: "tensorboard", "csv", "jsonl" (make_tracker, docs/observability.md).
   /// Default: none (log() writes only to trackers added with add_tracker).
-  TORCH_ARG(std::vector<std::string>, log_with) = {};
+  ACCELERANT_OPTION(std::vector<std::string>, log_with) = {};
   /// The step-time breakdown (docs/observability.md): each optimizer step's time split into
   /// waiting for data, forward+backward, the all-reduce wait, the optimizer and the code between
   /// steps. At each optimizer step that is a multiple of this (100, 200, ...) the processes
@@ -92,10 +92,10 @@ struct AcceleratorOptions {
   /// 20 % and 1 ms busier per step than the median of the others at two exchanges in a row is
   /// named once, with the phase it is slow in. metrics_report() shows the breakdown too. 0 turns it
   /// off, timers included (they cost well under 1 % of a step; docs/benchmarks.md). Default: 100.
-  TORCH_ARG(int64_t, step_breakdown_every) = 100;
+  ACCELERANT_OPTION(int64_t, step_breakdown_every) = 100;
   /// Automatic checkpoints kept; older ones are removed once a new one is complete. 0 keeps all.
   /// Default: 0.
-  TORCH_ARG(int, checkpoint_total_limit) = 0;
+  ACCELERANT_OPTION(int, checkpoint_total_limit) = 0;
   /// Resume from the newest complete checkpoint in project_dir, if there is one, before the first
   /// batch: at the first begin() of a prepared loader (the start of an epoch's `for`), the only
   /// loader call that may load or talk to other ranks; its getters (epoch, position, size) never
@@ -103,9 +103,9 @@ struct AcceleratorOptions {
   /// resumes earlier, e.g. to read the resumed epoch before the loop. With max_restarts this is
   /// elastic recovery: a restarted group continues where the last checkpoint left it.
   /// Default: false.
-  TORCH_ARG(bool, auto_resume) = false;
+  ACCELERANT_OPTION(bool, auto_resume) = false;
   /// The config file to read; unset = the default location (see the file comment).
-  TORCH_ARG(std::optional<std::string>, config_file) = std::nullopt;
+  ACCELERANT_OPTION(std::optional<std::string>, config_file) = std::nullopt;
 };
 
 /// The settings in force, after resolution (Accelerator::settings()). Each field holds the value of

@@ -11,11 +11,12 @@
 //
 // Not an include of accelerant.h: only the programs that merge need it.
 #pragma once
-#include <torch/arg.h>
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "accelerant/options.h"
 
 namespace accelerant {
 
@@ -26,11 +27,11 @@ struct MergeCheckpointOptions {
   /// parameter groups' options, which rank 0's shard carries). An optimizer that was saved whole
   /// is copied as it is.
   /// Default: false (weights only).
-  TORCH_ARG(bool, optimizer) = false;
+  ACCELERANT_OPTION(bool, optimizer) = false;
   /// Replace `out_dir` when it exists and is not empty (it is swapped for the new directory in
   /// one rename, then removed).
   /// Default: false (an existing non-empty `out_dir` is refused, and nothing is written).
-  TORCH_ARG(bool, overwrite) = false;
+  ACCELERANT_OPTION(bool, overwrite) = false;
 };
 
 /// One file merge_checkpoint wrote.

@@ -22,7 +22,6 @@
 // A user collate is any function from the samples to a Batch: it runs in the loader's worker
 // threads when there are some, so it must be safe to call from several threads at once.
 #pragma once
-#include <torch/arg.h>
 #include <torch/types.h>
 
 #include <cstdint>
@@ -31,6 +30,7 @@
 #include <vector>
 
 #include "accelerant/batch.h"
+#include "accelerant/options.h"
 
 namespace accelerant {
 
@@ -42,18 +42,18 @@ struct PaddingOptions {
   /// The names of the tensors to pad; each sample's must be 1-D (a sequence), and a sample's
   /// padded tensors must have one length (ids and labels of a token tagger). The others are
   /// stacked. Default: {"data"}.
-  TORCH_ARG(std::vector<std::string>, pad) = std::vector<std::string>{"data"};
+  ACCELERANT_OPTION(std::vector<std::string>, pad) = std::vector<std::string>{"data"};
   /// The value at the padded positions, one for all padded tensors (the mask tells real
   /// positions from padding whatever the value). Default: 0.
-  TORCH_ARG(int64_t, pad_value) = 0;
+  ACCELERANT_OPTION(int64_t, pad_value) = 0;
   /// Cut samples longer than the length padded to, instead of throwing Error (pad_to_bucket:
   /// the largest bucket; pad_to_length: the length). Default: false.
-  TORCH_ARG(bool, truncate) = false;
+  ACCELERANT_OPTION(bool, truncate) = false;
   /// The name under which the mask comes (bool [batch, length], true at real positions).
   /// Default: "mask".
-  TORCH_ARG(std::string, mask_name) = "mask";
+  ACCELERANT_OPTION(std::string, mask_name) = "mask";
   /// The name under which the lengths come (int64 [batch]). Default: "lengths".
-  TORCH_ARG(std::string, lengths_name) = "lengths";
+  ACCELERANT_OPTION(std::string, lengths_name) = "lengths";
 };
 
 /// The ready collates (see the file comment).

@@ -19,7 +19,6 @@
 // num_workers * prefetch_factor batches; batches still come out in order. A dataset's get() is
 // then called from several threads at once and must be safe for that (reading is).
 #pragma once
-#include <torch/arg.h>
 #include <torch/data/example.h>
 #include <torch/types.h>
 
@@ -33,6 +32,7 @@
 #include "accelerant/collate.h"
 #include "accelerant/data_sharding.h"
 #include "accelerant/error.h"
+#include "accelerant/options.h"
 
 namespace accelerant {
 namespace detail {
@@ -55,22 +55,22 @@ struct DataPosition {
 struct DataLoaderOptions {
   /// Samples per batch on each process (with AcceleratorOptions::split_batches: across all).
   /// Default: 1.
-  TORCH_ARG(int64_t, batch_size) = 1;
+  ACCELERANT_OPTION(int64_t, batch_size) = 1;
   /// Reshuffle every epoch (seed + epoch). Default: false.
-  TORCH_ARG(bool, shuffle) = false;
+  ACCELERANT_OPTION(bool, shuffle) = false;
   /// Drop the last incomplete global step. Default: false.
-  TORCH_ARG(bool, drop_last) = false;
+  ACCELERANT_OPTION(bool, drop_last) = false;
   /// Threads that build batches ahead of the loop; 0 builds them in the loop's thread.
   /// Default: 0.
-  TORCH_ARG(int, num_workers) = 0;
+  ACCELERANT_OPTION(int, num_workers) = 0;
   /// Batches each worker thread may build ahead. Default: 2.
-  TORCH_ARG(int, prefetch_factor) = 2;
+  ACCELERANT_OPTION(int, prefetch_factor) = 2;
   /// When a prepared loader moves batches to a CUDA device: copy them into page-locked memory
   /// first (in the worker threads when num_workers > 0), so that the copy to the GPU is
   /// asynchronous. No effect on the CPU. Default: unset = on with CUDA.
-  TORCH_ARG(std::optional<bool>, pin_memory) = std::nullopt;
+  ACCELERANT_OPTION(std::optional<bool>, pin_memory) = std::nullopt;
   /// Shuffle seed; unset = the Accelerator's seed (AcceleratorOptions::seed), else 0.
-  TORCH_ARG(std::optional<uint64_t>, seed) = std::nullopt;
+  ACCELERANT_OPTION(std::optional<uint64_t>, seed) = std::nullopt;
 };
 
 /// Builds the batch of the given dataset indices (collation included).

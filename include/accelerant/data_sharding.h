@@ -6,10 +6,10 @@
 // Each sample is seen once per epoch across ranks, except the padding described below.
 #pragma once
 
-#include <torch/arg.h>
-
 #include <cstdint>
 #include <vector>
+
+#include "accelerant/options.h"
 
 namespace accelerant {
 
@@ -18,20 +18,20 @@ namespace accelerant {
 struct ShardingOptions {
   /// Samples per batch on each process (with split_batches: per step across all processes).
   /// Default: 1.
-  TORCH_ARG(int64_t, batch_size) = 1;
+  ACCELERANT_OPTION(int64_t, batch_size) = 1;
   /// Shuffle every epoch with seed + epoch (the same permutation on every rank). Default: false.
-  TORCH_ARG(bool, shuffle) = false;
+  ACCELERANT_OPTION(bool, shuffle) = false;
   /// Seed of the shuffling. Default: 0.
-  TORCH_ARG(uint64_t, seed) = 0;
+  ACCELERANT_OPTION(uint64_t, seed) = 0;
   /// Keep only steps in which every process has a full batch. Default: false.
-  TORCH_ARG(bool, drop_last) = false;
+  ACCELERANT_OPTION(bool, drop_last) = false;
   /// Give every process the same number of full batches by repeating samples from the head of the
   /// epoch's order; gather_for_metrics drops exactly those repeats. Without it, the last batches
   /// are short or missing on some ranks, and collectives in the step must cope. Default: true.
-  TORCH_ARG(bool, even_batches) = true;
+  ACCELERANT_OPTION(bool, even_batches) = true;
   /// batch_size is the global batch, split evenly across processes (it must divide). Default:
   /// false.
-  TORCH_ARG(bool, split_batches) = false;
+  ACCELERANT_OPTION(bool, split_batches) = false;
 };
 
 /// One process's share of one epoch.

@@ -23,7 +23,7 @@
 // Limits (each refused with an error that says so): fp32 dense parameters on one device;
 // amsgrad. Use torch::optim for those.
 #pragma once
-#include <torch/arg.h>
+
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -32,6 +32,8 @@
 
 #include <memory>
 #include <vector>
+
+#include "accelerant/options.h"
 
 namespace accelerant {
 
@@ -53,7 +55,7 @@ struct FusedShardPiece {
 struct FusedUpdaterOptions {
   /// Run the whole-arena tensor operations (the path other devices take) on the CPU too, instead
   /// of the CPU loop: for tests that check both paths. Default: false.
-  TORCH_ARG(bool, tensor_ops_on_cpu) = false;
+  ACCELERANT_OPTION(bool, tensor_ops_on_cpu) = false;
 };
 
 /// The fused update of a torch::optim::SGD, Adam or AdamW: it reads that optimizer's parameter

@@ -14,13 +14,14 @@
 // PreparedOptimizer picks the entry point once, at construction.
 #pragma once
 
-#include <torch/arg.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 #include <torch/types.h>
 
 #include <vector>
+
+#include "accelerant/options.h"
 
 namespace accelerant {
 
@@ -32,15 +33,15 @@ class FusedUpdater;
 /// growth_interval >= 1.
 struct GradScalerOptions {
   /// The scale of the first step. Default: 65536 (2^16).
-  TORCH_ARG(double, init_scale) = 65536.0;
+  ACCELERANT_OPTION(double, init_scale) = 65536.0;
   /// Factor applied after growth_interval steps without overflow. Default: 2.
-  TORCH_ARG(double, growth_factor) = 2.0;
+  ACCELERANT_OPTION(double, growth_factor) = 2.0;
   /// Factor applied after an overflow. Default: 0.5.
-  TORCH_ARG(double, backoff_factor) = 0.5;
+  ACCELERANT_OPTION(double, backoff_factor) = 0.5;
   /// Steps without overflow before the scale grows. Default: 2000.
-  TORCH_ARG(int64_t, growth_interval) = 2000;
+  ACCELERANT_OPTION(int64_t, growth_interval) = 2000;
   /// When false every call passes through unchanged (no scaling). Default: true.
-  TORCH_ARG(bool, enabled) = true;
+  ACCELERANT_OPTION(bool, enabled) = true;
 };
 
 /// Dynamic loss scaling for fp16 training (see the file comment). The Accelerator makes one under

@@ -8,11 +8,12 @@
 // devices; frozen parameters (requires_grad false) get no bucket.
 #pragma once
 
-#include <torch/arg.h>
 #include <torch/types.h>
 
 #include <cstdint>
 #include <vector>
+
+#include "accelerant/options.h"
 
 namespace accelerant {
 
@@ -20,9 +21,9 @@ namespace accelerant {
 struct BucketPlanOptions {
   /// Largest bucket in bytes; a single larger parameter gets a bucket of its own.
   /// Default: 25 MiB (c10d's default).
-  TORCH_ARG(int64_t, bucket_cap_bytes) = 25 * 1024 * 1024;
+  ACCELERANT_OPTION(int64_t, bucket_cap_bytes) = 25 * 1024 * 1024;
   /// Largest first bucket in bytes, so that the first all-reduce starts early. Default: 1 MiB.
-  TORCH_ARG(int64_t, first_bucket_cap_bytes) = 1024 * 1024;
+  ACCELERANT_OPTION(int64_t, first_bucket_cap_bytes) = 1024 * 1024;
 };
 
 /// What the planner needs to know about one parameter.

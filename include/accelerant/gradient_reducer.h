@@ -14,7 +14,6 @@
 //   accelerant::GradientReducer reducer(model->named_parameters(), communicator);
 //   loss.backward();   // returns with averaged gradients
 #pragma once
-#include <torch/arg.h>
 #include <torch/ordered_dict.h>
 #include <torch/types.h>
 
@@ -24,6 +23,7 @@
 
 #include "accelerant/communicator.h"
 #include "accelerant/fused_optimizer.h"
+#include "accelerant/options.h"
 
 namespace accelerant {
 
@@ -31,20 +31,20 @@ namespace accelerant {
 /// AcceleratorOptions::bucket_cap_mb and passes allow_unused_parameters on.
 struct GradientReducerOptions {
   /// Largest bucket in bytes. Default: 25 MiB (DDP's default).
-  TORCH_ARG(int64_t, bucket_cap_bytes) = 25 * 1024 * 1024;
+  ACCELERANT_OPTION(int64_t, bucket_cap_bytes) = 25 * 1024 * 1024;
   /// Largest first bucket in bytes, so that communication starts early. Default: 1 MiB.
-  TORCH_ARG(int64_t, first_bucket_cap_bytes) = 1024 * 1024;
+  ACCELERANT_OPTION(int64_t, first_bucket_cap_bytes) = 1024 * 1024;
   /// A trainable parameter that gets no gradient in a backward pass is an error by default (its
   /// bucket could never be reduced, and the ranks would wait for each other until the timeout).
   /// With this set, such parameters count as a zero gradient instead. Default: false.
-  TORCH_ARG(bool, allow_unused_parameters) = false;
+  ACCELERANT_OPTION(bool, allow_unused_parameters) = false;
   /// Each parameter's .grad is a slice of its bucket (as DDP's gradient_as_bucket_view; not
   /// under ZeRO stage 2, which leaves .grad unset), so autograd accumulates into the bucket and
   /// the all-reduce averages the gradients in place: no copy into the bucket and none back.
   /// Gradients of another dtype than their bucket's (bf16 on the CPU, which travels as fp32) are
   /// still copied. A .grad replaced from outside (set to none, assigned) is copied once and bound
   /// again. Default: true.
-  TORCH_ARG(bool, gradient_as_bucket_view) = true;
+  ACCELERANT_OPTION(bool, gradient_as_bucket_view) = true;
   /// ZeRO (AcceleratorOptions::zero_stage): with 1 or 2 each bucket is split into equal shares,
   /// one per process (shard_pieces), and gather_parameters() all-gathers the parameters after a
   /// sharded update. With 2 the gradients do not stay in the buckets: as each parameter's
@@ -53,7 +53,7 @@ struct GradientReducerOptions {
   /// most 2 reduce-scatters in flight, then backward waits for the oldest). What stays is this
   /// process's share of every bucket (gradient_shares(), which shard_pieces hands to the sharded
   /// update): gradient memory is 1/N plus about 3 buffers of the largest bucket. Default: 0.
-  TORCH_ARG(int, zero_stage) = 0;
+  ACCELERANT_OPTION(int, zero_stage) = 0;
 };
 
 /// What the reducer did, for tests and benchmarks.

@@ -34,7 +34,6 @@
 // the inputs whose shapes changed: pad to a fixed length or a few bucket lengths
 // (static_shapes.h) and keep the batch size fixed. metrics_report() (metrics.h) counts it all.
 #pragma once
-#include <torch/arg.h>
 #include <torch/types.h>
 
 #include <functional>
@@ -44,6 +43,7 @@
 #include <vector>
 
 #include "accelerant/batch.h"
+#include "accelerant/options.h"
 
 namespace accelerant {
 
@@ -56,26 +56,26 @@ struct GraphStepOptions {
   };
 
   /// Names the step in warnings and in the metrics report. Default: "step".
-  TORCH_ARG(std::string, name) = "step";
+  ACCELERANT_OPTION(std::string, name) = "step";
   /// Distinct input signatures allowed before each further one is warned about. Default: 8.
-  TORCH_ARG(int, recompile_warning_after) = 8;
+  ACCELERANT_OPTION(int, recompile_warning_after) = 8;
   /// Capture CUDA graphs when the inputs are on a GPU (false: eager there too). Default: true.
-  TORCH_ARG(bool, cuda_graphs) = true;
+  ACCELERANT_OPTION(bool, cuda_graphs) = true;
   /// CUDA: eager steps of a new signature before it is captured (kernel selection, allocator
   /// warm-up). Default: 3.
-  TORCH_ARG(int, warmup_steps) = 3;
+  ACCELERANT_OPTION(int, warmup_steps) = 3;
   /// CPU: run each signature's later steps the way a GPU replays them, as a check before meeting
   /// a GPU. The step function still runs (the CPU has no graph to replay), but the host-side
   /// bookkeeping it does through Accelerant is not run inline: what was recorded at the
   /// signature's first step runs instead, and the capture rules apply (no host reads of device
   /// values, fused optimizers only). Slower: the fused optimizers take their device path.
   /// Default: ACCELERANT_EMULATE_REPLAYS (a bool, parse_bool), else false.
-  TORCH_ARG(bool, emulate_replays) = default_emulate_replays();
+  ACCELERANT_OPTION(bool, emulate_replays) = default_emulate_replays();
   /// Runs before every step, outside any capture, and returns a key that joins the cache key
   /// and a scope held until the step ends. Accelerator::compile uses it for gradient
   /// accumulation: whether a micro-step synchronises is decided here, and the two kinds of
   /// micro-step are two graphs. Default: none.
-  TORCH_ARG(std::function<Phase()>, phase);
+  ACCELERANT_OPTION(std::function<Phase()>, phase);
 
  public:
   /// emulate_replays' default: whether the environment variable ACCELERANT_EMULATE_REPLAYS is "1".

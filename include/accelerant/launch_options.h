@@ -13,25 +13,7 @@
 #include <vector>
 
 #include "accelerant/error.h"
-
-// A getter and a chainable setter, exactly as LibTorch's TORCH_ARG makes them (torch/arg.h), so
-// that LaunchOptions reads like every other options struct without this header needing LibTorch's.
-// Undefined again at the end of the header.
-#define ACCELERANT_LAUNCH_OPTION(T, name)                         \
- public:                                                          \
-  inline auto name(const T& new_##name)->decltype(*this) {        \
-    this->name##_ = new_##name;                                   \
-    return *this;                                                 \
-  }                                                               \
-  inline auto name(T&& new_##name)->decltype(*this) {             \
-    this->name##_ = std::move(new_##name);                        \
-    return *this;                                                 \
-  }                                                               \
-  inline const T& name() const noexcept { return this->name##_; } \
-  inline T& name() noexcept { return this->name##_; }             \
-                                                                  \
- private:                                                         \
-  T name##_
+#include "accelerant/options.h"
 
 namespace accelerant {
 
@@ -44,70 +26,69 @@ struct LaunchOptions {
   /// LOCAL_WORLD_SIZE). Not Config::num_processes, which counts across machines. Must fit this
   /// process's RLIMIT_NOFILE (the launcher holds about 8 descriptors per worker) and, below root,
   /// the user's RLIMIT_NPROC; launch checks both before anything starts. Default: 1.
-  ACCELERANT_LAUNCH_OPTION(int, processes_per_node) = 1;
+  ACCELERANT_OPTION(int, processes_per_node) = 1;
   /// Address of the machine with node_rank 0, where the job's store listens. A name that does not
   /// resolve makes launch throw LaunchError saying so: at once on machine 0, after join_timeout on
   /// the others. Default: 127.0.0.1.
-  ACCELERANT_LAUNCH_OPTION(std::string, master_addr) = "127.0.0.1";
+  ACCELERANT_OPTION(std::string, master_addr) = "127.0.0.1";
   /// Port of the job's store. 0 = a free port chosen by the operating system (one machine only;
   /// with num_nodes > 1 every node must be told the same port). Default: 0.
-  ACCELERANT_LAUNCH_OPTION(int, master_port) = 0;
+  ACCELERANT_OPTION(int, master_port) = 0;
   /// This machine's index among num_nodes. Default: 0.
-  ACCELERANT_LAUNCH_OPTION(int, node_rank) = 0;
+  ACCELERANT_OPTION(int, node_rank) = 0;
   /// Machines in the job, each running its own launch with the same processes_per_node. Default: 1.
-  ACCELERANT_LAUNCH_OPTION(int, num_nodes) = 1;
+  ACCELERANT_OPTION(int, num_nodes) = 1;
   /// How often the whole group is restarted after a worker fails. Default: 0.
-  ACCELERANT_LAUNCH_OPTION(int, max_restarts) = 0;
+  ACCELERANT_OPTION(int, max_restarts) = 0;
   /// How often the agent checks its workers. Default: 100 ms.
-  ACCELERANT_LAUNCH_OPTION(std::chrono::milliseconds,
-                           monitor_interval) = std::chrono::milliseconds(100);
+  ACCELERANT_OPTION(std::chrono::milliseconds, monitor_interval) = std::chrono::milliseconds(100);
   /// Passed to workers as ACCELERANT_MIXED_PRECISION: no, fp16 or bf16 (parse_mixed_precision).
   /// Default: "no".
-  ACCELERANT_LAUNCH_OPTION(std::string, mixed_precision) = "no";
+  ACCELERANT_OPTION(std::string, mixed_precision) = "no";
   /// Passed to workers as ACCELERANT_DOWNCAST_BF16: the Accelerator keeps bf16 weights.
   /// Default: unset (each worker resolves it: its environment, its config file, false).
-  ACCELERANT_LAUNCH_OPTION(std::optional<bool>, downcast_bf16) = std::nullopt;
+  ACCELERANT_OPTION(std::optional<bool>, downcast_bf16) = std::nullopt;
   /// Passed to workers as ACCELERANT_USE_CPU: the Accelerator trains on the CPU even when CUDA is
   /// available. Default: unset (each worker resolves it: its environment, its config file, false).
-  ACCELERANT_LAUNCH_OPTION(std::optional<bool>, use_cpu) = std::nullopt;
+  ACCELERANT_OPTION(std::optional<bool>, use_cpu) = std::nullopt;
   /// Passed to workers as ACCELERANT_GRADIENT_ACCUMULATION_STEPS: micro-batches per optimizer
   /// step, 1 or more. Default: unset (each worker resolves it: its environment, its config file,
   /// 1).
-  ACCELERANT_LAUNCH_OPTION(std::optional<int64_t>, gradient_accumulation_steps) = std::nullopt;
+  ACCELERANT_OPTION(std::optional<int64_t>, gradient_accumulation_steps) = std::nullopt;
   /// Intra-op threads per worker. 0 = cores / processes_per_node (at least 1). When this process
   /// has already started threads (LibTorch's OpenMP pool, OpenBLAS), forked workers cannot use
   /// thread pools safely, so they run single-threaded and launch says so. Default: 0.
-  ACCELERANT_LAUNCH_OPTION(int, threads_per_process) = 0;
+  ACCELERANT_OPTION(int, threads_per_process) = 0;
   /// Debug mode: a dry fork first, then cross-rank shape checks before every collective.
   /// Default: ACCELERANT_DEBUG_MODE, else off.
-  ACCELERANT_LAUNCH_OPTION(std::optional<bool>, debug) = std::nullopt;
+  ACCELERANT_OPTION(std::optional<bool>, debug) = std::nullopt;
   /// With num_nodes > 1: how long the launchers wait for every machine to arrive (and, after a
   /// restart, to be ready again) before giving up, naming the machines that did not come. Also
   /// how long the workers wait for each other at start-up (passed as ACCELERANT_JOIN_TIMEOUT_MS).
   /// Default: 10 minutes (torchrun's join_timeout).
-  ACCELERANT_LAUNCH_OPTION(std::chrono::milliseconds, join_timeout) = std::chrono::minutes(10);
+  ACCELERANT_OPTION(std::chrono::milliseconds, join_timeout) = std::chrono::minutes(10);
   /// Collective timeout inside the workers (passed as ACCELERANT_TIMEOUT_MS): a collective that
   /// does not complete within it fails, naming the ranks it waited for. (A hang no collective can
   /// leave is named in seconds by the workers' watchdog: docs/collectives.md.)
   /// Default: unset = this process's ACCELERANT_TIMEOUT_MS when the user set it, else 30 minutes.
-  ACCELERANT_LAUNCH_OPTION(std::optional<std::chrono::milliseconds>, timeout) = std::nullopt;
+  ACCELERANT_OPTION(std::optional<std::chrono::milliseconds>, timeout) = std::nullopt;
   /// When the group is stopped: the time between the stop signal (SIGTERM, or the SIGINT, SIGTERM
   /// or SIGHUP this process caught, passed on) and SIGKILL, both sent to each worker's process
   /// group, so that what a worker started goes too. Default: 5 s.
-  ACCELERANT_LAUNCH_OPTION(std::chrono::milliseconds, stop_grace_period) = std::chrono::seconds(5);
+  ACCELERANT_OPTION(std::chrono::milliseconds, stop_grace_period) = std::chrono::seconds(5);
   /// Prefix every line a worker prints with "[rank r/N] " (rank_prefix). Default: false.
-  ACCELERANT_LAUNCH_OPTION(bool, prefix_output) = false;
+  ACCELERANT_OPTION(bool, prefix_output) = false;
   /// Directory for per-rank logs: `attempt_<n>/rank_<r>.stdout` and `.stderr` (one directory per
   /// restart attempt). Empty = no log files. Created when missing; one that cannot be written
   /// makes launch throw LaunchError before any worker starts. Default: empty.
-  ACCELERANT_LAUNCH_OPTION(std::string, log_dir) = "";
+  ACCELERANT_OPTION(std::string, log_dir) = "";
   /// With log_dir: also show the workers' output on the console (without log_dir it always is).
   /// Default: false.
-  ACCELERANT_LAUNCH_OPTION(bool, tee) = false;
+  ACCELERANT_OPTION(bool, tee) = false;
   /// Lines of a failed worker's stderr kept for the error report. Default: 20.
-  ACCELERANT_LAUNCH_OPTION(int, stderr_tail_lines) = 20;
+  ACCELERANT_OPTION(int, stderr_tail_lines) = 20;
   /// Print the "Launching training on N CPUs." banner and restart notices. Default: true.
-  ACCELERANT_LAUNCH_OPTION(bool, verbose) = true;
+  ACCELERANT_OPTION(bool, verbose) = true;
 };
 
 /// What a forked worker runs: the job's function for the worker with global rank `index`, its
@@ -124,5 +105,3 @@ using WorkerBody = std::function<std::vector<char>(int index)>;
 void launch_program(const std::vector<std::string>& command, const LaunchOptions& options);
 
 }  // namespace accelerant
-
-#undef ACCELERANT_LAUNCH_OPTION

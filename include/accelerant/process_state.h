@@ -4,7 +4,6 @@
 // rank 0, or by the launcher's agent) and opens a Gloo group (NCCL too in CUDA builds).
 #pragma once
 
-#include <torch/arg.h>
 #include <torch/types.h>
 
 #include <chrono>
@@ -15,6 +14,7 @@
 
 #include "accelerant/communicator.h"
 #include "accelerant/launch_contract.h"
+#include "accelerant/options.h"
 
 namespace accelerant {
 
@@ -26,11 +26,11 @@ struct ProcessStateOptions {
   /// has its own (ACCELERANT_JOIN_TIMEOUT_MS, else 10 minutes), and a hang in which no collective
   /// can complete is named in seconds by the watchdog (docs/collectives.md). Default:
   /// ACCELERANT_TIMEOUT_MS, else 30 minutes.
-  TORCH_ARG(std::optional<std::chrono::milliseconds>, timeout) = std::nullopt;
+  ACCELERANT_OPTION(std::optional<std::chrono::milliseconds>, timeout) = std::nullopt;
   /// Cross-rank shape checks before every collective. Default: ACCELERANT_DEBUG_MODE, else off.
-  TORCH_ARG(std::optional<bool>, debug_mode) = std::nullopt;
+  ACCELERANT_OPTION(std::optional<bool>, debug_mode) = std::nullopt;
   /// Stay on the CPU even when a GPU is visible. Default: false.
-  TORCH_ARG(bool, cpu) = false;
+  ACCELERANT_OPTION(bool, cpu) = false;
 };
 
 /// This process's place in the job, its device and its Communicator to the other processes: one

@@ -1,10 +1,11 @@
 // What Accelerator::profile records and where it writes it (docs/observability.md "Profiler
 // traces").
 #pragma once
-#include <torch/arg.h>
 
 #include <cstdint>
 #include <string>
+
+#include "accelerant/options.h"
 
 namespace accelerant {
 
@@ -14,14 +15,14 @@ struct ProfileOptions {
   /// The folder each process writes `trace_rank<r>.json` into, and the main process the merged
   /// `trace.json`; created when missing. Default: "" = `<project_dir>/traces`, or `traces` when
   /// AcceleratorOptions::project_dir is empty.
-  TORCH_ARG(std::string, dir) = "";
+  ACCELERANT_OPTION(std::string, dir) = "";
   /// Record each LibTorch operator's input shapes and dtypes. Default: true.
-  TORCH_ARG(bool, record_shapes) = true;
+  ACCELERANT_OPTION(bool, record_shapes) = true;
   /// Record LibTorch's allocations and frees (instant events with their byte counts).
   /// Default: false.
-  TORCH_ARG(bool, record_memory) = false;
+  ACCELERANT_OPTION(bool, record_memory) = false;
 
- public:  // TORCH_ARG leaves the section private
+ public:  // ACCELERANT_OPTION leaves the section private
   /// Records optimizer steps `first` to `last` (counting from 1) instead of the whole scope:
   /// recording starts when step first-1 ends (at once when `first` is 1) and stops, writing the
   /// files, when step `last` ends. Default: no range (the scope is recorded from profile() until

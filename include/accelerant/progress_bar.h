@@ -20,24 +20,7 @@
 #include <string>
 #include <utility>
 
-// A getter and a chainable setter, as LibTorch's TORCH_ARG makes them, so that the options read
-// like every other options struct without this LibTorch-free header needing LibTorch's.
-// Undefined again at the end of the header.
-#define ACCELERANT_PROGRESS_OPTION(T, name)                       \
- public:                                                          \
-  inline auto name(const T& new_##name)->decltype(*this) {        \
-    this->name##_ = new_##name;                                   \
-    return *this;                                                 \
-  }                                                               \
-  inline auto name(T&& new_##name)->decltype(*this) {             \
-    this->name##_ = std::move(new_##name);                        \
-    return *this;                                                 \
-  }                                                               \
-  inline const T& name() const noexcept { return this->name##_; } \
-  inline T& name() noexcept { return this->name##_; }             \
-                                                                  \
- private:                                                         \
-  T name##_
+#include "accelerant/options.h"
 
 namespace accelerant {
 
@@ -50,34 +33,34 @@ struct ProgressBarOptions {
   using CStream = std::FILE*;
   /// Steps in the whole run. 0: unknown (no percentage, bar or ETA, only the count and rate).
   /// Default: 0.
-  ACCELERANT_PROGRESS_OPTION(int64_t, total) = 0;
+  ACCELERANT_OPTION(int64_t, total) = 0;
   /// Steps already done when the bar starts (a resumed epoch): shown in the count, left out of the
   /// rate. Default: 0.
-  ACCELERANT_PROGRESS_OPTION(int64_t, initial) = 0;
+  ACCELERANT_OPTION(int64_t, initial) = 0;
   /// Text before the bar, e.g. "epoch 1/3". Default: none.
-  ACCELERANT_PROGRESS_OPTION(std::string, label) = "";
+  ACCELERANT_OPTION(std::string, label) = "";
   /// Whether anything is drawn at all; pass Accelerator::is_main_process() so that one process
   /// reports. A disabled bar prints nothing and costs a branch per update. Default: true.
-  ACCELERANT_PROGRESS_OPTION(bool, enabled) = true;
+  ACCELERANT_OPTION(bool, enabled) = true;
   /// Where the bar goes: stderr, so that a program's results on stdout stay clean. Default: stderr.
-  ACCELERANT_PROGRESS_OPTION(CStream, stream) = stderr;
+  ACCELERANT_OPTION(CStream, stream) = stderr;
   /// Redraw one line (true) or print plain lines (false). Default: unset, meaning redraw when
   /// `stream` is a terminal, or a pipe that the launcher relays to one
   /// (ACCELERANT_CONSOLE_TERMINAL).
-  ACCELERANT_PROGRESS_OPTION(std::optional<bool>, terminal) = std::nullopt;
+  ACCELERANT_OPTION(std::optional<bool>, terminal) = std::nullopt;
   /// On a terminal, the least time between two redraws: a fast loop must not spend its time
   /// drawing, nor flood the launcher's relay. The last step is always drawn. Default: 0.1 s.
-  ACCELERANT_PROGRESS_OPTION(std::chrono::duration<double>,
-                             redraw_interval) = std::chrono::duration<double>(0.1);
+  ACCELERANT_OPTION(std::chrono::duration<double>,
+                    redraw_interval) = std::chrono::duration<double>(0.1);
   /// Off a terminal, a line each time this fraction of the total is done (0: none by fraction).
   /// Default: 0.1 (a line every 10%).
-  ACCELERANT_PROGRESS_OPTION(double, line_fraction) = 0.1;
+  ACCELERANT_OPTION(double, line_fraction) = 0.1;
   /// Off a terminal, also a line when this much time passed since the last one, so that a slow or
   /// open-ended run still shows it is alive (0: none by time). Default: 30 s.
-  ACCELERANT_PROGRESS_OPTION(std::chrono::duration<double>,
-                             line_interval) = std::chrono::duration<double>(30.0);
+  ACCELERANT_OPTION(std::chrono::duration<double>,
+                    line_interval) = std::chrono::duration<double>(30.0);
   /// Characters of the bar itself ([####....]). Default: 24.
-  ACCELERANT_PROGRESS_OPTION(int, width) = 24;
+  ACCELERANT_OPTION(int, width) = 24;
 };
 
 /// A progress display; see the file comment. Not thread-safe: one thread updates it.
@@ -124,5 +107,3 @@ class ProgressBar {
 };
 
 }  // namespace accelerant
-
-#undef ACCELERANT_PROGRESS_OPTION

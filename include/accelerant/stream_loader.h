@@ -30,7 +30,6 @@
 // auto_resume: the resumed run continues at the same record on every rank. It resumes only on
 // the same number of processes.
 #pragma once
-#include <torch/arg.h>
 
 #include <cstdint>
 #include <functional>
@@ -42,6 +41,7 @@
 
 #include "accelerant/batch.h"
 #include "accelerant/error.h"
+#include "accelerant/options.h"
 
 namespace accelerant {
 namespace detail {
@@ -107,19 +107,19 @@ using StreamCollate = std::function<Batch(std::vector<Batch>&& samples)>;
 /// How a StreamLoader batches, reads ahead and divides its stream (make_stream_loader).
 struct StreamLoaderOptions {
   /// Records per batch on each process. Default: 1.
-  TORCH_ARG(int64_t, batch_size) = 1;
+  ACCELERANT_OPTION(int64_t, batch_size) = 1;
   /// How a prepared loader divides the stream between processes. Default:
   /// StreamSharding::kByRecord.
-  TORCH_ARG(StreamSharding, sharding) = StreamSharding::kByRecord;
+  ACCELERANT_OPTION(StreamSharding, sharding) = StreamSharding::kByRecord;
   /// Threads that read and parse batches ahead of the loop; 0 reads them in the loop's thread.
   /// Records are read in order by one thread at a time; parsing and collating run in parallel.
   /// Default: 0.
-  TORCH_ARG(int, num_workers) = 0;
+  ACCELERANT_OPTION(int, num_workers) = 0;
   /// Batches each worker thread may build ahead (the bound of the queue). Default: 2.
-  TORCH_ARG(int, prefetch_factor) = 2;
+  ACCELERANT_OPTION(int, prefetch_factor) = 2;
   /// Builds a batch from its samples. Default: null = torch::stack of the samples' data and of
   /// their targets (a target left undefined by every sample stays undefined).
-  TORCH_ARG(StreamCollate, collate) = nullptr;
+  ACCELERANT_OPTION(StreamCollate, collate) = nullptr;
 };
 
 /// Where a stream loader is, on this process (see the file comment). Saved per rank.
@@ -236,7 +236,7 @@ struct JsonLinesOptions {
   /// file that is not JSON Lines, or a missing newline, would otherwise be read whole). Each
   /// record is also parsed within the nesting bound of every JSON Accelerant reads (64 deep).
   /// Default: 1 MiB.
-  TORCH_ARG(int64_t, max_line_bytes) = int64_t{1} << 20;
+  ACCELERANT_OPTION(int64_t, max_line_bytes) = int64_t{1} << 20;
 };
 
 /// The records of JSON Lines files (one JSON value per line; blank lines skipped), one shard per

@@ -21,7 +21,6 @@
 // mapping, so a corpus larger than memory costs only the pages that are read, and processes
 // forked after the mapping share it.
 #pragma once
-#include <torch/arg.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 #include <torch/types.h>
@@ -31,6 +30,7 @@
 #include <string>
 
 #include "accelerant/batch.h"
+#include "accelerant/options.h"
 
 namespace accelerant {
 
@@ -41,18 +41,18 @@ enum class TokenType { kUInt8, kUInt16, kInt32, kInt64 };
 struct TokenWindowOptions {
   /// Tokens per row (nanoGPT's block_size). Must be at least 1 and less than the number of
   /// tokens. Default: 0 (unset: refused).
-  TORCH_ARG(int64_t, window) = 0;
+  ACCELERANT_OPTION(int64_t, window) = 0;
   /// Rows per batch on each process. Default: 1.
-  TORCH_ARG(int64_t, batch_size) = 1;
+  ACCELERANT_OPTION(int64_t, batch_size) = 1;
   /// Seed of the window positions; with the rank and the batch index it decides each batch.
   /// Default: 0.
-  TORCH_ARG(uint64_t, seed) = 0;
+  ACCELERANT_OPTION(uint64_t, seed) = 0;
   /// Which process's stream to draw (each rank draws other windows); Accelerator::prepare sets
   /// it to the process index. Default: 0.
-  TORCH_ARG(int, rank) = 0;
+  ACCELERANT_OPTION(int, rank) = 0;
   /// Where the batches are put; Accelerator::prepare sets it to the Accelerator's device.
   /// Default: the CPU.
-  TORCH_ARG(torch::Device, device) = torch::kCPU;
+  ACCELERANT_OPTION(torch::Device, device) = torch::kCPU;
 };
 
 /// A stream of batches of random token windows (see the file comment). Copies share the token

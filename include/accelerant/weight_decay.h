@@ -11,7 +11,7 @@
 // torch::optim does: the fused optimizers, ZeRO stages 1 and 2 (the sharded update reads each
 // group's options), schedulers (ScheduledLR keeps a base rate per group) and save_state.
 #pragma once
-#include <torch/arg.h>
+
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -19,22 +19,24 @@
 #include <string>
 #include <vector>
 
+#include "accelerant/options.h"
+
 namespace accelerant {
 
 /// Which parameters get no weight decay. A parameter is left undecayed when any rule says so.
 struct WeightDecayOptions {
   /// Parameters with fewer dimensions than this get no decay: biases and norm gains are 1-D,
   /// weight matrices 2-D or more (nanoGPT's rule). 0 turns the rule off. Default: 2.
-  TORCH_ARG(int64_t, min_dim) = 2;
+  ACCELERANT_OPTION(int64_t, min_dim) = 2;
   /// Parameters of normalisation modules (LayerNorm, GroupNorm, BatchNorm*, InstanceNorm*,
   /// LocalResponseNorm) get no decay, whatever their dimensions. Default: true.
-  TORCH_ARG(bool, exclude_norms) = true;
+  ACCELERANT_OPTION(bool, exclude_norms) = true;
   /// Parameters of Embedding and EmbeddingBag modules get no decay. nanoGPT decays its token
   /// embedding (it is also the output head's weight), so this is off by default. Default: false.
-  TORCH_ARG(bool, exclude_embeddings) = false;
+  ACCELERANT_OPTION(bool, exclude_embeddings) = false;
   /// Parameters whose full name (as named_parameters() gives it, e.g. "blocks.0.attn.bias") ends
   /// with one of these get no decay, e.g. {"bias", "pos_emb"}. Default: none.
-  TORCH_ARG(std::vector<std::string>, exclude_name_suffixes) = {};
+  ACCELERANT_OPTION(std::vector<std::string>, exclude_name_suffixes) = {};
 };
 
 /// The trainable parameters of a module split by WeightDecayOptions, with their names, each
