@@ -6,11 +6,20 @@
 //   std::cout << accelerant::metrics_report();
 //   ACCELERANT_METRICS=1 ./train     # prints the report to stderr when the process exits
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace accelerant {
+
+/// The straggler rule of the step-time breakdown (its warning, `straggler` below,
+/// `step_time/straggler`) and of `accelerant report`: a rank whose busy time (its step minus its
+/// all-reduce wait) is at least this share above the median of the other ranks' busy time...
+inline constexpr double kStragglerThreshold = 0.20;
+/// ...and at least this much longer per step: on steps of a millisecond or so the ratio is
+/// scheduler jitter on shared cores, and the job loses less than this per step to it anyway.
+inline constexpr std::chrono::duration<double, std::milli> kStragglerMinExcess{1.0};
 
 /// What one compiled step (one GraphStep, by its name) has done in this process so far.
 struct GraphStepMetrics {

@@ -7,6 +7,7 @@
 // every other rank's step as long as its own; they spend the difference waiting in the
 // all-reduce. Step time minus that wait is what tells the straggler apart.
 #pragma once
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "accelerant/metrics.h"
 #include "accelerant/tracker.h"
 #include "base/step_timing.h"
 
@@ -23,12 +25,8 @@ class Communicator;
 
 namespace accelerant::detail {
 
-/// A rank is a straggler when its busy time is at least this much above the median of the
-/// other ranks' busy time...
-constexpr double kStragglerThreshold = 0.20;
-/// ...and at least this much longer per step: on steps of a millisecond or so the ratio is
-/// scheduler jitter on shared cores, and the job loses less than this per step to it anyway.
-constexpr std::chrono::duration<double, std::milli> kStragglerMinExcess{1.0};
+// The rule itself, kStragglerThreshold and kStragglerMinExcess, is public (accelerant/metrics.h):
+// `accelerant report` applies it too.
 /// The warning names a rank once it is the straggler at this many exchanges in a row: one window
 /// of a noisy machine is not a pattern (the scalars and metrics() still show every exchange's).
 constexpr int kStragglerExchangesToWarn = 2;

@@ -1,5 +1,6 @@
 #include "report_html.h"
 
+#include <accelerant/metrics.h>
 #include <accelerant/version.h>
 
 #include <cmath>
@@ -92,8 +93,8 @@ void step_time_section(std::ostream& out, const RunReport& r) {
       << short_number(r.median_rank_step_ms)
       << " ms). A rank whose busy time (its step minus the all-reduce wait, where the others "
          "wait for it) is "
-      << short_number((kStragglerRatio - 1) * 100, 3) << "% and "
-      << short_number(kStragglerMinExcessMs)
+      << short_number(kStragglerThreshold * 100, 3) << "% and "
+      << short_number(kStragglerMinExcess.count())
       << " ms or more above the other ranks' is a straggler: <b id=\"straggler-summary\" "
          "data-stragglers=\""
       << stragglers << "\">";

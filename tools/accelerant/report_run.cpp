@@ -3,6 +3,7 @@
 #include <accelerant/bounded_file.h>
 #include <accelerant/checkpoint.h>
 #include <accelerant/error.h>
+#include <accelerant/metrics.h>
 
 #include <algorithm>
 #include <cmath>
@@ -142,8 +143,9 @@ void take_step_times(std::map<std::string, ScalarSeries>& tags, RunReport& repor
       for (const auto& [other_rank, other] : ranks)
         if (other_rank != rank) others.push_back(busy(other));
       const double typical = median(std::move(others));
-      r.straggler = typical > 0 && busy(r) >= kStragglerRatio * typical &&
-                    busy(r) - typical >= kStragglerMinExcessMs;
+      // The library's rule (accelerant/metrics.h), for runs that did not log its verdict.
+      r.straggler = typical > 0 && busy(r) - typical >= kStragglerThreshold * typical &&
+                    busy(r) - typical >= kStragglerMinExcess.count();
     }
     report.step_times.push_back(r);
   }

@@ -71,12 +71,6 @@ struct RunReport {
 /// The phases of the step-time breakdown in the order they happen (and are stacked).
 const std::vector<std::string>& step_time_phases();
 
-/// A rank whose busy time (step minus all-reduce wait) is this much above the median of the
-/// other ranks', and kStragglerMinExcessMs or more, is a straggler: the library's rule, used when
-/// a run did not log its verdict (`step_time/straggler`).
-constexpr double kStragglerRatio = 1.2;
-constexpr double kStragglerMinExcessMs = 1.0;
-
 /// Reads a run. Throws accelerant::Error saying what was looked for, where, and the fix when
 /// RUN_DIR or a folder given explicitly is missing or holds no readable scalars.
 RunReport read_run(const ReportInputs& inputs);
