@@ -106,9 +106,10 @@ class FusedUpdater {
   /// The optimizer it updates for.
   torch::optim::Optimizer& optimizer() const;
 
-  struct Impl;
-
  private:
+  // The arenas, the state and the shard live in the library (src/train/fused_updater_impl.h):
+  // this header states the contract, and the layout can change without rebuilding users.
+  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 

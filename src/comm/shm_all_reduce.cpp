@@ -167,6 +167,25 @@ void fold_parts(T* __restrict out, const std::vector<const T*>& parts, size_t n,
   }
 }
 
+// What keeps this rank alone from the shared-memory path (empty: nothing), and in `chunk` the
+// slot size ACCELERANT_SHM_CHUNK_BYTES asks for.
+std::string local_problem(int size, bool hierarchical, size_t& chunk) {
+  std::string failure;
+  try {
+    chunk = chunk_bytes_from_env();
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  if (size < (hierarchical ? 1 : 2) || size > kMaxRanks) {
+    failure = str(size, " ranks on this machine (from 2 to ", kMaxRanks, " supported)");
+  }
+  return failure;
+}
+
+std::vector<uint8_t> to_bytes(const std::string& text) {
+  return std::vector<uint8_t>(text.begin(), text.end());
+}
+
 }  // namespace
 
 struct ShmAllReduce::Shared {
@@ -181,6 +200,15 @@ struct ShmAllReduce::Shared {
   std::vector<int> job_ranks;  // this group's ranks in the job, for messages (hierarchical groups)
 
   int job_rank(int r) const { return job_ranks.empty() ? r : job_ranks[static_cast<size_t>(r)]; }
+
+  // connect's steps, in the order it runs them.
+  // Rank 0: creates the segment and publishes its name (or why it could not) as shm/name.
+  void create_and_publish(c10d::Store& store, size_t bytes, size_t chunk, std::string& failure);
+  // Waits for shm/name; the other ranks map the segment it names and check that it was made for
+  // their configuration. Sets `failure` when this rank cannot take part.
+  void attach_published(c10d::Store& store, size_t bytes, size_t chunk, std::string& failure);
+  // Points control, the slots and the result area into the mapped segment; writes our pid.
+  void map_slots(size_t header, size_t chunk);
 
   std::mutex mutex;
   std::condition_variable wake;
@@ -483,6 +511,58 @@ struct ShmAllReduce::Shared {
   }
 };
 
+void ShmAllReduce::Shared::create_and_publish(c10d::Store& store, size_t bytes, size_t chunk,
+                                              std::string& failure) {
+  std::string name;
+  if (failure.empty()) {
+    try {
+      segment = SharedMemorySegment::create(bytes);
+      auto* made = new (segment.data()) ControlBlock();
+      made->magic = kMagic;
+      made->ranks = static_cast<uint32_t>(size);
+      made->chunk_bytes = chunk;
+      made->aborted_by.store(-1);
+      name = segment.name();
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  store.set("shm/name", to_bytes(failure.empty() ? "ok " + name : "failed " + failure));
+}
+
+void ShmAllReduce::Shared::attach_published(c10d::Store& store, size_t bytes, size_t chunk,
+                                            std::string& failure) {
+  store.wait({"shm/name"}, timeout);
+  const auto published = store.get("shm/name");
+  const std::string answer(published.begin(), published.end());
+  if (answer.rfind("failed ", 0) == 0) {
+    failure = str("rank 0: ", answer.substr(7));
+  } else if (rank != 0 && failure.empty()) {
+    try {
+      segment = SharedMemorySegment::open(answer.substr(3), bytes);
+      auto* found = static_cast<ControlBlock*>(segment.data());
+      if (found->magic != kMagic || found->ranks != static_cast<uint32_t>(size) ||
+          found->chunk_bytes != chunk) {
+        failure =
+            "the segment was made for another configuration (ACCELERANT_SHM_CHUNK_BYTES or the "
+            "number of "
+            "ranks differs between ranks)";
+      }
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+}
+
+void ShmAllReduce::Shared::map_slots(size_t header, size_t chunk) {
+  control = static_cast<ControlBlock*>(segment.data());
+  control->rank[rank].pid.store(static_cast<int32_t>(::getpid()));
+  char* base = static_cast<char*>(segment.data()) + header;
+  for (int r = 0; r <= size; ++r) slots.push_back(base + chunk * static_cast<size_t>(r));
+  result = slots.back();
+  slots.pop_back();
+}
+
 std::unique_ptr<ShmAllReduce> ShmAllReduce::connect(c10d::Store& store, int rank, int size,
                                                     std::chrono::milliseconds timeout,
                                                     std::string* why_not, bool hierarchical,
@@ -494,60 +574,14 @@ std::unique_ptr<ShmAllReduce> ShmAllReduce::connect(c10d::Store& store, int rank
   s.size = size;
   s.timeout = timeout;
   s.job_ranks = std::move(job_ranks);
-  std::string failure;
   size_t chunk = kDefaultChunkBytes;
-  try {
-    chunk = chunk_bytes_from_env();
-  } catch (const std::exception& e) {
-    failure = e.what();
-  }
-  if (size < (hierarchical ? 1 : 2) || size > kMaxRanks) {
-    failure = str(size, " ranks on this machine (from 2 to ", kMaxRanks, " supported)");
-  }
+  std::string failure = local_problem(size, hierarchical, chunk);
   const size_t header = round_up(sizeof(ControlBlock), 4096);
   const size_t bytes = header + chunk * static_cast<size_t>(size + 1);
-  auto to_bytes = [](const std::string& text) {
-    return std::vector<uint8_t>(text.begin(), text.end());
-  };
 
   // Rank 0 creates and publishes the name (or why it could not); the others map it.
-  if (rank == 0) {
-    std::string name;
-    if (failure.empty()) {
-      try {
-        s.segment = SharedMemorySegment::create(bytes);
-        auto* control = new (s.segment.data()) ControlBlock();
-        control->magic = kMagic;
-        control->ranks = static_cast<uint32_t>(size);
-        control->chunk_bytes = chunk;
-        control->aborted_by.store(-1);
-        name = s.segment.name();
-      } catch (const std::exception& e) {
-        failure = e.what();
-      }
-    }
-    store.set("shm/name", to_bytes(failure.empty() ? "ok " + name : "failed " + failure));
-  }
-  store.wait({"shm/name"}, timeout);
-  const auto published = store.get("shm/name");
-  const std::string answer(published.begin(), published.end());
-  if (answer.rfind("failed ", 0) == 0) {
-    failure = str("rank 0: ", answer.substr(7));
-  } else if (rank != 0 && failure.empty()) {
-    try {
-      s.segment = SharedMemorySegment::open(answer.substr(3), bytes);
-      auto* control = static_cast<ControlBlock*>(s.segment.data());
-      if (control->magic != kMagic || control->ranks != static_cast<uint32_t>(size) ||
-          control->chunk_bytes != chunk) {
-        failure =
-            "the segment was made for another configuration (ACCELERANT_SHM_CHUNK_BYTES or the "
-            "number of "
-            "ranks differs between ranks)";
-      }
-    } catch (const std::exception& e) {
-      failure = e.what();
-    }
-  }
+  if (rank == 0) s.create_and_publish(store, bytes, chunk, failure);
+  s.attach_published(store, bytes, chunk, failure);
 
   // Every rank says whether it is attached; all decide alike. Then the name goes from /dev/shm.
   const std::string reasons =
@@ -559,12 +593,7 @@ std::unique_ptr<ShmAllReduce> ShmAllReduce::connect(c10d::Store& store, int rank
     if (why_not) *why_not = reasons;
     return nullptr;
   }
-  s.control = static_cast<ControlBlock*>(s.segment.data());
-  s.control->rank[rank].pid.store(static_cast<int32_t>(::getpid()));
-  char* base = static_cast<char*>(s.segment.data()) + header;
-  for (int r = 0; r <= size; ++r) s.slots.push_back(base + chunk * static_cast<size_t>(r));
-  s.result = s.slots.back();
-  s.slots.pop_back();
+  s.map_slots(header, chunk);
   // Every pid is written before the first collective can wait on it.
   exchange_strings(store, "shm/ready/", rank, size, "ok", timeout);
   self->hierarchical_ = hierarchical;

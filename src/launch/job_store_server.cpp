@@ -85,6 +85,48 @@ class QueryReader {
   size_t at_ = 0;
 };
 
+// One query's fields, as read from a connection's bytes.
+struct ParsedQuery {
+  uint8_t type = 0;
+  std::string key, a, b;  // a, b: kSet's value; kCompareSet's expected and desired values
+  std::vector<std::string> keys;
+  int64_t delta = 0;
+};
+
+enum class Arrival { kWhole, kPartial, kForeign };
+
+// Reads the fields of query `q.type` after its type byte: kPartial while they have not all
+// arrived, kForeign for a type this protocol does not have.
+Arrival read_arguments(QueryReader& r, ParsedQuery& q) {
+  bool whole = false;
+  switch (q.type) {
+    case kSet:
+      whole = r.string(&q.key) && r.string(&q.a);
+      break;
+    case kCompareSet:
+      whole = r.string(&q.key) && r.string(&q.a) && r.string(&q.b);
+      break;
+    case kGet:
+    case kWatchKey:
+    case kDeleteKey:
+      whole = r.string(&q.key);
+      break;
+    case kAdd:
+      whole = r.string(&q.key) && r.value(&q.delta);
+      break;
+    case kCheck:
+    case kWait:
+      whole = r.strings(&q.keys);
+      break;
+    case kGetNumKeys:
+      whole = true;
+      break;
+    default:
+      return Arrival::kForeign;
+  }
+  return whole ? Arrival::kWhole : Arrival::kPartial;
+}
+
 void append_value(std::string& out, const void* value, size_t size) {
   out.append(static_cast<const char*>(value), size);
 }
@@ -181,6 +223,16 @@ struct StoreServer::Impl {
   void handle(uint64_t id);
   // One query; false when it has not fully arrived.
   bool handle_one(uint64_t id, Connection& c);
+  // Does what a whole query asks and replies (kWait: once its keys are all set).
+  void answer(uint64_t id, ParsedQuery& q);
+  // kCompareSet: what the reply carries.
+  std::string compare_set(const std::string& key, const std::string& expected, std::string desired);
+  // kAdd: the key's new value.
+  int64_t add(const std::string& key, int64_t delta);
+  // kWait: true when every key is set; else registers `id` as waiting for the missing ones.
+  bool all_present_else_wait(uint64_t id, const std::vector<std::string>& keys);
+  // kDeleteKey: whether the key was there.
+  bool delete_key(const std::string& key);
   void reply(uint64_t id, const std::string& bytes);
   void wake_waiters(const std::string& key);
   void tell_watchers(const std::string& key, uint8_t change, const std::string& old_value,
@@ -246,130 +298,107 @@ void StoreServer::Impl::handle(uint64_t id) {
 
 bool StoreServer::Impl::handle_one(uint64_t id, Connection& c) {
   QueryReader r(c.in);
-  uint8_t type = 0;
-  r.value(&type);
-  std::string key, a, b, out;
-  std::vector<std::string> keys;
-  int64_t delta = 0;
-  bool whole = false;
-  switch (type) {
-    case kSet:
-      whole = r.string(&key) && r.string(&a);
-      break;
-    case kCompareSet:
-      whole = r.string(&key) && r.string(&a) && r.string(&b);
-      break;
-    case kGet:
-    case kWatchKey:
-    case kDeleteKey:
-      whole = r.string(&key);
-      break;
-    case kAdd:
-      whole = r.string(&key) && r.value(&delta);
-      break;
-    case kCheck:
-    case kWait:
-      whole = r.strings(&keys);
-      break;
-    case kGetNumKeys:
-      whole = true;
-      break;
-    default:
-      c.dead = true;  // not the protocol this server speaks (job_store.h): drop the peer
-      return false;
+  ParsedQuery q;
+  r.value(&q.type);
+  const Arrival arrival = read_arguments(r, q);
+  if (arrival == Arrival::kForeign) {
+    c.dead = true;  // not the protocol this server speaks (job_store.h): drop the peer
+    return false;
   }
   if (r.bad) c.dead = true;
-  if (!whole) return false;
+  if (arrival != Arrival::kWhole) return false;
   c.in.erase(0, r.consumed());
-  switch (type) {
+  answer(id, q);
+  return true;
+}
+
+void StoreServer::Impl::answer(uint64_t id, ParsedQuery& q) {
+  std::string out;
+  switch (q.type) {
     case kSet:
-      store(key, std::move(a));
+      store(q.key, std::move(q.a));
+      return;  // c10d's set has no reply
+    case kCompareSet:
+      append_string(out, compare_set(q.key, q.a, std::move(q.b)));
       break;
-    case kCompareSet: {
-      // As c10d 1.13 does: an absent key is created only when `expected` is empty, and the
-      // reply is then the new value; otherwise the caller gets `expected` back ("lying", as
-      // c10d's own comment says). A present key is replaced when it holds `expected`.
-      auto it = values.find(key);
-      if (it == values.end()) {
-        if (a.empty()) {
-          store(key, b);
-          append_string(out, b);
-        } else {
-          append_string(out, a);
-        }
-      } else {
-        if (it->second == a) store(key, std::move(b));
-        append_string(out, values[key]);
-      }
-      reply(id, out);
-      break;
-    }
     case kGet: {
-      auto it = values.find(key);
+      auto it = values.find(q.key);
       append_string(out, it == values.end() ? std::string() : it->second);
-      reply(id, out);
       break;
     }
-    case kAdd: {
-      auto it = values.find(key);
-      if (it != values.end()) {
-        try {
-          delta += std::stoll(it->second);
-        } catch (const std::exception&) {
-          // Not a number (set by someone else): counted from 0, as a fresh key would be.
-        }
-      }
-      store(key, std::to_string(delta));
-      append_i64(out, delta);
-      reply(id, out);
+    case kAdd:
+      append_i64(out, add(q.key, q.delta));
       break;
-    }
     case kCheck: {
       bool all = true;
-      for (const auto& k : keys) all = all && values.count(k) > 0;
+      for (const auto& k : q.keys) all = all && values.count(k) > 0;
       append_u8(out, all ? kReady : kNotReady);
-      reply(id, out);
       break;
     }
-    case kWait: {
-      size_t missing = 0;
-      for (const auto& k : keys) {
-        if (values.count(k) == 0) {
-          waiters[k].push_back(id);
-          ++missing;
-        }
-      }
-      if (missing == 0) {
-        append_u8(out, kStopWaiting);
-        reply(id, out);
-      } else {
-        keys_awaited[id] = missing;
-      }
+    case kWait:
+      if (!all_present_else_wait(id, q.keys)) return;  // answered when the last key is set
+      append_u8(out, kStopWaiting);
       break;
-    }
     case kGetNumKeys:
       append_i64(out, static_cast<int64_t>(values.size()));
-      reply(id, out);
       break;
     case kWatchKey:
-      watchers[key].push_back(id);
+      watchers[q.key].push_back(id);
       append_u8(out, kCallbackRegistered);
-      reply(id, out);
       break;
-    case kDeleteKey: {
-      auto it = values.find(key);
-      int64_t deleted = 0;
-      if (it != values.end()) {
-        const std::string old = std::move(it->second);
-        values.erase(it);
-        deleted = 1;
-        tell_watchers(key, kKeyDeleted, old, "");
-      }
-      append_i64(out, deleted);
-      reply(id, out);
+    case kDeleteKey:
+      append_i64(out, delete_key(q.key) ? 1 : 0);
       break;
+  }
+  reply(id, out);
+}
+
+std::string StoreServer::Impl::compare_set(const std::string& key, const std::string& expected,
+                                           std::string desired) {
+  // As c10d 1.13 does: an absent key is created only when `expected` is empty, and the reply is
+  // then the new value; otherwise the caller gets `expected` back ("lying", as c10d's own
+  // comment says). A present key is replaced when it holds `expected`.
+  auto it = values.find(key);
+  if (it == values.end()) {
+    if (!expected.empty()) return expected;
+    store(key, desired);
+    return desired;
+  }
+  if (it->second == expected) store(key, std::move(desired));
+  return values[key];
+}
+
+int64_t StoreServer::Impl::add(const std::string& key, int64_t delta) {
+  auto it = values.find(key);
+  if (it != values.end()) {
+    try {
+      delta += std::stoll(it->second);
+    } catch (const std::exception&) {
+      // Not a number (set by someone else): counted from 0, as a fresh key would be.
     }
   }
+  store(key, std::to_string(delta));
+  return delta;
+}
+
+bool StoreServer::Impl::all_present_else_wait(uint64_t id, const std::vector<std::string>& keys) {
+  size_t missing = 0;
+  for (const auto& k : keys) {
+    if (values.count(k) == 0) {
+      waiters[k].push_back(id);
+      ++missing;
+    }
+  }
+  if (missing != 0) keys_awaited[id] = missing;
+  return missing == 0;
+}
+
+bool StoreServer::Impl::delete_key(const std::string& key) {
+  auto it = values.find(key);
+  if (it == values.end()) return false;
+  const std::string old = std::move(it->second);
+  values.erase(it);
+  tell_watchers(key, kKeyDeleted, old, "");
   return true;
 }
 

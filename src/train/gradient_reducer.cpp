@@ -26,6 +26,14 @@ torch::ScalarType wire_dtype(const GradientBucket& bucket) {
   return bucket.dtype == torch::kBFloat16 && bucket.device.is_cpu() ? torch::kFloat : bucket.dtype;
 }
 
+void check_zero_stage(int stage) {
+  if (stage < 0 || stage > 2) {
+    throw Error(detail::str("GradientReducerOptions::zero_stage is ", stage,
+                            "; ZeRO has stages 0 (off), 1 (optimizer state) and 2 (also ",
+                            "gradients). Fix: pick one of those."));
+  }
+}
+
 }  // namespace
 
 struct GradientReducer::State {
@@ -297,6 +305,99 @@ struct GradientReducer::State {
     ++stats.reductions;
   }
 
+  // Construction, step by step (the constructor runs them in this order).
+
+  // The elements bucket b's buffer holds: its own, padded under ZeRO to `world` equal shares
+  // (which it records in share_numel).
+  int64_t padded_numel(const GradientBucket& bucket, int world) {
+    if (!zero) return bucket.numel;
+    if (wire_dtype(bucket) != torch::kFloat) {
+      throw Error(detail::str(
+          "ZeRO shards fp32 gradients; a bucket holds ", c10::toString(bucket.dtype),
+          " ones. Likely cause: the model was cast to bf16 (mixed_precision with downcast). ",
+          "Fix: keep fp32 parameters (bf16 autocast does), or zero_stage(0)."));
+    }
+    const int64_t unit = kShareAlignment;
+    const int64_t share = (bucket.numel + world * unit - 1) / (world * unit) * unit;
+    share_numel.push_back(share);
+    return share * world;
+  }
+
+  // Bucket b's memory (its flat buffer, or under stage 2 its averaged share) and its
+  // parameters' bucket and slot.
+  void allocate_bucket(size_t b, int world) {
+    const GradientBucket& bucket = plan[b];
+    const int64_t padded = padded_numel(bucket, world);
+    // Stage 2 makes its buckets during each backward (ensure_bucket) and keeps the shares.
+    const bool per_pass = scatters_gradients();
+    largest_bucket = std::max(largest_bucket, padded);
+    averaged_share.push_back(
+        per_pass ? torch::zeros({padded / world},
+                                torch::TensorOptions(torch::kFloat).device(bucket.device))
+                 : torch::Tensor());
+    flat.push_back(
+        per_pass ? torch::Tensor()
+                 : torch::zeros({padded},
+                                torch::TensorOptions(wire_dtype(bucket)).device(bucket.device)));
+    views.emplace_back();
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      const size_t i = bucket.params[k];
+      bucket_of[i] = static_cast<int>(b);
+      slot_of[i] = k;
+      if (!per_pass) views[b].push_back(flat[b].narrow(0, bucket.offsets[k], params[i].numel()));
+      ++trainable;
+    }
+  }
+
+  void decide_bindable() {
+    bindable.assign(params.size(), false);
+    for (size_t i = 0; i < params.size(); ++i) {
+      const int b = bucket_of[i];
+      bindable[i] = b >= 0 && options.gradient_as_bucket_view() && !scatters_gradients() &&
+                    flat[b].scalar_type() == params[i].scalar_type();
+    }
+  }
+
+  // The per-pass bookkeeping, sized for the plan.
+  void size_pass_state() {
+    ready.assign(params.size(), false);
+    waiting.assign(plan.size(), 0);
+    in_flight.resize(plan.size());
+    bucket_buffer.resize(plan.size());
+    launched_us.assign(plan.size(), -1);
+    stats.buckets = static_cast<int64_t>(plan.size());
+  }
+
+  void bind_gradients_to_buckets() {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (bindable[i]) bind_to_bucket(i);
+    }
+  }
+
+  // A post-hook on each trainable parameter's gradient accumulator tells the reducer when its
+  // gradient is ready; it holds the state weakly, so a reducer destroyed mid-backward is safe.
+  void hook_gradient_accumulators() {
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (bucket_of[i] < 0) continue;
+      auto accumulator = torch::autograd::impl::grad_accumulator(params[i]);
+      if (!accumulator) {
+        throw Error(
+            detail::str("Parameter '", names[i], "' requires grad but is not a leaf tensor, so ",
+                        "it has no gradient accumulator to hook. Fix: register parameters with ",
+                        "register_parameter (leaf tensors), or detach it first."));
+      }
+      std::weak_ptr<State> weak = self;
+      accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [weak, i](const torch::autograd::variable_list& outputs,
+                    const torch::autograd::variable_list&) {
+            if (auto state = weak.lock()) state->on_gradient(i);
+            return outputs;
+          }));
+      accumulators.push_back(std::move(accumulator));
+    }
+  }
+
   std::weak_ptr<State> self;
 };
 
@@ -318,85 +419,14 @@ GradientReducer::GradientReducer(
   s.bucket_of.assign(s.params.size(), -1);
   s.slot_of.assign(s.params.size(), 0);
   const int world = communicator.size();
-  if (options.zero_stage() < 0 || options.zero_stage() > 2) {
-    throw Error(detail::str("GradientReducerOptions::zero_stage is ", options.zero_stage(),
-                            "; ZeRO has stages 0 (off), 1 (optimizer state) and 2 (also ",
-                            "gradients). Fix: pick one of those."));
-  }
+  check_zero_stage(options.zero_stage());
   s.zero = options.zero_stage() > 0 && world > 1;
-  for (size_t b = 0; b < s.plan.size(); ++b) {
-    const GradientBucket& bucket = s.plan[b];
-    int64_t padded = bucket.numel;
-    if (s.zero) {
-      if (wire_dtype(bucket) != torch::kFloat) {
-        throw Error(detail::str(
-            "ZeRO shards fp32 gradients; a bucket holds ", c10::toString(bucket.dtype),
-            " ones. Likely cause: the model was cast to bf16 (mixed_precision with downcast). ",
-            "Fix: keep fp32 parameters (bf16 autocast does), or zero_stage(0)."));
-      }
-      const int64_t unit = State::kShareAlignment;
-      const int64_t share = (bucket.numel + world * unit - 1) / (world * unit) * unit;
-      s.share_numel.push_back(share);
-      padded = share * world;
-    }
-    // Stage 2 makes its buckets during each backward (ensure_bucket) and keeps the shares.
-    const bool per_pass = s.scatters_gradients();
-    s.largest_bucket = std::max(s.largest_bucket, padded);
-    s.averaged_share.push_back(
-        per_pass ? torch::zeros({padded / world},
-                                torch::TensorOptions(torch::kFloat).device(bucket.device))
-                 : torch::Tensor());
-    s.flat.push_back(
-        per_pass ? torch::Tensor()
-                 : torch::zeros({padded},
-                                torch::TensorOptions(wire_dtype(bucket)).device(bucket.device)));
-    s.views.emplace_back();
-    for (size_t k = 0; k < bucket.params.size(); ++k) {
-      const size_t i = bucket.params[k];
-      s.bucket_of[i] = static_cast<int>(b);
-      s.slot_of[i] = k;
-      if (!per_pass)
-        s.views[b].push_back(s.flat[b].narrow(0, bucket.offsets[k], s.params[i].numel()));
-      ++s.trainable;
-    }
-  }
-  s.bindable.assign(s.params.size(), false);
-  for (size_t i = 0; i < s.params.size(); ++i) {
-    const int b = s.bucket_of[i];
-    s.bindable[i] = b >= 0 && options.gradient_as_bucket_view() && !s.scatters_gradients() &&
-                    s.flat[b].scalar_type() == s.params[i].scalar_type();
-  }
-  s.ready.assign(s.params.size(), false);
-  s.waiting.assign(s.plan.size(), 0);
-  s.in_flight.resize(s.plan.size());
-  s.bucket_buffer.resize(s.plan.size());
-  s.launched_us.assign(s.plan.size(), -1);
-  s.stats.buckets = static_cast<int64_t>(s.plan.size());
+  for (size_t b = 0; b < s.plan.size(); ++b) s.allocate_bucket(b, world);
+  s.decide_bindable();
+  s.size_pass_state();
   if (communicator.size() == 1) return;  // nothing to average: no hooks, no cost
-  {
-    torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < s.params.size(); ++i) {
-      if (s.bindable[i]) s.bind_to_bucket(i);
-    }
-  }
-  for (size_t i = 0; i < s.params.size(); ++i) {
-    if (s.bucket_of[i] < 0) continue;
-    auto accumulator = torch::autograd::impl::grad_accumulator(s.params[i]);
-    if (!accumulator) {
-      throw Error(
-          detail::str("Parameter '", s.names[i], "' requires grad but is not a leaf tensor, so ",
-                      "it has no gradient accumulator to hook. Fix: register parameters with ",
-                      "register_parameter (leaf tensors), or detach it first."));
-    }
-    std::weak_ptr<State> weak = state_;
-    accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [weak, i](const torch::autograd::variable_list& outputs,
-                  const torch::autograd::variable_list&) {
-          if (auto state = weak.lock()) state->on_gradient(i);
-          return outputs;
-        }));
-    s.accumulators.push_back(std::move(accumulator));
-  }
+  s.bind_gradients_to_buckets();
+  s.hook_gradient_accumulators();
 }
 
 GradientReducer::~GradientReducer() = default;

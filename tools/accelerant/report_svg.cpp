@@ -58,6 +58,144 @@ std::string step_text(double step) {
   return short_number(step, 6);
 }
 
+// A line chart's ranges and how values map to pixels.
+struct LineScale {
+  Frame f = kLineFrame;
+  double x_lo = 0, x_hi = 0, y_lo = INFINITY, y_hi = -INFINITY;
+  double x_of(double x) const { return f.left + (x - x_lo) / (x_hi - x_lo) * f.plot_width(); }
+  double y_of(double y) const { return f.top + (y_hi - y) / (y_hi - y_lo) * f.plot_height(); }
+};
+
+// The steps the series spans and the range of its finite values, each widened to be non-empty.
+LineScale scale_of(const ScalarSeries& series) {
+  LineScale s;
+  if (!series.empty()) {
+    s.x_lo = static_cast<double>(series.begin()->first);
+    s.x_hi = static_cast<double>(series.rbegin()->first);
+  }
+  for (const auto& [step, value] : series) {
+    if (std::isfinite(value)) {
+      s.y_lo = std::min(s.y_lo, value);
+      s.y_hi = std::max(s.y_hi, value);
+    }
+  }
+  if (!std::isfinite(s.y_lo)) s.y_lo = s.y_hi = 0;
+  widen(s.x_lo, s.x_hi);
+  widen(s.y_lo, s.y_hi);
+  return s;
+}
+
+// The horizontal grid lines, both axes with their ticks, and the axis labels.
+void draw_axes(std::ostringstream& svg, const LineScale& s, const std::string& tag) {
+  const Frame& f = s.f;
+  const std::vector<double> x_ticks = nice_ticks(s.x_lo, s.x_hi, 5),
+                            y_ticks = nice_ticks(s.y_lo, s.y_hi, 4);
+  svg << "<g class=\"grid\" stroke=\"#e3e3e3\">";
+  for (double t : y_ticks) {
+    svg << "<line x1=\"" << num(f.left) << "\" x2=\"" << num(f.width - f.right) << "\" y1=\""
+        << num(s.y_of(t)) << "\" y2=\"" << num(s.y_of(t)) << "\"/>";
+  }
+  svg << "</g>\n<g class=\"axis\" font-size=\"11\" fill=\"#333\">";
+  for (double t : y_ticks) {
+    svg << "<text x=\"" << num(f.left - 6) << "\" y=\"" << num(s.y_of(t) + 4)
+        << "\" text-anchor=\"end\">" << short_number(t) << "</text>";
+  }
+  for (double t : x_ticks) {
+    svg << "<line x1=\"" << num(s.x_of(t)) << "\" x2=\"" << num(s.x_of(t)) << "\" y1=\""
+        << num(f.height - f.bottom) << "\" y2=\"" << num(f.height - f.bottom + 4)
+        << "\" stroke=\"#333\"/><text x=\"" << num(s.x_of(t)) << "\" y=\""
+        << num(f.height - f.bottom + 16) << "\" text-anchor=\"middle\">" << step_text(t)
+        << "</text>";
+  }
+  svg << "<line x1=\"" << num(f.left) << "\" x2=\"" << num(f.width - f.right) << "\" y1=\""
+      << num(f.height - f.bottom) << "\" y2=\"" << num(f.height - f.bottom)
+      << "\" stroke=\"#333\"/><line x1=\"" << num(f.left) << "\" x2=\"" << num(f.left) << "\" y1=\""
+      << num(f.top) << "\" y2=\"" << num(f.height - f.bottom) << "\" stroke=\"#333\"/>";
+  svg << "<text class=\"x-label\" x=\"" << num(f.left + f.plot_width() / 2) << "\" y=\""
+      << num(f.height - 4) << "\" text-anchor=\"middle\">step</text>";
+  svg << "<text class=\"y-label\" transform=\"translate(12 " << num(f.top + f.plot_height() / 2)
+      << ") rotate(-90)\" text-anchor=\"middle\">" << escape_html(tag) << "</text></g>\n";
+}
+
+// A dashed vertical line at each checkpoint step inside the chart.
+void draw_marks(std::ostringstream& svg, const LineScale& s, const std::vector<int64_t>& marks) {
+  const Frame& f = s.f;
+  for (int64_t step : marks) {
+    const double x = static_cast<double>(step);
+    if (x < s.x_lo || x > s.x_hi) continue;
+    svg << "<line class=\"checkpoint-mark\" data-step=\"" << step << "\" x1=\"" << num(s.x_of(x))
+        << "\" x2=\"" << num(s.x_of(x)) << "\" y1=\"" << num(f.top) << "\" y2=\""
+        << num(f.height - f.bottom)
+        << "\" stroke=\"#999\" stroke-dasharray=\"3 3\"><title>checkpoint at step " << step
+        << "</title></line>";
+  }
+}
+
+struct SeriesPoint {
+  int64_t step;
+  double value;
+};
+
+// Appends one half-pixel column's points to the path: only its first, lowest, highest and last,
+// which look the same as all of them.
+void append_column(std::string& path, bool& pen_down, const std::vector<SeriesPoint>& column,
+                   const LineScale& s) {
+  if (column.empty()) return;
+  auto by_value = [](SeriesPoint a, SeriesPoint b) { return a.value < b.value; };
+  std::vector<SeriesPoint> kept = {column.front(), column.back()};
+  kept.push_back(*std::min_element(column.begin(), column.end(), by_value));
+  kept.push_back(*std::max_element(column.begin(), column.end(), by_value));
+  std::sort(kept.begin(), kept.end(), [](SeriesPoint a, SeriesPoint b) { return a.step < b.step; });
+  int64_t previous = kept.front().step - 1;
+  for (const SeriesPoint& p : kept) {
+    if (p.step == previous) continue;
+    previous = p.step;
+    path += (pen_down ? "L" : "M") + num(s.x_of(static_cast<double>(p.step))) + " " +
+            num(s.y_of(p.value));
+    pen_down = true;
+  }
+}
+
+// The series as an SVG path. NaN (logged as null) breaks the line instead of being drawn as a
+// number. A run logged at every one of 100,000 steps would make a page of megabytes: per
+// half-pixel column only a few points are drawn (append_column).
+std::string series_path(const ScalarSeries& series, const LineScale& s) {
+  std::string path;
+  bool pen_down = false;
+  std::vector<SeriesPoint> column;  // the current column's points, in step order
+  long column_index = -1;
+  auto flush = [&] {
+    append_column(path, pen_down, column, s);
+    column.clear();
+  };
+  for (const auto& [step, value] : series) {
+    if (!std::isfinite(value)) {
+      flush();
+      pen_down = false;
+      continue;
+    }
+    const long index = std::lround(std::floor(s.x_of(static_cast<double>(step)) * 2));
+    if (index != column_index) flush();
+    column_index = index;
+    column.push_back({step, value});
+  }
+  flush();
+  return path;
+}
+
+// Few points (an evaluation per epoch) are shown as dots, each telling its value on hover.
+void draw_points(std::ostringstream& svg, const LineScale& s, const ScalarSeries& series) {
+  if (series.size() > 60) return;
+  svg << "<g class=\"points\" fill=\"#1f5fa8\">";
+  for (const auto& [step, value] : series) {
+    if (!std::isfinite(value)) continue;
+    svg << "<circle cx=\"" << num(s.x_of(static_cast<double>(step))) << "\" cy=\""
+        << num(s.y_of(value)) << "\" r=\"3\"><title>step " << step << ": " << short_number(value, 6)
+        << "</title></circle>";
+  }
+  svg << "</g>\n";
+}
+
 }  // namespace
 
 std::string short_number(double value, int digits) {
@@ -82,119 +220,18 @@ std::string phase_colour(const std::string& phase) {
 
 std::string line_chart_svg(const std::string& tag, const ScalarSeries& series,
                            const std::vector<int64_t>& marks) {
-  const Frame f = kLineFrame;
-  double x_lo = 0, x_hi = 0, y_lo = INFINITY, y_hi = -INFINITY;
-  if (!series.empty()) {
-    x_lo = static_cast<double>(series.begin()->first);
-    x_hi = static_cast<double>(series.rbegin()->first);
-  }
-  for (const auto& [step, value] : series) {
-    if (std::isfinite(value)) {
-      y_lo = std::min(y_lo, value);
-      y_hi = std::max(y_hi, value);
-    }
-  }
-  if (!std::isfinite(y_lo)) y_lo = y_hi = 0;
-  widen(x_lo, x_hi);
-  widen(y_lo, y_hi);
-  const std::vector<double> x_ticks = nice_ticks(x_lo, x_hi, 5),
-                            y_ticks = nice_ticks(y_lo, y_hi, 4);
-  auto x_of = [&](double x) { return f.left + (x - x_lo) / (x_hi - x_lo) * f.plot_width(); };
-  auto y_of = [&](double y) { return f.top + (y_hi - y) / (y_hi - y_lo) * f.plot_height(); };
-
+  const LineScale s = scale_of(series);
+  const Frame& f = s.f;
   std::ostringstream svg;
   svg << "<svg class=\"chart\" data-tag=\"" << escape_html(tag) << "\" data-points=\""
       << series.size() << "\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" << f.width
       << "\" height=\"" << f.height << "\" viewBox=\"0 0 " << f.width << " " << f.height
       << "\" role=\"img\" aria-label=\"" << escape_html(tag) << " by step\">\n";
-  svg << "<g class=\"grid\" stroke=\"#e3e3e3\">";
-  for (double t : y_ticks) {
-    svg << "<line x1=\"" << num(f.left) << "\" x2=\"" << num(f.width - f.right) << "\" y1=\""
-        << num(y_of(t)) << "\" y2=\"" << num(y_of(t)) << "\"/>";
-  }
-  svg << "</g>\n<g class=\"axis\" font-size=\"11\" fill=\"#333\">";
-  for (double t : y_ticks) {
-    svg << "<text x=\"" << num(f.left - 6) << "\" y=\"" << num(y_of(t) + 4)
-        << "\" text-anchor=\"end\">" << short_number(t) << "</text>";
-  }
-  for (double t : x_ticks) {
-    svg << "<line x1=\"" << num(x_of(t)) << "\" x2=\"" << num(x_of(t)) << "\" y1=\""
-        << num(f.height - f.bottom) << "\" y2=\"" << num(f.height - f.bottom + 4)
-        << "\" stroke=\"#333\"/><text x=\"" << num(x_of(t)) << "\" y=\""
-        << num(f.height - f.bottom + 16) << "\" text-anchor=\"middle\">" << step_text(t)
-        << "</text>";
-  }
-  svg << "<line x1=\"" << num(f.left) << "\" x2=\"" << num(f.width - f.right) << "\" y1=\""
-      << num(f.height - f.bottom) << "\" y2=\"" << num(f.height - f.bottom)
-      << "\" stroke=\"#333\"/><line x1=\"" << num(f.left) << "\" x2=\"" << num(f.left) << "\" y1=\""
-      << num(f.top) << "\" y2=\"" << num(f.height - f.bottom) << "\" stroke=\"#333\"/>";
-  svg << "<text class=\"x-label\" x=\"" << num(f.left + f.plot_width() / 2) << "\" y=\""
-      << num(f.height - 4) << "\" text-anchor=\"middle\">step</text>";
-  svg << "<text class=\"y-label\" transform=\"translate(12 " << num(f.top + f.plot_height() / 2)
-      << ") rotate(-90)\" text-anchor=\"middle\">" << escape_html(tag) << "</text></g>\n";
-  for (int64_t step : marks) {
-    const double x = static_cast<double>(step);
-    if (x < x_lo || x > x_hi) continue;
-    svg << "<line class=\"checkpoint-mark\" data-step=\"" << step << "\" x1=\"" << num(x_of(x))
-        << "\" x2=\"" << num(x_of(x)) << "\" y1=\"" << num(f.top) << "\" y2=\""
-        << num(f.height - f.bottom)
-        << "\" stroke=\"#999\" stroke-dasharray=\"3 3\"><title>checkpoint at step " << step
-        << "</title></line>";
-  }
-  // NaN (logged as null) breaks the line instead of being drawn as a number. A run logged at
-  // every one of 100,000 steps would make a page of megabytes: per half-pixel column only the
-  // first, lowest, highest and last points are drawn, which looks the same.
-  std::string path;
-  bool pen_down = false;
-  struct Point {
-    int64_t step;
-    double value;
-  };
-  std::vector<Point> column;  // the current column's points, in step order
-  long column_index = -1;
-  auto flush = [&] {
-    if (column.empty()) return;
-    std::vector<Point> kept = {column.front(), column.back()};
-    kept.push_back(*std::min_element(column.begin(), column.end(),
-                                     [](Point a, Point b) { return a.value < b.value; }));
-    kept.push_back(*std::max_element(column.begin(), column.end(),
-                                     [](Point a, Point b) { return a.value < b.value; }));
-    std::sort(kept.begin(), kept.end(), [](Point a, Point b) { return a.step < b.step; });
-    int64_t previous = kept.front().step - 1;
-    for (const Point& p : kept) {
-      if (p.step == previous) continue;
-      previous = p.step;
-      path += (pen_down ? "L" : "M") + num(x_of(static_cast<double>(p.step))) + " " +
-              num(y_of(p.value));
-      pen_down = true;
-    }
-    column.clear();
-  };
-  for (const auto& [step, value] : series) {
-    if (!std::isfinite(value)) {
-      flush();
-      pen_down = false;
-      continue;
-    }
-    const long index = std::lround(std::floor(x_of(static_cast<double>(step)) * 2));
-    if (index != column_index) flush();
-    column_index = index;
-    column.push_back({step, value});
-  }
-  flush();
-  svg << "<path class=\"series\" d=\"" << path
+  draw_axes(svg, s, tag);
+  draw_marks(svg, s, marks);
+  svg << "<path class=\"series\" d=\"" << series_path(series, s)
       << "\" fill=\"none\" stroke=\"#1f5fa8\" stroke-width=\"1.8\"/>\n";
-  // Few points (an evaluation per epoch) are shown as dots, each telling its value on hover.
-  if (series.size() <= 60) {
-    svg << "<g class=\"points\" fill=\"#1f5fa8\">";
-    for (const auto& [step, value] : series) {
-      if (!std::isfinite(value)) continue;
-      svg << "<circle cx=\"" << num(x_of(static_cast<double>(step))) << "\" cy=\""
-          << num(y_of(value)) << "\" r=\"3\"><title>step " << step << ": " << short_number(value, 6)
-          << "</title></circle>";
-    }
-    svg << "</g>\n";
-  }
+  draw_points(svg, s, series);
   svg << "</svg>";
   return svg.str();
 }

@@ -34,54 +34,58 @@ torch::Tensor flat_parameters(torch::nn::Sequential& model) {
   return torch::cat(parts);
 }
 
-// Runs inside each worker.
-int run_checks() {
-  Accelerator acc;
+// The sum of 1..N over the processes.
+void check_all_reduce(Accelerator& acc) {
   const int n = acc.num_processes();
   const int r = acc.process_index();
-
   auto sum = acc.reduce(torch::tensor({r + 1.0}), ReduceOp::kSum).item<double>();
   report(
       acc, "all_reduce", sum == n * (n + 1) / 2.0,
       "sum of 1..N is " + std::to_string(sum) + ", expected " + std::to_string(n * (n + 1) / 2.0));
+}
 
-  if (n > 1) {
-    auto& comm = ProcessState::get().communicator();
-    if (acc.is_main_process())
-      std::cout << rank_prefix(0, acc.num_processes())
-                << "all-reduce path: " << comm.all_reduce_path() << std::endl;
-    // Several chunks of the shared-memory path (or Gloo's), every element checked.
-    auto big = torch::full({1 << 20}, static_cast<float>(r + 1));
-    comm.all_reduce_(big);
-    const auto wrong = (big != static_cast<float>(n * (n + 1) / 2)).sum().item<int64_t>();
-    report(acc, "all_reduce of 4 MiB", wrong == 0,
-           std::to_string(wrong) + " of 1048576 elements wrong");
+// Several chunks of the shared-memory path (or Gloo's), every element checked.
+void check_large_all_reduce(Accelerator& acc) {
+  const int n = acc.num_processes();
+  const int r = acc.process_index();
+  auto& comm = ProcessState::get().communicator();
+  if (acc.is_main_process())
+    std::cout << rank_prefix(0, acc.num_processes())
+              << "all-reduce path: " << comm.all_reduce_path() << std::endl;
+  auto big = torch::full({1 << 20}, static_cast<float>(r + 1));
+  comm.all_reduce_(big);
+  const auto wrong = (big != static_cast<float>(n * (n + 1) / 2)).sum().item<int64_t>();
+  report(acc, "all_reduce of 4 MiB", wrong == 0,
+         std::to_string(wrong) + " of 1048576 elements wrong");
+}
+
+// The fused AdamW against torch::optim's, on this process alone.
+void check_fused_adamw(Accelerator& acc) {
+  auto plain_model = tiny_mlp(), fused_model = tiny_mlp();
+  torch::optim::AdamW plain(plain_model->parameters(),
+                            torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  FusedAdamW fused(fused_model->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  torch::manual_seed(2);
+  for (int s = 0; s < 5; ++s) {
+    auto input = torch::randn({8, 8});
+    for (auto* pair : {&plain_model, &fused_model})
+      (*pair)->forward(input).pow(2).mean().backward();
+    plain.step();
+    fused.step();
+    plain.zero_grad();
+    fused.zero_grad();
   }
+  auto expected = flat_parameters(plain_model);
+  const double difference =
+      ((flat_parameters(fused_model) - expected).abs().max() / expected.abs().max()).item<double>();
+  report(acc, "fused AdamW equals torch::optim::AdamW", difference <= 1e-5,
+         "relative difference " + std::to_string(difference) + " (limit 1e-5)");
+}
 
-  {
-    // The fused AdamW against torch::optim's, on this process alone.
-    auto plain_model = tiny_mlp(), fused_model = tiny_mlp();
-    torch::optim::AdamW plain(plain_model->parameters(),
-                              torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
-    FusedAdamW fused(fused_model->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
-    torch::manual_seed(2);
-    for (int s = 0; s < 5; ++s) {
-      auto input = torch::randn({8, 8});
-      for (auto* pair : {&plain_model, &fused_model})
-        (*pair)->forward(input).pow(2).mean().backward();
-      plain.step();
-      fused.step();
-      plain.zero_grad();
-      fused.zero_grad();
-    }
-    auto expected = flat_parameters(plain_model);
-    const double difference =
-        ((flat_parameters(fused_model) - expected).abs().max() / expected.abs().max())
-            .item<double>();
-    report(acc, "fused AdamW equals torch::optim::AdamW", difference <= 1e-5,
-           "relative difference " + std::to_string(difference) + " (limit 1e-5)");
-  }
-
+// Process r contributes r + 1 copies of r: the gather must put them end to end in rank order.
+void check_gather(Accelerator& acc) {
+  const int n = acc.num_processes();
+  const int r = acc.process_index();
   auto gathered = acc.gather(torch::full({r + 1}, static_cast<double>(r)));
   bool gather_ok = gathered.size(0) == n * (n + 1) / 2;
   for (int k = 0, at = 0; gather_ok && k < n; at += ++k) {
@@ -89,8 +93,11 @@ int run_checks() {
         torch::equal(gathered.narrow(0, at, k + 1), torch::full({k + 1}, static_cast<double>(k)));
   }
   report(acc, "gather of unequal lengths", gather_ok, c10::str("got ", gathered));
+}
 
-  // Data-parallel steps against the same steps on the whole batch in this process alone.
+// Data-parallel steps against the same steps on the whole batch in this process alone.
+void check_data_parallel_training(Accelerator& acc) {
+  const int n = acc.num_processes();
   const int64_t per_rank = 4, steps = 5;
   torch::manual_seed(1);
   auto x = torch::randn({steps * per_rank * n, 8});
@@ -119,6 +126,17 @@ int run_checks() {
       ((flat_parameters(m) - expected).abs().max() / expected.abs().max()).item<double>();
   report(acc, "training steps equal one process on the combined batch", difference <= 1e-5,
          "relative difference " + std::to_string(difference) + " (limit 1e-5)");
+}
+
+// Runs inside each worker.
+int run_checks() {
+  Accelerator acc;
+  const int n = acc.num_processes();
+  check_all_reduce(acc);
+  if (n > 1) check_large_all_reduce(acc);
+  check_fused_adamw(acc);
+  check_gather(acc);
+  check_data_parallel_training(acc);
 
   const int total_failures =
       static_cast<int>(acc.reduce(torch::tensor({failures}), ReduceOp::kSum).item<int64_t>());
