@@ -210,7 +210,7 @@ void ProcessState::rendezvous() {
   }
   wait_for_arrivals(join_timeout, where);
 
-  auto impl = std::make_unique<Communicator::Impl>();
+  auto impl = std::make_unique<detail::CommunicatorAccess::Impl>();
   impl->store = rendezvous_->attempt_store;
   impl->rank = env_.rank;
   impl->size = env_.world_size;
@@ -262,7 +262,7 @@ void ProcessState::rendezvous() {
     impl->watchdog = std::make_unique<detail::CollectiveWatchdog>(std::move(watch));
     rendezvous_->watchdog = impl->watchdog.get();
   }
-  communicator_ = Communicator(std::move(impl));
+  communicator_ = detail::CommunicatorAccess::make(std::move(impl));
 }
 
 void ProcessState::wait_for_arrivals(std::chrono::milliseconds join_timeout,
