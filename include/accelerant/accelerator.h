@@ -26,7 +26,6 @@
 #include <torch/types.h>
 
 #include <functional>
-#include <iostream>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -272,9 +271,9 @@ class Accelerator {
   template <class... Args>
   void print(const Args&... args) const {
     if (!is_main_process()) return;
-    std::ostringstream line;
+    std::ostringstream line;  // here, as streaming is defined per type; the writing is not
     (line << ... << args);
-    std::cout << line.str() << std::endl;
+    print_line(line.str());
   }
 
   /// Seeds LibTorch's generators (CPU and CUDA) and std::rand; with device_specific each rank
@@ -443,6 +442,8 @@ class Accelerator {
   void start_step_breakdown();
   /// Flushes and closes the trackers (end_training, the destructor); reports no error twice.
   void close_trackers();
+  /// print's output: `line` and a newline on standard output, flushed.
+  void print_line(const std::string& line) const;
 
   // Everything the Accelerator holds lives in the library (src/accelerator/accelerator_impl.h):
   // this header states the contract, and the layout can change without rebuilding users.

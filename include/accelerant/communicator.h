@@ -19,6 +19,9 @@
 #include <vector>
 
 namespace accelerant {
+namespace detail {
+struct CommunicatorAccess;
+}
 
 /// How all_reduce and reduce_scatter combine the ranks' values.
 enum class ReduceOp { kSum, kMean, kMax, kMin };
@@ -43,13 +46,9 @@ class PendingCollective {
   /// (ZeRO stage 2 frees a bucket's gradients once its reduce-scatter is done).
   bool done() const;
 
-  /// The collective's in-flight work, defined inside the library.
-  struct State;
-  /// Made by Communicator's *_async_ calls around the collective they started; not for user code
-  /// (State is private to the library).
-  explicit PendingCollective(std::shared_ptr<State> state) : state_(std::move(state)) {}
-
  private:
+  friend struct detail::CommunicatorAccess;  // the *_async_ calls make it
+  struct State;                              // src/comm/communicator.cpp
   std::shared_ptr<State> state_;
 };
 
@@ -155,13 +154,9 @@ class Communicator {
   /// at once on every later call, since the peers' state is unknown.
   const std::string& broken_reason() const;
 
-  /// The group's connections and state, defined inside the library.
-  struct Impl;
-  /// Made by ProcessState after the rendezvous, from the group it opened; not for user code (Impl
-  /// is private to the library).
-  explicit Communicator(std::unique_ptr<Impl> impl);
-
  private:
+  friend struct detail::CommunicatorAccess;  // ProcessState's rendezvous makes it
+  struct Impl;                               // src/comm/communicator_impl.h
   std::unique_ptr<Impl> impl_;
 };
 

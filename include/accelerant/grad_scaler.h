@@ -19,6 +19,7 @@
 #include <torch/serialize/output-archive.h>
 #include <torch/types.h>
 
+#include <memory>
 #include <vector>
 
 #include "accelerant/options.h"
@@ -52,6 +53,16 @@ class GradScaler {
   /// A scaler whose state lives on `device`, the gradients' device, starting at
   /// options.init_scale(). Throws Error for options out of range (see GradScalerOptions).
   explicit GradScaler(GradScalerOptions options = {}, torch::Device device = torch::kCPU);
+  ~GradScaler();
+  /// A scaler over the same state tensors (updated in place, so steps through either show in
+  /// both), with its own copy of the options and of whether this step was unscaled.
+  GradScaler(const GradScaler& other);
+  /// Makes this scaler a copy of `other` (see the copy constructor).
+  GradScaler& operator=(const GradScaler& other);
+  /// Takes over the moved-from scaler's state; that one must not be used afterwards.
+  GradScaler(GradScaler&&) noexcept;
+  /// Takes over the moved-from scaler's state; that one must not be used afterwards.
+  GradScaler& operator=(GradScaler&&) noexcept;
 
   /// loss * scale (the loss itself when disabled).
   torch::Tensor scale(const torch::Tensor& loss) const;
@@ -70,7 +81,7 @@ class GradScaler {
   void unscale_shares_(const std::vector<torch::Tensor>& shares, Communicator& communicator);
   /// Whether the gradients were unscaled this step (by unscale_ or unscale_shares_); update()
   /// starts a new step.
-  bool unscaled() const { return unscaled_; }
+  bool unscaled() const;
   /// Unscales if needed, then runs optimizer.step() unless a gradient overflowed. Returns whether
   /// it stepped. The skip decision is read on the host, whatever the optimizer: a FusedSGD /
   /// FusedAdam / FusedAdamW passed here is stepped as any torch::optim optimizer (same result).
@@ -90,13 +101,13 @@ class GradScaler {
   /// 1.0 when the current step's gradients overflowed, else 0.0: a 0-dim tensor on the device,
   /// reset by update(). The scaler's state tensors are updated in place: these references stay
   /// valid, and a captured step keeps reading and writing them.
-  const torch::Tensor& found_inf() const { return found_inf_; }
+  const torch::Tensor& found_inf() const;
   /// The current scale: a 0-dim float tensor on the device.
-  const torch::Tensor& scale_tensor() const { return scale_; }
+  const torch::Tensor& scale_tensor() const;
   /// The current scale (reads it from the device).
   double current_scale() const;
   /// GradScalerOptions::enabled: when false every call passes through unchanged.
-  bool enabled() const { return options_.enabled(); }
+  bool enabled() const;
 
   /// The scale and the count of clean steps since it last changed (what a checkpoint keeps).
   void save(torch::serialize::OutputArchive& archive) const;
@@ -105,11 +116,8 @@ class GradScaler {
   void load(torch::serialize::InputArchive& archive);
 
  private:
-  GradScalerOptions options_;
-  torch::Tensor scale_;           // 0-dim float
-  torch::Tensor growth_tracker_;  // 0-dim int: clean steps since the last change
-  torch::Tensor found_inf_;       // 0-dim float
-  bool unscaled_ = false;
+  struct Impl;  // src/train/grad_scaler.cpp: the options and the 0-dim state tensors
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace accelerant

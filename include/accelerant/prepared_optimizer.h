@@ -59,26 +59,18 @@ class PreparedOptimizer {
   /// Clears the gradients unless accumulating.
   void zero_grad();
   /// The last step() that should have updated was skipped because of an fp16 overflow.
-  bool step_was_skipped() const { return state_->last_step_skipped; }
+  bool step_was_skipped() const;
   /// The user's optimizer behind this handle, for its parameter groups, options or state.
-  torch::optim::Optimizer& optimizer() const { return *optimizer_; }
+  torch::optim::Optimizer& optimizer() const;
   /// The fused update step() runs: the one prepare bound (AcceleratorOptions::fused_optimizers)
   /// or the optimizer's own when it is a fused type; null for a plain torch::optim step.
-  FusedUpdater* fused_updater() const { return updater_; }
+  FusedUpdater* fused_updater() const;
   /// The TrainingState it follows (the preparing Accelerator's state()).
-  const std::shared_ptr<TrainingState>& state() const { return state_; }
+  const std::shared_ptr<TrainingState>& state() const;
 
  private:
-  torch::optim::Optimizer* optimizer_;
-  std::shared_ptr<TrainingState> state_;
-  std::shared_ptr<FusedUpdater> fused_;  // owned here when prepare bound it
-  FusedUpdater* updater_;                // fused_, the optimizer's own, or null: decided once
-  Hooks hooks_;
-  // Graph steps under fp16: this step's skip flag, kept past the scaler's update(). Shared by
-  // copies of the handle, written in place by every step and replay.
-  std::shared_ptr<torch::Tensor> skip_flag_ = std::make_shared<torch::Tensor>();
-
-  bool step_in_graph();
+  struct Impl;  // src/train/prepared_optimizer.cpp; shared by copies, as the optimizer is
+  std::shared_ptr<Impl> impl_;
 };
 
 /// What Accelerator::prepare returns for a learning-rate scheduler: a handle over the user's
@@ -94,15 +86,14 @@ class PreparedScheduler {
   /// a GraphStep it is recorded and runs after every replay.
   void step();
   /// The user's scheduler behind this handle.
-  torch::optim::LRScheduler& scheduler() const { return *scheduler_; }
+  torch::optim::LRScheduler& scheduler() const;
   /// After load_state changed the step counters: count from the restored optimizer steps.
   /// Copies of a handle share this, so the user's copy follows too.
-  void resync() { *seen_optimizer_steps_ = state_->optimizer_steps; }
+  void resync();
 
  private:
-  torch::optim::LRScheduler* scheduler_;
-  std::shared_ptr<TrainingState> state_;
-  std::shared_ptr<int64_t> seen_optimizer_steps_;
+  struct Impl;  // src/train/prepared_optimizer.cpp; shared by copies (the steps already followed)
+  std::shared_ptr<Impl> impl_;
 };
 
 }  // namespace accelerant

@@ -53,45 +53,45 @@ class ProcessState {
 
   /// The launcher's description of this process that the state was built from, as read once by
   /// read_launch_contract() (launch_contract.h).
-  const LaunchContract& env() const { return env_; }
+  const LaunchContract& env() const;
   /// This process's global rank, 0 to num_processes() - 1 (RANK, or the Slurm and Open MPI
   /// equivalents); 0 when the program was not launched as several processes.
-  int process_index() const { return env_.rank; }
+  int process_index() const;
   /// Processes in the whole job, across every machine (WORLD_SIZE); 1 when not launched.
-  int num_processes() const { return env_.world_size; }
+  int num_processes() const;
   /// This process's index among the processes on its machine, 0 to num_local_processes() - 1
   /// (LOCAL_RANK); it picks the GPU.
-  int local_process_index() const { return env_.local_rank; }
+  int local_process_index() const;
   /// Processes on this machine (LOCAL_WORLD_SIZE).
-  int num_local_processes() const { return env_.local_world_size; }
+  int num_local_processes() const;
   /// This machine's index among the job's machines, 0 to num_nodes() - 1 (GROUP_RANK).
-  int node_index() const { return env_.node_rank; }
+  int node_index() const;
   /// Machines taking part in the job; 1 when not launched.
-  int num_nodes() const { return env_.num_nodes; }
+  int num_nodes() const;
   /// True on global rank 0 only: the one process of the job that should print a summary or write
   /// a shared file.
-  bool is_main_process() const { return env_.rank == 0; }
+  bool is_main_process() const;
   /// True on local rank 0: one process per machine, e.g. to fill a machine-local cache.
-  bool is_local_main_process() const { return env_.local_rank == 0; }
+  bool is_local_main_process() const;
   /// True when the job has more than one process, and so a rendezvous and a process group.
-  bool distributed() const { return env_.world_size > 1; }
+  bool distributed() const;
   /// How many times the launcher has restarted the group before this attempt (0 the first time).
-  int restart_count() const { return env_.restart_count; }
+  int restart_count() const;
   /// Whether collectives first check op, dtype and shape across ranks (communicator.h):
   /// ProcessStateOptions::debug_mode, else ACCELERANT_DEBUG_MODE, else off.
-  bool debug_mode() const { return debug_mode_; }
+  bool debug_mode() const;
   /// The collective timeout in force: ProcessStateOptions::timeout, else
   /// ACCELERANT_TIMEOUT_MS, else 30 minutes.
-  std::chrono::milliseconds timeout() const { return timeout_; }
+  std::chrono::milliseconds timeout() const;
   /// `cuda:<local rank>` (modulo the visible GPUs) when a GPU is visible and `cpu` is off, else
   /// cpu.
-  torch::Device device() const { return device_; }
+  torch::Device device() const;
   /// "[rank r/N] " when distributed, "" otherwise: the prefix of every message about this rank.
   std::string rank_prefix() const;
 
   /// The collectives between this job's processes, set up at the rendezvous. With one process it
   /// is a communicator of one, whose collectives return (a copy of) their input.
-  Communicator& communicator() { return communicator_; }
+  Communicator& communicator();
 
   /// Returns when every process has reached this call.
   void wait_for_everyone();
@@ -112,17 +112,9 @@ class ProcessState {
   ~ProcessState();
 
  private:
-  ProcessState(LaunchContract env, const ProcessStateOptions& options);
-  void rendezvous();
-  void wait_for_arrivals(std::chrono::milliseconds join_timeout, const std::string& where);
-
-  LaunchContract env_;
-  std::chrono::milliseconds timeout_;
-  bool debug_mode_;
-  torch::Device device_;
-  Communicator communicator_;
-  struct Rendezvous;
-  std::unique_ptr<Rendezvous> rendezvous_;
+  struct Impl;  // src/comm/process_state.cpp: the contract, the settings, the rendezvous's store
+  ProcessState(LaunchContract env, const ProcessStateOptions& options);  // get() and initialize()
+  std::unique_ptr<Impl> impl_;
 };
 
 template <class Fn>

@@ -6,6 +6,8 @@
 
 namespace accelerant {
 
+class Accelerator;
+
 /// While it records, LibTorch's operators on the calling thread and Accelerant's spans (gradient
 /// all-reduce buckets, checkpoints, data waits, optimizer steps) are recorded; stop() or the
 /// destructor ends the recording and writes the files. Stopping is a collective: every process
@@ -33,12 +35,10 @@ class ProfileScope {
   /// The folder the trace files go to.
   std::string dir() const;
 
-  /// The recording's state, defined inside the library.
-  struct Session;
-  /// Made by Accelerator::profile; not for user code (Session is private to the library).
-  explicit ProfileScope(std::shared_ptr<Session> session) : session_(std::move(session)) {}
-
  private:
+  friend class Accelerator;  // Accelerator::profile makes the scopes that record
+  struct Session;            // src/accelerator/profile_scope.cpp
+  explicit ProfileScope(std::shared_ptr<Session> session) : session_(std::move(session)) {}
   std::shared_ptr<Session> session_;
 };
 

@@ -322,6 +322,8 @@ bool Accelerator::is_local_main_process() const { return impl_->local_process_in
 int Accelerator::threads() const { return impl_->threads_; }
 const std::shared_ptr<TrainingState>& Accelerator::state() const { return impl_->state_; }
 
+void Accelerator::print_line(const std::string& line) const { std::cout << line << std::endl; }
+
 Communicator& Accelerator::communicator() const {
   if (impl_->ended_) {
     throw Error(

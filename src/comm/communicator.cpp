@@ -14,6 +14,10 @@
 namespace accelerant {
 namespace {
 
+// The private state communicator.h declares but does not define (communicator_impl.h).
+using CommunicatorImpl = detail::CommunicatorAccess::Impl;
+using PendingState = detail::CommunicatorAccess::PendingState;
+
 constexpr int64_t kMaxGatherDims = 8;
 
 std::string shape_text(const torch::Tensor& t, bool free_first_dim = false) {
@@ -46,7 +50,7 @@ const char* to_string(ReduceOp op) {
   return "unknown";
 }
 
-detail::CommBackend& Communicator::Impl::backend_for(const torch::Tensor& t) const {
+detail::CommBackend& CommunicatorImpl::backend_for(const torch::Tensor& t) const {
   if (t.is_cuda()) {
     if (!nccl) {
       throw Error(detail::str(
@@ -90,7 +94,7 @@ class BlockedScope {
   bool owner_ = false;
 };
 
-[[noreturn]] void fail(Communicator::Impl& c, detail::CollectiveCall call,
+[[noreturn]] void fail(CommunicatorImpl& c, detail::CollectiveCall call,
                        const std::string& signature, const std::string& cause) {
   call.signature = signature;
   c.flight.finish(call.sequence, detail::CollectiveState::kFailed);
@@ -114,7 +118,7 @@ class BlockedScope {
 // signatures across ranks. `describe` formats the call's signature; it runs only in debug mode or
 // after a failure, so the training step's all-reduces pay no string formatting.
 template <class Describe>
-detail::CollectiveCall begin_call(Communicator::Impl& c, const char* name, Payload payload,
+detail::CollectiveCall begin_call(CommunicatorImpl& c, const char* name, Payload payload,
                                   Describe&& describe) {
   if (!c.broken_reason.empty()) {
     throw CollectiveError(
@@ -143,7 +147,7 @@ detail::CollectiveCall begin_call(Communicator::Impl& c, const char* name, Paylo
 // Runs `body` (the transport part of a collective) and turns a transport failure into a
 // CollectiveError naming the ranks that never arrived.
 template <class Describe, class Body>
-auto run_or_fail(Communicator::Impl& c, const detail::CollectiveCall& call, Describe&& describe,
+auto run_or_fail(CommunicatorImpl& c, const detail::CollectiveCall& call, Describe&& describe,
                  Body&& body) {
   try {
     return body();
@@ -161,7 +165,7 @@ auto run_or_fail(Communicator::Impl& c, const detail::CollectiveCall& call, Desc
 
 // One blocking public collective.
 template <class Describe, class Body>
-auto guarded(Communicator::Impl& c, const char* name, Payload payload, Describe&& describe,
+auto guarded(CommunicatorImpl& c, const char* name, Payload payload, Describe&& describe,
              Body&& body) {
   auto call = begin_call(c, name, payload, describe);
   BlockedScope blocked(c.blocked, call.sequence);
@@ -176,7 +180,7 @@ auto guarded(Communicator::Impl& c, const char* name, Payload payload, Describe&
 }
 
 // Equal-shape all-gather without the guard; every rank's tensor in rank order.
-std::vector<torch::Tensor> raw_all_gather(Communicator::Impl& c, const torch::Tensor& t) {
+std::vector<torch::Tensor> raw_all_gather(CommunicatorImpl& c, const torch::Tensor& t) {
   std::vector<torch::Tensor> inputs{t.contiguous()};
   std::vector<std::vector<torch::Tensor>> outputs(1);
   for (int r = 0; r < c.size; ++r) outputs[0].push_back(torch::empty_like(inputs[0]));
@@ -189,7 +193,7 @@ std::vector<torch::Tensor> raw_all_gather(Communicator::Impl& c, const torch::Te
 
 // One row per rank: [ndim, dtype, size0, size1, ...]. Checked on every rank, so a mismatch in
 // the trailing dimensions is always an error naming each rank's shape (no debug mode needed).
-std::vector<std::vector<int64_t>> exchange_shapes(Communicator::Impl& c, const torch::Tensor& t,
+std::vector<std::vector<int64_t>> exchange_shapes(CommunicatorImpl& c, const torch::Tensor& t,
                                                   const std::string& op) {
   if (t.dim() > kMaxGatherDims) {
     throw Error(detail::str(c.rank_prefix, op, " supports up to ", kMaxGatherDims,
@@ -229,7 +233,7 @@ std::vector<std::vector<int64_t>> exchange_shapes(Communicator::Impl& c, const t
 
 // The arguments of reduce_scatter_ (`scatter`: input holds size() shards, output one) or
 // all_gather_ (output holds size() copies of input's size).
-void check_sharded_arguments(const Communicator::Impl& c, const char* name,
+void check_sharded_arguments(const CommunicatorImpl& c, const char* name,
                              const torch::Tensor& input, const torch::Tensor& output, bool scatter,
                              ReduceOp op) {
   auto refuse = [&](const std::string& what) {
@@ -280,7 +284,7 @@ void check_sharded_arguments(const Communicator::Impl& c, const char* name,
   }
 }
 
-void check_source_rank(const Communicator::Impl& c, const char* op, int src) {
+void check_source_rank(const CommunicatorImpl& c, const char* op, int src) {
   if (src >= 0 && src < c.size) return;
   throw Error(detail::str(c.rank_prefix, op, ": src ", src, " is not a rank of this world of ",
                           c.size, " processes. Fix: pass a rank between 0 and ", c.size - 1,
@@ -290,7 +294,6 @@ void check_source_rank(const Communicator::Impl& c, const char* op, int src) {
 }  // namespace
 
 Communicator::Communicator() : impl_(std::make_unique<Impl>()) {}
-Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Communicator::~Communicator() = default;
 Communicator::Communicator(Communicator&&) noexcept = default;
 Communicator& Communicator::operator=(Communicator&&) noexcept = default;
@@ -309,7 +312,7 @@ void Communicator::all_reduce_(const torch::Tensor& tensor, ReduceOp op) {
 // (an fp32 or contiguous copy when the caller's cannot travel as it is), where the answer lands
 // and the call's identity for the failure report.
 struct PendingCollective::State {
-  Communicator::Impl* comm = nullptr;
+  CommunicatorImpl* comm = nullptr;
   detail::CollectiveCall call;
   const char* name = "all_reduce";      // or "reduce_scatter", "all_gather"
   c10::intrusive_ptr<c10d::Work> work;  // Gloo or NCCL, or
@@ -341,7 +344,7 @@ bool PendingCollective::done() const {
 void PendingCollective::wait() {
   if (!state_) return;
   auto state = std::move(state_);  // a second wait() returns at once, even after a failure
-  Communicator::Impl& c = *state->comm;
+  CommunicatorImpl& c = *state->comm;
   BlockedScope blocked(c.blocked, state->call.sequence);
   run_or_fail(
       c, state->call, [&] { return state->describe(); },
@@ -364,7 +367,7 @@ namespace {
 
 // Queues the all-reduce of state.wire: through the shared-memory segment when it carries that
 // dtype, else through the tensor's backend (Gloo for CPU tensors, NCCL for CUDA ones).
-void queue_all_reduce(Communicator::Impl& c, PendingCollective::State& state, ReduceOp op) {
+void queue_all_reduce(CommunicatorImpl& c, PendingState& state, ReduceOp op) {
   if (c.shm && detail::ShmAllReduce::supports(state.wire)) {
     state.shm_done = c.shm->submit(state.wire, op);
     return;
@@ -385,7 +388,7 @@ PendingCollective Communicator::all_reduce_async_(const torch::Tensor& tensor, R
                     ". Fix: convert first, e.g. tensor.to(torch::kFloat), or reduce with sum."));
   }
   if (impl_->size == 1) return {};
-  auto state = std::make_shared<PendingCollective::State>();
+  auto state = std::make_shared<PendingState>();
   state->comm = impl_.get();
   state->target = tensor;
   state->op = op;
@@ -398,7 +401,7 @@ PendingCollective Communicator::all_reduce_async_(const torch::Tensor& tensor, R
     state->result = state->wire;
     queue_all_reduce(*impl_, *state, op);
   });
-  return PendingCollective(std::move(state));
+  return detail::CommunicatorAccess::pending(std::move(state));
 }
 
 namespace {
@@ -406,11 +409,10 @@ namespace {
 // A reduce-scatter's or all-gather's pending state with its call begun (numbered, recorded,
 // checked across ranks in debug mode): what both set up alike. The payload is the whole side,
 // the input of a reduce-scatter and the output of an all-gather.
-std::shared_ptr<PendingCollective::State> begin_sharded(Communicator::Impl& c, const char* name,
-                                                        const torch::Tensor& input,
-                                                        const torch::Tensor& output, ReduceOp op,
-                                                        bool reduces) {
-  auto state = std::make_shared<PendingCollective::State>();
+std::shared_ptr<PendingState> begin_sharded(CommunicatorImpl& c, const char* name,
+                                            const torch::Tensor& input, const torch::Tensor& output,
+                                            ReduceOp op, bool reduces) {
+  auto state = std::make_shared<PendingState>();
   state->comm = &c;
   state->name = name;
   state->input = input;
@@ -465,7 +467,7 @@ PendingCollective Communicator::reduce_scatter_async_(const torch::Tensor& input
     state->result = state->wire.narrow(0, impl_->rank * shard, shard);
     queue_all_reduce(*impl_, *state, op);
   });
-  return PendingCollective(std::move(state));
+  return detail::CommunicatorAccess::pending(std::move(state));
 }
 
 void Communicator::all_gather_(const torch::Tensor& input, const torch::Tensor& output) {
@@ -512,7 +514,7 @@ PendingCollective Communicator::all_gather_async_(const torch::Tensor& input,
     }
     state->work = impl_->gloo->allgather(outputs, inputs);
   });
-  return PendingCollective(std::move(state));
+  return detail::CommunicatorAccess::pending(std::move(state));
 }
 
 torch::Tensor Communicator::all_reduce(const torch::Tensor& tensor, ReduceOp op) {

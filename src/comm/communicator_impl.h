@@ -1,8 +1,10 @@
 // Communicator's private state, shared by communicator.cpp and process_state.cpp (which builds it
-// after the rendezvous). Not installed.
+// after the rendezvous), and the one way in to it. Not installed.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -38,5 +40,30 @@ struct Communicator::Impl {
 
   detail::CommBackend& backend_for(const torch::Tensor& t) const;
 };
+
+namespace detail {
+
+// What only the library may do with a Communicator or a PendingCollective: build one around its
+// private state. communicator.h befriends this struct instead of declaring constructors that take
+// that state, so that user code sees neither the state nor a constructor it must not call.
+struct CommunicatorAccess {
+  using Impl = Communicator::Impl;
+  using PendingState = PendingCollective::State;  // defined in communicator.cpp
+
+  // The communicator over a group ProcessState opened at the rendezvous.
+  static Communicator make(std::unique_ptr<Impl> impl) {
+    Communicator made;
+    made.impl_ = std::move(impl);
+    return made;
+  }
+  // The handle of a collective a *_async_ call started.
+  static PendingCollective pending(std::shared_ptr<PendingState> state) {
+    PendingCollective made;
+    made.state_ = std::move(state);
+    return made;
+  }
+};
+
+}  // namespace detail
 
 }  // namespace accelerant

@@ -98,13 +98,35 @@ std::vector<std::shared_ptr<gloo::transport::Device>> gloo_devices(const std::st
 
 }  // namespace
 
-struct ProcessState::Rendezvous {
-  c10::intrusive_ptr<c10d::TCPStore> tcp_store;
-  c10::intrusive_ptr<c10d::Store> attempt_store;   // keys of this restart attempt only
-  detail::CollectiveWatchdog* watchdog = nullptr;  // the communicator's, while it lives
+// What a ProcessState holds: the launcher's contract it was built from, the settings resolved
+// from the options and that contract, and the job's store and communicator after the rendezvous.
+struct ProcessState::Impl {
+  Impl(LaunchContract env, const ProcessStateOptions& options);
+  // Meets the other ranks through the job's store and opens the communicator's group.
+  void rendezvous();
+  // Returns once every rank has claimed its arrival key; throws naming the missing ranks after
+  // the join timeout, or when the store goes away or the ranks disagree on the world size.
+  void wait_for_arrivals(std::chrono::milliseconds join_timeout, const std::string& where);
+  std::string rank_prefix() const;
+
+  struct Rendezvous {
+    c10::intrusive_ptr<c10d::TCPStore> tcp_store;
+    c10::intrusive_ptr<c10d::Store> attempt_store;   // keys of this restart attempt only
+    detail::CollectiveWatchdog* watchdog = nullptr;  // the communicator's, while it lives
+  };
+
+  LaunchContract env_;
+  std::chrono::milliseconds timeout_;
+  bool debug_mode_;
+  torch::Device device_;
+  Communicator communicator_;
+  std::unique_ptr<Rendezvous> rendezvous_;  // null when the job has one process
 };
 
 ProcessState::ProcessState(LaunchContract env, const ProcessStateOptions& options)
+    : impl_(std::make_unique<Impl>(std::move(env), options)) {}
+
+ProcessState::Impl::Impl(LaunchContract env, const ProcessStateOptions& options)
     : env_(std::move(env)),
       timeout_(options.timeout().value_or(env_.timeout.value_or(kDefaultCollectiveTimeout))),
       debug_mode_(options.debug_mode().value_or(env_.debug_mode.value_or(false))),
@@ -127,9 +149,26 @@ ProcessState::ProcessState(LaunchContract env, const ProcessStateOptions& option
 
 ProcessState::~ProcessState() = default;
 
-std::string ProcessState::rank_prefix() const {
-  return distributed() ? accelerant::rank_prefix(env_.rank, env_.world_size) : "";
+std::string ProcessState::Impl::rank_prefix() const {
+  return env_.distributed() ? accelerant::rank_prefix(env_.rank, env_.world_size) : "";
 }
+
+const LaunchContract& ProcessState::env() const { return impl_->env_; }
+int ProcessState::process_index() const { return impl_->env_.rank; }
+int ProcessState::num_processes() const { return impl_->env_.world_size; }
+int ProcessState::local_process_index() const { return impl_->env_.local_rank; }
+int ProcessState::num_local_processes() const { return impl_->env_.local_world_size; }
+int ProcessState::node_index() const { return impl_->env_.node_rank; }
+int ProcessState::num_nodes() const { return impl_->env_.num_nodes; }
+bool ProcessState::is_main_process() const { return impl_->env_.rank == 0; }
+bool ProcessState::is_local_main_process() const { return impl_->env_.local_rank == 0; }
+bool ProcessState::distributed() const { return impl_->env_.world_size > 1; }
+int ProcessState::restart_count() const { return impl_->env_.restart_count; }
+bool ProcessState::debug_mode() const { return impl_->debug_mode_; }
+std::chrono::milliseconds ProcessState::timeout() const { return impl_->timeout_; }
+torch::Device ProcessState::device() const { return impl_->device_; }
+std::string ProcessState::rank_prefix() const { return impl_->rank_prefix(); }
+Communicator& ProcessState::communicator() { return impl_->communicator_; }
 
 namespace {
 
@@ -145,7 +184,7 @@ long long seconds_of(std::chrono::milliseconds d) {
 
 }  // namespace
 
-void ProcessState::rendezvous() {
+void ProcessState::Impl::rendezvous() {
   const std::string where = detail::str(env_.master_addr, ":", env_.master_port);
   const auto join_timeout = env_.join_timeout.value_or(kDefaultJoinTimeout);
   rendezvous_ = std::make_unique<Rendezvous>();
@@ -210,7 +249,7 @@ void ProcessState::rendezvous() {
   }
   wait_for_arrivals(join_timeout, where);
 
-  auto impl = std::make_unique<Communicator::Impl>();
+  auto impl = std::make_unique<detail::CommunicatorAccess::Impl>();
   impl->store = rendezvous_->attempt_store;
   impl->rank = env_.rank;
   impl->size = env_.world_size;
@@ -262,11 +301,11 @@ void ProcessState::rendezvous() {
     impl->watchdog = std::make_unique<detail::CollectiveWatchdog>(std::move(watch));
     rendezvous_->watchdog = impl->watchdog.get();
   }
-  communicator_ = Communicator(std::move(impl));
+  communicator_ = detail::CommunicatorAccess::make(std::move(impl));
 }
 
-void ProcessState::wait_for_arrivals(std::chrono::milliseconds join_timeout,
-                                     const std::string& where) {
+void ProcessState::Impl::wait_for_arrivals(std::chrono::milliseconds join_timeout,
+                                           const std::string& where) {
   auto& store = *rendezvous_->attempt_store;
   const auto refuse_mismatch = [&] {
     std::vector<uint8_t> text;
@@ -338,7 +377,7 @@ void ProcessState::wait_for_arrivals(std::chrono::milliseconds join_timeout,
   refuse_mismatch();
 }
 
-void ProcessState::wait_for_everyone() { communicator_.barrier(); }
+void ProcessState::wait_for_everyone() { impl_->communicator_.barrier(); }
 
 ProcessState& ProcessState::get() {
   std::lock_guard<std::mutex> lock(state_mutex());
@@ -369,17 +408,18 @@ void ProcessState::shutdown() {
   std::lock_guard<std::mutex> lock(state_mutex());
   auto& slot = state_slot();
   if (!slot) return;
-  if (slot->rendezvous_) {
+  const ProcessState::Impl& state = *slot->impl_;
+  if (state.rendezvous_) {
     // A store-side barrier rather than a Gloo one: after it, no rank still waits on bytes from
     // another, so closing the Gloo sockets cannot cut a transfer short.
-    if (slot->rendezvous_->watchdog) slot->rendezvous_->watchdog->mark_ended();
-    auto& store = *slot->rendezvous_->attempt_store;
-    if (store.add("finished", 1) == slot->env_.world_size) {
+    if (state.rendezvous_->watchdog) state.rendezvous_->watchdog->mark_ended();
+    auto& store = *state.rendezvous_->attempt_store;
+    if (store.add("finished", 1) == state.env_.world_size) {
       store.set("all_finished", std::vector<uint8_t>{1});
     }
     // Other ranks may legitimately still be working (uneven ends), so this waits longer than a
     // collective would; a rank that died is the launcher's to report.
-    store.wait({"all_finished"}, std::max(slot->timeout_, kDefaultCollectiveTimeout));
+    store.wait({"all_finished"}, std::max(state.timeout_, kDefaultCollectiveTimeout));
   }
   slot.reset();
 }

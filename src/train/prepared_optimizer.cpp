@@ -7,26 +7,54 @@
 
 namespace accelerant {
 
+// What a PreparedOptimizer holds; every member is set at construction and never replaced, so
+// copies of the handle share one.
+struct PreparedOptimizer::Impl {
+  Impl(torch::optim::Optimizer& optimizer, std::shared_ptr<TrainingState> state,
+       std::shared_ptr<FusedUpdater> fused, Hooks hooks)
+      : optimizer_(&optimizer),
+        state_(std::move(state)),
+        fused_(std::move(fused)),
+        updater_(fused_ ? fused_.get() : fused_updater_of(optimizer)),
+        hooks_(std::move(hooks)) {}
+
+  bool step();
+  bool step_in_graph();  // step() inside a GraphStep's capture
+
+  torch::optim::Optimizer* optimizer_;
+  std::shared_ptr<TrainingState> state_;
+  std::shared_ptr<FusedUpdater> fused_;  // owned here when prepare bound it
+  FusedUpdater* updater_;                // fused_, the optimizer's own, or null: decided once
+  Hooks hooks_;
+  // Graph steps under fp16: this step's skip flag, kept past the scaler's update(). Written in
+  // place by every step and replay; the replays' host effects hold it too.
+  std::shared_ptr<torch::Tensor> skip_flag_ = std::make_shared<torch::Tensor>();
+};
+
 PreparedOptimizer::PreparedOptimizer(torch::optim::Optimizer& optimizer,
                                      std::shared_ptr<TrainingState> state,
                                      std::shared_ptr<FusedUpdater> fused, Hooks hooks)
-    : optimizer_(&optimizer),
-      state_(std::move(state)),
-      fused_(std::move(fused)),
-      updater_(fused_ ? fused_.get() : fused_updater_of(optimizer)),
-      hooks_(std::move(hooks)) {
-  if (!state_)
+    : impl_(
+          std::make_shared<Impl>(optimizer, std::move(state), std::move(fused), std::move(hooks))) {
+  if (!impl_->state_)
     throw Error(
         "PreparedOptimizer needs a TrainingState; got null. Fix: pass "
         "std::make_shared<TrainingState>().");
-  if (fused_ && &fused_->optimizer() != optimizer_) {
+  if (impl_->fused_ && &impl_->fused_->optimizer() != impl_->optimizer_) {
     throw Error(
         "PreparedOptimizer: the fused update is bound to another optimizer. Fix: bind it to this "
         "one.");
   }
 }
 
-bool PreparedOptimizer::step() {
+bool PreparedOptimizer::step_was_skipped() const { return impl_->state_->last_step_skipped; }
+torch::optim::Optimizer& PreparedOptimizer::optimizer() const { return *impl_->optimizer_; }
+FusedUpdater* PreparedOptimizer::fused_updater() const { return impl_->updater_; }
+const std::shared_ptr<TrainingState>& PreparedOptimizer::state() const { return impl_->state_; }
+
+bool PreparedOptimizer::step() { return impl_->step(); }
+
+bool PreparedOptimizer::Impl::step() {
   if (!state_->sync_gradients) return false;
   if (detail::recording_step()) return step_in_graph();
   bool stepped = true;
@@ -55,7 +83,7 @@ bool PreparedOptimizer::step() {
 // replay and reads the flag then, once the step's work has been queued in full. Under ZeRO the
 // parameters' all-gather is a host effect too, before the counters: a collective of the
 // transport (shared memory, Gloo) that no capture holds, run after every replay instead.
-bool PreparedOptimizer::step_in_graph() {
+bool PreparedOptimizer::Impl::step_in_graph() {
   if (!updater_) {
     throw Error(detail::str(
         "PreparedOptimizer::step() inside a graph step with an unfused torch::optim optimizer: "
@@ -93,31 +121,45 @@ bool PreparedOptimizer::step_in_graph() {
 }
 
 void PreparedOptimizer::zero_grad() {
-  if (!state_->sync_gradients) return;
-  if (hooks_.zero_gradients) {
-    hooks_.zero_gradients();
+  if (!impl_->state_->sync_gradients) return;
+  if (impl_->hooks_.zero_gradients) {
+    impl_->hooks_.zero_gradients();
   } else {
-    optimizer_->zero_grad();
+    impl_->optimizer_->zero_grad();
   }
 }
 
+// What a PreparedScheduler holds; copies of the handle share one, and so the count of optimizer
+// steps already followed.
+struct PreparedScheduler::Impl {
+  torch::optim::LRScheduler* scheduler_;
+  std::shared_ptr<TrainingState> state_;
+  int64_t seen_optimizer_steps_ = 0;
+};
+
 PreparedScheduler::PreparedScheduler(torch::optim::LRScheduler& scheduler,
                                      std::shared_ptr<TrainingState> state)
-    : scheduler_(&scheduler), state_(std::move(state)) {
-  if (!state_)
+    : impl_(std::make_shared<Impl>()) {
+  if (!state)
     throw Error(
         "PreparedScheduler needs a TrainingState; got null. Fix: pass "
         "std::make_shared<TrainingState>().");
-  seen_optimizer_steps_ = std::make_shared<int64_t>(state_->optimizer_steps);
+  impl_->scheduler_ = &scheduler;
+  impl_->seen_optimizer_steps_ = state->optimizer_steps;
+  impl_->state_ = std::move(state);
 }
+
+torch::optim::LRScheduler& PreparedScheduler::scheduler() const { return *impl_->scheduler_; }
+
+void PreparedScheduler::resync() { impl_->seen_optimizer_steps_ = impl_->state_->optimizer_steps; }
 
 void PreparedScheduler::step() {
   // A host effect: inside a captured step it runs after every replay, after the optimizer's
   // counters (recorded before it), and the new lr reaches the fused update before the next one.
-  detail::host_effect([scheduler = scheduler_, state = state_, seen = seen_optimizer_steps_] {
-    if (state->optimizer_steps == *seen) return;
-    *seen = state->optimizer_steps;
-    scheduler->step();
+  detail::host_effect([impl = impl_] {
+    if (impl->state_->optimizer_steps == impl->seen_optimizer_steps_) return;
+    impl->seen_optimizer_steps_ = impl->state_->optimizer_steps;
+    impl->scheduler_->step();
   });
 }
 
