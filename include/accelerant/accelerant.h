@@ -23,6 +23,7 @@
 #include "accelerant/graph_step.h"
 #include "accelerant/launch.h"
 #include "accelerant/launch_contract.h"
+#include "accelerant/launch_plan.h"
 #include "accelerant/lr_schedule.h"
 #include "accelerant/metrics.h"
 #include "accelerant/prepared_optimizer.h"
