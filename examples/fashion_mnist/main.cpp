@@ -240,21 +240,18 @@ int main(int argc, char** argv) {
 
   try {
     // Under a launcher (accelerant launch, torchrun, srun, mpirun) launch runs `train` here as
-    // this process's rank; otherwise it forks the workers.
-    const auto outer = accelerant::read_launch_contract();
-    // Forked workers must not inherit a started thread pool (docs/launching.md): read the data
-    // single-threaded; each worker then sizes its own threads (the Accelerator's CPU defaults).
-    if (!outer.launched()) torch::set_num_threads(1);
+    // this process's rank; otherwise it forks the workers, and the data is read single-threaded.
+    const auto options = accelerant::LaunchOptions().processes_per_node(s.num_processes);
+    const auto plan = accelerant::prepare_launch(options);
     const auto train_split = fashion_mnist::load_split(s.data_dir, "train");
     const auto test_split = fashion_mnist::load_split(s.data_dir, "t10k");
-    const double accuracy =
-        accelerant::launch(train, std::cref(train_split), std::cref(test_split), std::cref(s),
-                           accelerant::LaunchOptions().processes_per_node(s.num_processes))
-            .front();
-    if (outer.rank != 0) return 0;  // the summary line comes from rank 0 only
-    const int processes = outer.launched() ? outer.world_size : s.num_processes;
+    const double accuracy = accelerant::launch(train, std::cref(train_split), std::cref(test_split),
+                                               std::cref(s), options)
+                                .front();
+    if (!plan.is_main_process) return 0;  // one summary line for the whole job
     std::printf("Fashion-MNIST test accuracy: %.2f%% after %d epoch%s on %d process%s\n", accuracy,
-                s.epochs, s.epochs == 1 ? "" : "s", processes, processes == 1 ? "" : "es");
+                s.epochs, s.epochs == 1 ? "" : "s", plan.world_size,
+                plan.world_size == 1 ? "" : "es");
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fashion_mnist: %s\n", e.what());

@@ -191,18 +191,15 @@ int main(int argc, char** argv) {
       sample_mode(s);
       return 0;
     }
-    const auto outer = accelerant::read_launch_contract();
-    // Forked workers must not inherit a started thread pool (docs/launching.md "Threads and
-    // fork"): read the text single-threaded; each worker then sizes its own threads.
-    if (!outer.launched()) torch::set_num_threads(1);
+    const auto options = accelerant::LaunchOptions().processes_per_node(s.num_processes);
+    accelerant::prepare_launch(options);  // before forking, read the text single-threaded
     const gpt::Corpus corpus = gpt::read_corpus(s.input, s.model.block_size);
     s.model.vocab_size = corpus.vocabulary.size();
     // nanoGPT starts its samples at a newline; a text without one starts at its first character.
     if (!start_given && !corpus.vocabulary.contains(s.start))
       s.start = corpus.vocabulary.decode(corpus.train.narrow(0, 0, 1));
     corpus.vocabulary.encode(s.start);  // refused here, before training, rather than at the end
-    accelerant::launch(gpt::train, std::cref(s), std::cref(corpus),
-                       accelerant::LaunchOptions().processes_per_node(s.num_processes));
+    accelerant::launch(gpt::train, std::cref(s), std::cref(corpus), options);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt: %s\n", e.what());

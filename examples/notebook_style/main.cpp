@@ -67,20 +67,18 @@ int main(int argc, char** argv) {
 
   try {
     // Under a launcher (accelerant launch, torchrun, srun, mpirun) launch runs training_loop here
-    // as this process's rank; otherwise it forks the workers, so keep this process's thread pool
-    // unstarted before the fork.
-    const auto outer = accelerant::read_launch_contract();
-    if (!outer.launched()) torch::set_num_threads(1);
+    // as this process's rank; otherwise it forks the workers.
+    const auto options = accelerant::LaunchOptions().processes_per_node(processes);
+    const auto plan = accelerant::prepare_launch(options);
     torch::manual_seed(0);
     auto [points, labels] = two_spirals(2048);
     torch::nn::Sequential model(torch::nn::Linear(2, 64), torch::nn::Tanh(),
                                 torch::nn::Linear(64, 64), torch::nn::Tanh(),
                                 torch::nn::Linear(64, 2));
-    auto losses = accelerant::launch(training_loop, model, points, labels, steps,
-                                     accelerant::LaunchOptions().processes_per_node(processes));
-    if (outer.rank != 0) return 0;  // one summary line for the whole job
+    auto losses = accelerant::launch(training_loop, model, points, labels, steps, options);
+    if (!plan.is_main_process) return 0;  // one summary line for the whole job
     std::printf("final mean loss %.4f on %d workers (chance: %.4f)\n", losses.front(),
-                outer.launched() ? outer.world_size : processes, std::log(2.0));
+                plan.world_size, std::log(2.0));
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "notebook_style: %s\n", e.what());

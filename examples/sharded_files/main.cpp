@@ -161,16 +161,14 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    const auto outer = accelerant::read_launch_contract();
-    // Forked workers must not inherit a started thread pool (docs/launching.md).
-    if (!outer.launched()) torch::set_num_threads(1);
+    const auto options = accelerant::LaunchOptions()
+                             .processes_per_node(s.num_processes)
+                             .max_restarts(s.kill_at_step > 0 ? 1 : 0);
+    accelerant::prepare_launch(options);  // before forking, write the data single-threaded
     ::mkdir(s.project_dir.c_str(), 0755);
     // Under a launcher every rank runs this: the writes are idempotent and renamed into place.
     const auto shards = write_data_set(s.project_dir + "/data");
-    accelerant::launch(train, std::cref(shards), std::cref(s),
-                       accelerant::LaunchOptions()
-                           .processes_per_node(s.num_processes)
-                           .max_restarts(s.kill_at_step > 0 ? 1 : 0));
+    accelerant::launch(train, std::cref(shards), std::cref(s), options);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "sharded_files: %s\n", e.what());

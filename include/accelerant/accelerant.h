@@ -28,6 +28,7 @@
 #include "accelerant/launch.h"
 #include "accelerant/launch_contract.h"
 #include "accelerant/launch_options.h"
+#include "accelerant/launch_plan.h"
 #include "accelerant/lr_schedule.h"
 #include "accelerant/metrics.h"
 #include "accelerant/options.h"

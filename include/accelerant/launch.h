@@ -37,6 +37,7 @@
 
 #include "accelerant/error.h"
 #include "accelerant/launch_options.h"
+#include "accelerant/launch_plan.h"
 
 namespace accelerant {
 
@@ -122,7 +123,8 @@ auto launch_with(const LaunchOptions& options, Fn& fn, Tuple& args) {
 /// Forks options.processes_per_node workers that each run fn(index, args...) (or fn(args...)), and
 /// returns their results in local rank order (nothing when fn returns void). Under an outer
 /// launcher (launch_serialized) fn runs in this process as its rank and the vector holds that one
-/// result: test read_launch_contract().rank == 0 to report once. LaunchOptions, when
+/// result: prepare_launch (launch_plan.h), called first, says which process reports for the job
+/// and keeps the thread pools of a forking process unstarted. LaunchOptions, when
 /// given, is the last argument. Results travel through torch::pickle_save, so fn may return
 /// numbers, strings, tensors and lists of them. Arguments are the parent's own objects, shared
 /// copy-on-write: pass large ones by reference (std::ref) to avoid a copy before the fork.
