@@ -48,12 +48,14 @@ TEST(AcceleratorSettings, OptionBeatsEnvironmentBeatsConfigBeatsDefault) {
   const ConfigValues config{{"mixed_precision", "bf16"},
                             {"gradient_accumulation_steps", "3"},
                             {"even_batches", "false"},
+                            {"cpu", "true"},
                             {"seed", "7"}};
   auto env = env_of({{"ACCELERANT_GRADIENT_ACCUMULATION_STEPS", "2"}, {"ACCELERANT_SEED", "9"}});
   auto s = resolve_accelerator_settings(AcceleratorOptions().seed(11), env, config, "cfg.yaml");
   EXPECT_EQ(s.mixed_precision, MixedPrecision::kBf16);  // config
   EXPECT_EQ(s.gradient_accumulation_steps, 2);          // environment over config
   EXPECT_FALSE(s.even_batches);                         // config
+  EXPECT_TRUE(s.cpu);                                   // config (the key `cpu`, docs/names.md)
   EXPECT_EQ(s.seed, std::optional<uint64_t>(11));       // option over both
   EXPECT_FALSE(s.split_batches);                        // default
   EXPECT_TRUE(s.cpu_defaults);                          // default

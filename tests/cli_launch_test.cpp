@@ -2,6 +2,7 @@
 // group; a failing worker is named; a killed worker is restarted; SIGINT leaves no process;
 // the config file is read and flags override it; the same program trains identically under
 // torchrun and mpirun.
+#include <accelerant/config.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -12,8 +13,10 @@
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "test_support.h"
@@ -46,10 +49,10 @@ class LaunchWorkers : public ::testing::TestWithParam<int> {};
 TEST_P(LaunchWorkers, EveryWorkerJoinsOneGroup) {
   const int n = GetParam();
   std::string out;
-  ASSERT_EQ(run({"--num_processes", std::to_string(n), "--main_process_port", "0",
-                 launch_helper_path(), "worker"},
-                out),
-            0)
+  ASSERT_EQ(
+      run({"--world_size", std::to_string(n), "--master_port", "0", launch_helper_path(), "worker"},
+          out),
+      0)
       << out;
   const std::string sum = "sum=" + std::to_string(n * (n + 1) / 2);
   for (int r = 0; r < n; ++r) {
@@ -149,7 +152,7 @@ TEST(Launch, SigintStopsEveryWorkerAndLeavesNoProcess) {
 TEST(Launch, TheConfigFileIsReadAndFlagsOverrideIt) {
   ScratchDir dir;
   const std::string config = dir.path + "/c.yaml";
-  std::ofstream(config) << "num_processes: 3\nmain_process_port: 0\n";
+  std::ofstream(config) << "world_size: 3\nmaster_port: 0\n";
   std::string out;
   ASSERT_EQ(
       run({"--config_file", config, "/bin/sh", "-c", "echo \"rank $RANK of $WORLD_SIZE\""}, out), 0)
@@ -197,7 +200,7 @@ TEST(Launch, BadInputIsRefusedBeforeAnyWorkerStarts) {
   EXPECT_EQ(run({"--config_file", config, "/bin/true"}, out), 1);
   EXPECT_NE(out.find("did you mean 'num_processes'"), std::string::npos) << out;
   EXPECT_EQ(run({"-n", "0", "/bin/true"}, out), 1);
-  EXPECT_NE(out.find("num_processes is 0"), std::string::npos) << out;
+  EXPECT_NE(out.find("world_size is 0"), std::string::npos) << out;
   // A script whose interpreter is missing: execve says ENOENT, which read "No such file" about a
   // script that is there (issue 38). The interpreter is named instead.
   const std::string script = dir.path + "/train.py";
@@ -208,6 +211,68 @@ TEST(Launch, BadInputIsRefusedBeforeAnyWorkerStarts) {
             std::string::npos)
       << out;
   EXPECT_EQ(out.find("Launching"), std::string::npos) << "workers were started: " << out;
+}
+
+namespace {
+
+// What a launch did, to compare two launches: the exit status, the workers' settings (one line
+// each, sorted: the workers print in any order), and the whole output when it failed.
+std::string launch_outcome(std::vector<std::string> args) {
+  const std::string vars =
+      "echo \"vars ws=$WORLD_SIZE lws=$LOCAL_WORLD_SIZE node=$GROUP_RANK addr=$MASTER_ADDR "
+      "port=$MASTER_PORT cpu=$ACCELERANT_USE_CPU debug=$ACCELERANT_DEBUG_MODE\"";
+  args.insert(args.end(), {"/bin/sh", "-c", vars});
+  std::string out;
+  const int rc = run(args, out);
+  std::vector<std::string> lines;
+  std::istringstream text(out);
+  for (std::string line; std::getline(text, line);)
+    if (line.find("vars ") != std::string::npos) lines.push_back(line.substr(line.find("vars ")));
+  std::sort(lines.begin(), lines.end());
+  std::string outcome = "rc=" + std::to_string(rc) + "\n";
+  for (const auto& line : lines) outcome += line + "\n";
+  return rc == 0 ? outcome : outcome + out;
+}
+
+}  // namespace
+
+// Every alias in the one table (docs/names.md) is a flag that launches exactly as its one name
+// does, and the one name changes the launch (so that an alias that did nothing would show).
+TEST(Launch, EveryFlagAliasLaunchesAsItsOneName) {
+  const std::string port = std::to_string(free_port());
+  struct Case {
+    std::string value;               // "" for a flag without a value
+    std::vector<std::string> extra;  // the rest of the command line
+  };
+  // A fixed port, so that two launches print the same MASTER_PORT. Where the value cannot show in
+  // a worker's variables (one machine), it shows in the error that refuses it.
+  const std::map<std::string, Case> cases = {
+      {"world_size", {"3", {"--master_port", port}}},
+      {"processes_per_node", {"2", {"--master_port", port}}},
+      {"num_nodes", {"3", {"-n", "2"}}},  // refused: 2 processes over 3 machines
+      {"node_rank", {"1", {"-n", "2"}}},  // refused: outside one machine
+      {"master_addr", {"no-such-host.invalid", {"-n", "1"}}},  // refused: does not resolve
+      {"master_port", {port, {"-n", "2"}}},
+      {"cpu", {"", {"-n", "2", "--master_port", port}}},
+      {"debug", {"", {"-n", "2", "--master_port", port}}},
+  };
+  for (const auto& a : accelerant::key_aliases()) {
+    const auto found = cases.find(a.name);
+    ASSERT_NE(found, cases.end()) << "add a case for " << a.name << " (alias " << a.alias << ")";
+    const Case& c = found->second;
+    auto with = [&](const std::string& flag) {
+      std::vector<std::string> args{flag};
+      if (!c.value.empty()) args.push_back(c.value);
+      args.insert(args.end(), c.extra.begin(), c.extra.end());
+      return launch_outcome(args);
+    };
+    const std::string by_name = with(std::string("--") + a.name);
+    EXPECT_NE(by_name, launch_outcome(c.extra)) << "--" << a.name << " changed nothing";
+    if (a.name == std::string("master_port")) {
+      EXPECT_NE(by_name.find("port=" + port), std::string::npos) << by_name;
+    }
+    EXPECT_EQ(with(std::string("--") + a.alias), by_name) << "--" << a.alias;
+  }
 }
 
 namespace {

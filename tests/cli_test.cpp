@@ -9,8 +9,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <map>
+#include <regex>
+#include <set>
 #include <sstream>
 
 #include "test_support.h"
@@ -78,10 +82,12 @@ TEST(CliConfig, DefaultWritesEveryKeyWithTheChosenPrecision) {
       << out;
   const std::string text = file_text(file);
   EXPECT_NE(text.find("mixed_precision: \"bf16\""), std::string::npos) << text;
-  EXPECT_NE(text.find("num_processes: 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("world_size: 1"), std::string::npos) << text;
+  // Written with the one names only (docs/names.md); Accelerate's are read, never written.
+  EXPECT_EQ(text.find("num_processes"), std::string::npos) << text;
   EXPECT_NE(text.find("config_version: 1"), std::string::npos) << text;
   // A free port by default: a fixed one collided with other jobs on a shared machine.
-  EXPECT_NE(text.find("main_process_port: 0"), std::string::npos) << text;
+  EXPECT_NE(text.find("master_port: 0"), std::string::npos) << text;
   EXPECT_NE(text.find("collective_timeout: 1800"), std::string::npos) << text;
   auto loaded = accelerant::load_config(file);
   EXPECT_EQ(loaded.mixed_precision, "bf16");
@@ -93,7 +99,7 @@ TEST(CliConfig, DefaultLocationFollowsXdgCacheHome) {
   ::setenv("XDG_CACHE_HOME", dir.path.c_str(), 1);  // inherited by the CLI
   std::string out;
   ASSERT_EQ(run_cli({"config", "default"}, out), 0) << out;
-  EXPECT_NE(file_text(dir.path + "/accelerant/default_config.yaml").find("num_machines: 1"),
+  EXPECT_NE(file_text(dir.path + "/accelerant/default_config.yaml").find("num_nodes: 1"),
             std::string::npos);
   ASSERT_EQ(run_cli({"config", "show"}, out), 0) << out;
   EXPECT_NE(out.find(dir.path + "/accelerant/default_config.yaml"), std::string::npos) << out;
@@ -112,11 +118,11 @@ TEST(CliConfig, QuestionsReadPipedAnswersAndAskAgainAfterABadOne) {
       << out;
   EXPECT_NE(out.find("'lots' is not a whole number"), std::string::npos) << out;
   auto c = accelerant::load_config(file);
-  EXPECT_EQ(c.num_machines, 2);
-  EXPECT_EQ(c.machine_rank, 1);
-  EXPECT_EQ(c.main_process_ip, "10.1.2.3");
-  EXPECT_EQ(c.main_process_port, 29501);
-  EXPECT_EQ(c.num_processes, 4);
+  EXPECT_EQ(c.num_nodes, 2);
+  EXPECT_EQ(c.node_rank, 1);
+  EXPECT_EQ(c.master_addr, "10.1.2.3");
+  EXPECT_EQ(c.master_port, 29501);
+  EXPECT_EQ(c.world_size, 4);
   EXPECT_EQ(c.mixed_precision, "bf16");
   EXPECT_TRUE(c.downcast_bf16);
   EXPECT_FALSE(c.debug);
@@ -153,7 +159,10 @@ TEST(CliConfig, BadFilesAreRefusedWithWhatAndWhere) {
       {"num_procesess: 2\n", {"unknown key 'num_procesess'", "did you mean 'num_processes'"}},
       {"num_machines: two\n", {"'num_machines' is 'two'", "line 1", "a whole number"}},
       {"num_processes: [1\n", {"not valid YAML", "line "}},
-      {"num_processes: -1\n", {"num_processes is -1", "1 or more"}},
+      {"world_size: -1\n", {"world_size is -1", "1 or more"}},
+      {"num_processes: -1\n", {"world_size is -1", "1 or more"}},
+      {"num_processes: 2\nworld_size: 2\n", {"'world_size' at line 2", "sets world_size again"}},
+      {"nproc_per_node: 2\n", {"unknown key 'nproc_per_node'"}},
       {"config_version: 9\n", {"config_version 9", "newer Accelerant"}},
       {"num_machines: 2\nnum_processes: 3\n", {"cannot be split evenly over 2"}},
   };
@@ -168,6 +177,75 @@ TEST(CliConfig, BadFilesAreRefusedWithWhatAndWhere) {
   std::string out;
   EXPECT_EQ(run_cli({"config", "show", "--config_file", dir.path + "/missing.yaml"}, out), 1);
   EXPECT_NE(out.find("accelerant config"), std::string::npos) << out;
+}
+
+// The one names and their values for the config-file alias test: each differs from Config's
+// default, so that a key the reader dropped shows.
+const std::map<std::string, std::string>& one_name_values() {
+  static const std::map<std::string, std::string> values = {
+      {"world_size", "4"},      {"num_nodes", "2"}, {"node_rank", "1"}, {"master_addr", "10.0.0.9"},
+      {"master_port", "29511"}, {"cpu", "true"},    {"debug", "true"},
+  };
+  return values;
+}
+
+std::string yaml_of(const std::map<std::string, std::string>& values) {
+  std::string text;
+  for (const auto& [key, value] : values) text += key + ": " + value + "\n";
+  return text;
+}
+
+// A file written for Accelerate (num_processes, machine_rank, ...) loads into the same Config as
+// one with the one names; an alias for a quantity the file does not hold is refused as unknown.
+TEST(CliConfig, EveryAliasLoadsAsItsOneName) {
+  ScratchDir dir;
+  const std::string reference = dir.path + "/one_names.yaml";
+  std::ofstream(reference) << yaml_of(one_name_values());
+  const std::string expected = accelerant::to_yaml(accelerant::load_config(reference));
+  ASSERT_NE(expected, accelerant::to_yaml(accelerant::Config{})) << "the values are the defaults";
+  const auto& keys = accelerant::config_keys();
+  for (const auto& a : accelerant::key_aliases()) {
+    const std::string file = dir.path + "/" + a.alias + ".yaml";
+    if (std::find(keys.begin(), keys.end(), a.name) == keys.end()) {
+      std::ofstream(file) << a.alias << ": 1\n";
+      EXPECT_TRUE(contains(error_message([&] { accelerant::load_config(file); }),
+                           std::string("unknown key '") + a.alias + "'"))
+          << a.alias;
+      continue;
+    }
+    ASSERT_TRUE(one_name_values().count(a.name)) << "add a value for " << a.name << " above";
+    auto values = one_name_values();
+    std::map<std::string, std::string> with_alias;
+    for (const auto& [key, value] : values) with_alias[key == a.name ? a.alias : key] = value;
+    std::ofstream(file) << yaml_of(with_alias);
+    EXPECT_EQ(accelerant::to_yaml(accelerant::load_config(file)), expected) << a.alias;
+  }
+}
+
+// docs/names.md lists every alias with the name it stands for and whose it is; the table in the
+// code is the one the reader and the CLI use, so the two must not drift.
+TEST(Names, TheDocsTableListsTheAliasesInTheCode) {
+  std::ifstream doc(ACCELERANT_SOURCE_DIR "/docs/names.md");
+  ASSERT_TRUE(doc) << "docs/names.md missing";
+  std::set<std::string> documented, in_code;
+  const std::regex alias_cell("`([a-z_]+)` \\(([A-Za-z]+)\\)");
+  for (std::string line; std::getline(doc, line);) {
+    if (line.rfind("| ", 0) != 0) continue;
+    std::vector<std::string> cells;
+    std::stringstream row(line.substr(1));
+    for (std::string cell; std::getline(row, cell, '|');) cells.push_back(cell);
+    if (cells.size() < 7) continue;
+    std::smatch name;
+    const std::regex backticked("`([a-z_]+)`");
+    if (!std::regex_search(cells[1], name, backticked)) continue;
+    const std::string& aliases = cells[6];
+    for (std::sregex_iterator it(aliases.begin(), aliases.end(), alias_cell), end; it != end; ++it)
+      documented.insert((*it)[1].str() + " -> " + name[1].str() + " (" + (*it)[2].str() + ")");
+  }
+  for (const auto& a : accelerant::key_aliases())
+    in_code.insert(std::string(a.alias) + " -> " + a.name + " (" + a.origin + ")");
+  EXPECT_FALSE(in_code.empty());
+  EXPECT_EQ(documented, in_code);
 }
 
 // Files that are no config file (note "Bounded input" in src/base/bounded_input.h): before, a
@@ -275,10 +353,9 @@ TEST(CliEnv, PrintsVersionsHardwareAndTheConfig) {
   std::string out;
   ASSERT_EQ(run_cli({"config", "default", "--config_file", file}, out), 0);
   ASSERT_EQ(run_cli({"env", "--config_file", file}, out), 0) << out;
-  for (const char* expected :
-       {"Accelerant: ", "LibTorch: ", "Gloo: ", "Compiler: ", "CPU: ", "BLAS: ", "Threads: ",
-        "MiB free in /dev/shm",
-        "GPUs: ", "Environment variables (docs/environment.md):", "num_processes: 1"}) {
+  for (const char* expected : {"Accelerant: ", "LibTorch: ", "Gloo: ", "Compiler: ", "CPU: ",
+                               "BLAS: ", "Threads: ", "MiB free in /dev/shm", "GPUs: ",
+                               "Environment variables (docs/environment.md):", "world_size: 1"}) {
     EXPECT_NE(out.find(expected), std::string::npos) << "missing '" << expected << "' in:\n" << out;
   }
   // Every variable of the table, with its value here (the table is the list).

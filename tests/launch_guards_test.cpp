@@ -294,7 +294,7 @@ TEST(Input, AMainProcessIpThatDoesNotResolveIsNamed) {
     std::string out;
     EXPECT_EQ(run(args, out, std::chrono::seconds(90)), 1) << out;
     EXPECT_LT(Clock::now() - start, std::chrono::seconds(10)) << out;
-    EXPECT_TRUE(contains(out, "main_process_ip 'no-such-host.invalid' does not resolve")) << out;
+    EXPECT_TRUE(contains(out, "master_addr 'no-such-host.invalid' does not resolve")) << out;
     EXPECT_FALSE(contains(out, "port is taken")) << out;
     EXPECT_FALSE(contains(out, "was not started")) << out;
   }

@@ -128,7 +128,7 @@ struct AcceleratorSettings {
   /// ACCELERANT_EVEN_BATCHES.
   bool even_batches = true;
   /// Training stays on the CPU even when CUDA is available. Also from ACCELERANT_USE_CPU or the
-  /// config file's use_cpu.
+  /// config file's cpu.
   bool cpu = false;
   /// The collective timeout (the join at start-up has its own, ACCELERANT_JOIN_TIMEOUT_MS). Also
   /// from ACCELERANT_TIMEOUT_MS or the config file's collective_timeout (seconds).

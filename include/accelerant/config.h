@@ -1,12 +1,14 @@
 // The config file that `accelerant config` writes and `accelerant launch` and the Accelerator read:
-// YAML, one key per setting, key names as Accelerate's where the meaning matches.
+// YAML, one key per setting, each key the quantity's one name (docs/names.md: torchrun's, as the
+// environment variables have them). Accelerate's and torchrun's names for the same quantities are
+// read too (key_aliases()), so that a file written for `accelerate launch` keeps working.
 //
 //   config_version: 1
-//   num_machines: 1
-//   machine_rank: 0
-//   main_process_ip: 127.0.0.1
-//   main_process_port: 0
-//   num_processes: 2
+//   num_nodes: 1
+//   node_rank: 0
+//   master_addr: 127.0.0.1
+//   master_port: 0
+//   world_size: 2
 //   mixed_precision: "no"
 //   ...
 //
@@ -33,25 +35,25 @@ constexpr double kMaxConfigSeconds = 30 * 24 * 3600;
 
 /// The contents of a config file, one field per key (the key is the field's name). The
 /// initialisers are the values of a key the file leaves out. `accelerant launch` reads every key
-/// (its flags override them); the Accelerator reads mixed_precision, downcast_bf16, use_cpu and
+/// (its flags override them); the Accelerator reads mixed_precision, downcast_bf16, cpu and
 /// gradient_accumulation_steps.
 struct Config {
   /// The schema version the file was written with, 1 to kConfigVersion; newer is refused.
   int config_version = kConfigVersion;
-  int num_machines = 1;  ///< machines taking part, each running its own `accelerant launch`
-  int machine_rank = 0;  ///< this machine's index, 0 (the main machine) to num_machines - 1
-  /// Address of the main machine (machine_rank 0), where the job's store listens (MASTER_ADDR).
-  std::string main_process_ip = "127.0.0.1";
+  int num_nodes = 1;  ///< machines taking part, each running its own `accelerant launch`
+  int node_rank = 0;  ///< this machine's index, 0 (the main machine) to num_nodes - 1
+  /// Address of the main machine (node_rank 0), where the job's store listens (MASTER_ADDR).
+  std::string master_addr = "127.0.0.1";
   /// The main machine's port: 0 = a free port chosen at launch, on one machine only (a fixed
   /// default would collide with another job's); several machines need an explicit one.
-  int main_process_port = 0;
-  int num_processes = 1;  ///< total across machines
+  int master_port = 0;
+  int world_size = 1;  ///< processes in total, across machines (WORLD_SIZE)
   /// no, fp16 (CUDA only) or bf16 (parse_mixed_precision); "fp32" and "none" are refused.
   std::string mixed_precision = "no";
   /// Keep the model's weights in bf16 (AcceleratorOptions::downcast_bf16); needs mixed_precision
   /// bf16.
   bool downcast_bf16 = false;
-  bool use_cpu = false;  ///< train on the CPU even when CUDA is available
+  bool cpu = false;  ///< train on the CPU even when CUDA is available
   /// Debug mode (LaunchOptions::debug): a dry fork first, then cross-rank checks of every
   /// collective in the workers.
   bool debug = false;
@@ -67,8 +69,22 @@ struct Config {
   int gradient_accumulation_steps = 1;  ///< micro-batches per optimizer step, ≥ 1
 };
 
-/// Every key a config file may contain, in the order they are written.
+/// Every key a config file may contain, in the order they are written (aliases aside).
 const std::vector<std::string>& config_keys();
+
+/// Another tool's name for one of our quantities, accepted wherever text names it: a config file's
+/// key and an `accelerant launch` flag (docs/names.md lists them, and a test holds the two equal).
+struct KeyAlias {
+  const char* alias;   ///< e.g. "num_processes"
+  const char* name;    ///< the one name it stands for, e.g. "world_size"
+  const char* origin;  ///< whose name it is: "Accelerate" or "torchrun"
+};
+
+/// The one table of aliases, read by the config file's reader and by the CLI's flags.
+const std::vector<KeyAlias>& key_aliases();
+
+/// The one name `key` stands for: its KeyAlias::name when it is an alias, else `key` itself.
+std::string canonical_key(const std::string& key);
 
 /// Reads and validates a config file. Throws accelerant::Error naming the file and the problem
 /// (missing file, malformed YAML with line and column, unknown key with the closest known one,

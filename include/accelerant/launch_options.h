@@ -23,7 +23,7 @@ namespace accelerant {
 /// make launch throw LaunchError before anything is forked.
 struct LaunchOptions {
   /// Worker processes on this machine (torchrun: nproc_per_node; each worker sees it as
-  /// LOCAL_WORLD_SIZE). Not Config::num_processes, which counts across machines. Must fit this
+  /// LOCAL_WORLD_SIZE). Not Config::world_size, which counts across machines. Must fit this
   /// process's RLIMIT_NOFILE (the launcher holds about 8 descriptors per worker) and, below root,
   /// the user's RLIMIT_NPROC; launch checks both before anything starts. Default: 1.
   ACCELERANT_OPTION(int, processes_per_node) = 1;

@@ -70,7 +70,7 @@ std::string random_secret() {
   return text;
 }
 
-// Why `host` (main_process_ip) does not resolve, with the fix; "" when it does, or when the
+// Why `host` (master_addr) does not resolve, with the fix; "" when it does, or when the
 // failure may pass (EAI_AGAIN: no answer from the DNS server yet).
 std::string resolve_failure(const std::string& host) {
   addrinfo hints{};
@@ -79,8 +79,7 @@ std::string resolve_failure(const std::string& host) {
   const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
   if (rc == 0) ::freeaddrinfo(found);
   if (rc == 0 || rc == EAI_AGAIN || rc == EAI_SYSTEM || rc == EAI_MEMORY) return "";
-  return str("accelerant launch: main_process_ip '", host, "' does not resolve (",
-             ::gai_strerror(rc),
+  return str("accelerant launch: master_addr '", host, "' does not resolve (", ::gai_strerror(rc),
              "). Likely cause: a typo, or a name this machine's DNS or /etc/hosts does not know "
              "(yet). Fix: pass machine 0's IP address, or a name that `getent hosts ",
              host, "` finds on every machine.");
@@ -151,7 +150,7 @@ void NodeGroup::join_as_main() {
                           "\nLikely cause: the port is taken by another job. Fix: pick a free port "
                           "(and tell every machine the same one), or 0 on one machine."));
   }
-  // The workers reach the store where workers_store_addr() says (main_process_ip on several
+  // The workers reach the store where workers_store_addr() says (master_addr on several
   // machines), so it must lead to this machine: a bounded try, as an address of another machine
   // may not answer at all.
   const auto reach = std::min(resolved_timeout(options_), kReachOwnStore);
@@ -162,7 +161,7 @@ void NodeGroup::join_as_main() {
     throw LaunchError(str(
         "accelerant launch: machine 0 cannot reach its own store at ", workers_store_addr(), ":",
         server_->port(), " within ", seconds(reach), ": ", e.what(),
-        ". Likely cause: main_process_ip is not an address of this machine (machine 0 is the main "
+        ". Likely cause: master_addr is not an address of this machine (machine 0 is the main "
         "machine). Fix: pass an address of this machine, as every machine must (127.0.0.1 on one "
         "machine)."));
   }
@@ -171,17 +170,17 @@ void NodeGroup::join_as_main() {
   store_->set(key("links_port"), std::to_string(links_.port()));
   const auto missing = links_.accept_nodes(Clock::now() + options_.join_timeout());
   if (missing.empty()) return;
-  const std::string why = str(
-      "machine(s) ", join(missing, ", "), " of ", options_.num_nodes(),
-      " did not join within the join "
-      "timeout of ",
-      seconds(options_.join_timeout()), " (machine 0 waits at ", options_.master_addr(), ":",
-      store_port(),
-      "). Likely cause: their launchers were not started, use another main_process_ip "
-      "or main_process_port, or a firewall blocks the port. Fix: start `accelerant launch` on "
-      "every "
-      "machine with its --machine_rank and the same --main_process_ip and --main_process_port, or "
-      "raise --join_timeout.");
+  const std::string why =
+      str("machine(s) ", join(missing, ", "), " of ", options_.num_nodes(),
+          " did not join within the join "
+          "timeout of ",
+          seconds(options_.join_timeout()), " (machine 0 waits at ", options_.master_addr(), ":",
+          store_port(),
+          "). Likely cause: their launchers were not started, use another master_addr "
+          "or master_port, or a firewall blocks the port. Fix: start `accelerant launch` on "
+          "every "
+          "machine with its --node_rank and the same --master_addr and --master_port, or "
+          "raise --join_timeout.");
   leave(why);
   throw LaunchError("accelerant launch: " + why);
 }
@@ -201,11 +200,11 @@ void NodeGroup::join_as_other() {
                            "timeout of ",
                            seconds(options_.join_timeout()), ": ", detail,
                            "\nLikely cause: its launcher was "
-                           "not started, has stopped, or main_process_ip/main_process_port differ "
+                           "not started, has stopped, or master_addr/master_port differ "
                            "from machine 0's. Fix: "
-                           "start `accelerant launch --machine_rank 0` on the main machine with "
-                           "the same --main_process_ip "
-                           "and --main_process_port, or raise --join_timeout."));
+                           "start `accelerant launch --node_rank 0` on the main machine with "
+                           "the same --master_addr "
+                           "and --master_port, or raise --join_timeout."));
   };
   try {
     store_ = std::make_unique<StoreClient>(options_.master_addr(), options_.master_port(),

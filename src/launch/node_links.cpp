@@ -217,13 +217,13 @@ std::vector<int> NodeLinks::accept_nodes(Clock::time_point deadline) {
     if (nodes != self_.num_nodes || local != self_.local_processes) {
       send_reply(fd, kOtherShape, self_);
       ::close(fd);
-      throw LaunchError(str(
-          "accelerant launch (node 0): machine ", rank, " was started for ",
-          shape_text(nodes, local), ", this machine for ",
-          shape_text(self_.num_nodes, self_.local_processes),
-          ". Likely cause: different --num_processes or --num_machines (or config files) on the "
-          "machines. Fix: start every machine with the same --num_machines and --num_processes "
-          "(the total across machines)."));
+      throw LaunchError(
+          str("accelerant launch (node 0): machine ", rank, " was started for ",
+              shape_text(nodes, local), ", this machine for ",
+              shape_text(self_.num_nodes, self_.local_processes),
+              ". Likely cause: different --world_size or --num_nodes (or config files) on the "
+              "machines. Fix: start every machine with the same --num_nodes and --world_size "
+              "(the total across machines)."));
     }
     const bool taken = std::any_of(peers_.begin(), peers_.end(),
                                    [rank](const Peer& p) { return p.node_rank == rank; });
@@ -274,14 +274,14 @@ NodeLinks NodeLinks::connect(const std::string& host, int port, const NodeShape&
       throw LaunchError(str("accelerant launch (machine ", self.node_rank,
                             "): machine 0 was started for ", shape_text(their_nodes, their_local),
                             ", this machine for ", shape_text(self.num_nodes, self.local_processes),
-                            ". Fix: start every machine with the same --num_machines and "
-                            "--num_processes (the total across machines)."));
+                            ". Fix: start every machine with the same --num_nodes and "
+                            "--world_size (the total across machines)."));
     }
     throw LaunchError(str("accelerant launch (machine ", self.node_rank,
-                          "): machine 0 refused machine_rank ", self.node_rank, ": ",
+                          "): machine 0 refused node_rank ", self.node_rank, ": ",
                           reply[0] == kRankTaken ? "another launcher already joined with it"
-                                                 : "it is outside 1..num_machines - 1",
-                          ". Fix: give every machine its own --machine_rank, 0 to ",
+                                                 : "it is outside 1..num_nodes - 1",
+                          ". Fix: give every machine its own --node_rank, 0 to ",
                           self.num_nodes - 1, "."));
   }
   enable_keepalive(fd);

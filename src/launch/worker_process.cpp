@@ -93,7 +93,7 @@ WorkerProcess start_worker(const WorkerSpec& spec, const WorkerBody& body, const
     throw LaunchError(
         str("accelerant::launch: fork() failed for rank ", spec.rank, ": ", std::strerror(errno),
             ". Likely cause: too many processes or too little "
-            "memory. Fix: lower processes_per_node (accelerant launch: --num_processes)."));
+            "memory. Fix: lower processes_per_node (accelerant launch: --world_size)."));
   }
   if (pid == 0) {
     ::setsid();  // its own session and group: see start_worker in worker_process.h

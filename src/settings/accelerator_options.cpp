@@ -136,7 +136,7 @@ AcceleratorSettings resolve_accelerator_settings(const AcceleratorOptions& o, co
             parse_bool, s.split_batches);
   r.resolve("even_batches", o.even_batches(), "ACCELERANT_EVEN_BATCHES", "even_batches", parse_bool,
             s.even_batches);
-  r.resolve_launched("cpu", o.cpu(), launched.use_cpu, "ACCELERANT_USE_CPU", "use_cpu", parse_bool,
+  r.resolve_launched("cpu", o.cpu(), launched.use_cpu, "ACCELERANT_USE_CPU", "cpu", parse_bool,
                      s.cpu);
   // The process state's two settings: resolved here once, then handed to ProcessState.
   if (o.timeout() && o.timeout()->count() <= 0) {

@@ -62,14 +62,14 @@ constexpr const char* kBoolType = "true or false (also 1/0, yes/no, y/n, on/off)
 const std::vector<Field>& fields() {
   static const std::vector<Field> all = {
       field("config_version", "a whole number", &Config::config_version),
-      field("num_machines", "a whole number", &Config::num_machines),
-      field("machine_rank", "a whole number", &Config::machine_rank),
-      field("main_process_ip", "a host name or address", &Config::main_process_ip),
-      field("main_process_port", "a port number", &Config::main_process_port),
-      field("num_processes", "a whole number", &Config::num_processes),
+      field("num_nodes", "a whole number", &Config::num_nodes),
+      field("node_rank", "a whole number", &Config::node_rank),
+      field("master_addr", "a host name or address", &Config::master_addr),
+      field("master_port", "a port number", &Config::master_port),
+      field("world_size", "a whole number", &Config::world_size),
       field("mixed_precision", "no, fp16 or bf16", &Config::mixed_precision),
       field("downcast_bf16", kBoolType, &Config::downcast_bf16),
-      field("use_cpu", kBoolType, &Config::use_cpu),
+      field("cpu", kBoolType, &Config::cpu),
       field("debug", kBoolType, &Config::debug),
       field("max_restarts", "a whole number", &Config::max_restarts),
       field("monitor_interval", "a number of seconds", &Config::monitor_interval),
@@ -96,14 +96,17 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
+// The closest key or alias: a misspelt Accelerate name is answered with that name, which is read.
 std::string closest_key(const std::string& unknown) {
+  std::vector<std::string> candidates = config_keys();
+  for (const auto& a : key_aliases()) candidates.push_back(a.alias);
   std::string best;
   size_t best_distance = SIZE_MAX;
-  for (const auto& f : fields()) {
-    const size_t d = edit_distance(unknown, f.key);
+  for (const auto& candidate : candidates) {
+    const size_t d = edit_distance(unknown, candidate);
     if (d < best_distance) {
       best_distance = d;
-      best = f.key;
+      best = candidate;
     }
   }
   return best;
@@ -121,6 +124,31 @@ void make_directories(const std::string& path) {
 }
 
 }  // namespace
+
+// Accelerate's and torchrun's names for our quantities (docs/names.md). An alias may name a
+// quantity the config file does not store (processes_per_node: a launch flag only); the reader
+// then refuses it as it refuses any unknown key.
+const std::vector<KeyAlias>& key_aliases() {
+  static const std::vector<KeyAlias> all = {
+      {"num_processes", "world_size", "Accelerate"},
+      {"nproc_per_node", "processes_per_node", "torchrun"},
+      {"num_machines", "num_nodes", "Accelerate"},
+      {"nnodes", "num_nodes", "torchrun"},
+      {"machine_rank", "node_rank", "Accelerate"},
+      {"main_process_ip", "master_addr", "Accelerate"},
+      {"main_process_port", "master_port", "Accelerate"},
+      {"use_cpu", "cpu", "Accelerate"},
+      {"debug_mode", "debug", "Accelerate"},
+  };
+  return all;
+}
+
+std::string canonical_key(const std::string& key) {
+  for (const auto& a : key_aliases()) {
+    if (key == a.alias) return a.name;
+  }
+  return key;
+}
 
 const std::vector<std::string>& config_keys() {
   static const std::vector<std::string> keys = [] {
@@ -170,13 +198,22 @@ Config load_config(const std::string& path) {
                             "`accelerant config default`."));
   }
   std::vector<std::string> problems;
+  std::map<std::string, std::string> spelling_of;  // one name -> the spelling the file used
   for (const auto& item : root) {
     const std::string key = item.first.as<std::string>();
+    const std::string name = canonical_key(key);
     auto it = std::find_if(fields().begin(), fields().end(),
-                           [&](const Field& f) { return key == f.key; });
+                           [&](const Field& f) { return name == f.key; });
     if (it == fields().end()) {
       problems.push_back(detail::str("unknown key '", key, "' at ", position(item.first.Mark()),
                                      " (did you mean '", closest_key(key), "'?)"));
+      continue;
+    }
+    // Accelerate's name and ours for one setting in one file: which one was meant is a guess.
+    const auto [earlier, first_time] = spelling_of.emplace(name, key);
+    if (!first_time) {
+      problems.push_back(detail::str("'", key, "' at ", position(item.first.Mark()), " sets ", name,
+                                     " again (as '", earlier->second, "' did): keep one of them"));
       continue;
     }
     try {
@@ -193,7 +230,7 @@ Config load_config(const std::string& path) {
         detail::str("Config file ", path, " has ", problems.size(), " problem",
                     problems.size() == 1 ? "" : "s", ":\n  ", detail::join(problems, "\n  "),
                     "\nFix: correct the file, or rewrite it with `accelerant config`. Known keys: ",
-                    detail::join(config_keys(), ", "), "."));
+                    detail::join(config_keys(), ", "), " (and their aliases, docs/names.md)."));
   }
   if (config.config_version > kConfigVersion || config.config_version < 1) {
     throw Error(
@@ -208,31 +245,30 @@ Config load_config(const std::string& path) {
 
 void validate_config(const Config& c, const std::string& where) {
   std::vector<std::string> problems;
-  if (c.num_machines < 1)
-    problems.push_back(detail::str("num_machines is ", c.num_machines, "; it must be 1 or more"));
-  if (c.machine_rank < 0 || c.machine_rank >= std::max(1, c.num_machines)) {
-    problems.push_back(detail::str("machine_rank is ", c.machine_rank,
-                                   "; it must be between 0 and num_machines - 1 (",
-                                   c.num_machines - 1, ")"));
+  if (c.num_nodes < 1)
+    problems.push_back(detail::str("num_nodes is ", c.num_nodes, "; it must be 1 or more"));
+  if (c.node_rank < 0 || c.node_rank >= std::max(1, c.num_nodes)) {
+    problems.push_back(detail::str("node_rank is ", c.node_rank,
+                                   "; it must be between 0 and num_nodes - 1 (", c.num_nodes - 1,
+                                   ")"));
   }
-  if (c.num_processes < 1) {
-    problems.push_back(detail::str("num_processes is ", c.num_processes,
-                                   "; it must be 1 or more (the total across machines)"));
-  } else if (c.num_machines >= 1 && c.num_processes % c.num_machines != 0) {
-    problems.push_back(detail::str("num_processes ", c.num_processes,
-                                   " cannot be split evenly over ", c.num_machines,
-                                   " machines; use a multiple of ", c.num_machines));
+  if (c.world_size < 1) {
+    problems.push_back(detail::str("world_size is ", c.world_size,
+                                   "; it must be 1 or more (the processes across machines)"));
+  } else if (c.num_nodes >= 1 && c.world_size % c.num_nodes != 0) {
+    problems.push_back(detail::str("world_size ", c.world_size, " cannot be split evenly over ",
+                                   c.num_nodes, " machines; use a multiple of ", c.num_nodes));
   }
-  if (c.main_process_port < 0 || c.main_process_port > 65535) {
-    problems.push_back(detail::str("main_process_port is ", c.main_process_port,
-                                   "; it must be 0 (any free port) to 65535"));
-  } else if (c.main_process_port == 0 && c.num_machines > 1) {
+  if (c.master_port < 0 || c.master_port > 65535) {
     problems.push_back(
-        "main_process_port 0 (any free port) works on one machine only; the other machines must "
-        "know the port: choose one, e.g. 29500");
+        detail::str("master_port is ", c.master_port, "; it must be 0 (any free port) to 65535"));
+  } else if (c.master_port == 0 && c.num_nodes > 1) {
+    problems.push_back(
+        "master_port 0 (any free port) works on one machine only; the other machines must know "
+        "the port: choose one, e.g. 29500");
   }
-  if (c.main_process_ip.empty())
-    problems.push_back("main_process_ip is empty; use the main machine's address");
+  if (c.master_addr.empty())
+    problems.push_back("master_addr is empty; use the main machine's address");
   std::optional<MixedPrecision> precision;
   try {
     precision = parse_mixed_precision(c.mixed_precision, "mixed_precision");

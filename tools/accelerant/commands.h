@@ -42,9 +42,9 @@ void add_test_command(CLI::App& app, Action& action);
 /// accelerant launch's flags; unset ones leave the config file's value.
 struct LaunchFlags {
   std::string config_file;
-  std::optional<int> num_processes, num_machines, machine_rank, main_process_port, max_restarts,
-      threads_per_process, gradient_accumulation_steps;
-  std::optional<std::string> main_process_ip, mixed_precision;
+  std::optional<int> world_size, processes_per_node, num_nodes, node_rank, master_port,
+      max_restarts, threads_per_process, gradient_accumulation_steps;
+  std::optional<std::string> master_addr, mixed_precision;
   std::optional<double> monitor_interval, join_timeout, collective_timeout;
   std::string log_dir;
   bool cpu = false, debug = false, prefix_output = false, tee = false;
@@ -69,6 +69,10 @@ void add_libtorch_checkpoint_commands(CLI::App& checkpoint, Action& action, int 
 /// --mixed_precision's check: the one parser (accelerant::parse_mixed_precision); the value is
 /// rewritten to its canonical spelling (no, fp16, bf16).
 CLI::Validator mixed_precision_flag();
+
+/// A flag's names for CLI11: "--<name>" and "--<alias>" for each of its aliases (key_aliases(),
+/// the table the config file's reader uses too), after `short_name` ("-n") when one is given.
+std::string flag_names(const std::string& name, const std::string& short_name = "");
 
 /// The config file path: --config_file when given, else the default location.
 std::string config_path_or_default(const std::string& config_file);

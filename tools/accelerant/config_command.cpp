@@ -50,21 +50,20 @@ bool parse_yes_no(const std::string& text) { return parse_bool(text, "the answer
 
 Config ask_questions() {
   Config c;
-  c.num_machines = ask("How many machines will take part?", c.num_machines,
-                       [](const std::string& t) { return parse_int(t, 1, 100000); });
-  if (c.num_machines > 1) {
-    c.machine_rank =
-        ask("Which machine is this one (its rank, 0 = the main machine)?", c.machine_rank,
-            [&](const std::string& t) { return parse_int(t, 0, c.num_machines - 1); });
-    c.main_process_ip = ask("What is the main machine's address?", c.main_process_ip,
-                            [](const std::string& t) { return t; });
+  c.num_nodes = ask("How many machines will take part?", c.num_nodes,
+                    [](const std::string& t) { return parse_int(t, 1, 100000); });
+  if (c.num_nodes > 1) {
+    c.node_rank = ask("Which machine is this one (its rank, 0 = the main machine)?", c.node_rank,
+                      [&](const std::string& t) { return parse_int(t, 0, c.num_nodes - 1); });
+    c.master_addr = ask("What is the main machine's address?", c.master_addr,
+                        [](const std::string& t) { return t; });
   }
   // One machine: a free port (a fixed one collides with other jobs). Several: they must agree.
-  c.main_process_port = ask(
-      "Which port does the main machine listen on (0 = any free port, one machine only)?",
-      c.num_machines > 1 ? 29500 : 0, [](const std::string& t) { return parse_int(t, 0, 65535); });
-  c.num_processes = ask("How many processes in total, across all machines?", c.num_machines,
-                        [](const std::string& t) { return parse_int(t, 1, 1000000); });
+  c.master_port =
+      ask("Which port does the main machine listen on (0 = any free port, one machine only)?",
+          c.num_nodes > 1 ? 29500 : 0, [](const std::string& t) { return parse_int(t, 0, 65535); });
+  c.world_size = ask("How many processes in total, across all machines?", c.num_nodes,
+                     [](const std::string& t) { return parse_int(t, 1, 1000000); });
   c.mixed_precision = ask(std::string("Mixed precision (no, fp16 on CUDA, bf16)?"),
                           c.mixed_precision, [](const std::string& t) {
                             return std::string(to_string(parse_mixed_precision(t, "the answer")));
@@ -92,6 +91,14 @@ Config ask_questions() {
 std::string config_path_or_default(const std::string& config_file) {
   if (!config_file.empty()) return config_file;
   return default_config_path(process_environment());
+}
+
+std::string flag_names(const std::string& name, const std::string& short_name) {
+  std::string names = short_name.empty() ? "--" + name : short_name + ",--" + name;
+  for (const auto& a : key_aliases()) {
+    if (a.name == name) names += std::string(",--") + a.alias;
+  }
+  return names;
 }
 
 CLI::Validator mixed_precision_flag() {

@@ -4,6 +4,7 @@
 // failure. Settings come from the config file; flags override it.
 #include <accelerant/config.h>
 #include <accelerant/environment.h>
+#include <accelerant/error.h>
 #include <accelerant/launch_options.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -25,11 +26,22 @@ Config resolve_launch_config(const LaunchFlags& f) {
   if (!f.config_file.empty() || ::stat(path.c_str(), &st) == 0 || errno != ENOENT) {
     c = load_config(path);
   }
-  if (f.num_processes) c.num_processes = *f.num_processes;
-  if (f.num_machines) c.num_machines = *f.num_machines;
-  if (f.machine_rank) c.machine_rank = *f.machine_rank;
-  if (f.main_process_ip) c.main_process_ip = *f.main_process_ip;
-  if (f.main_process_port) c.main_process_port = *f.main_process_port;
+  if (f.world_size) c.world_size = *f.world_size;
+  if (f.num_nodes) c.num_nodes = *f.num_nodes;
+  if (f.node_rank) c.node_rank = *f.node_rank;
+  if (f.master_addr) c.master_addr = *f.master_addr;
+  if (f.master_port) c.master_port = *f.master_port;
+  if (f.processes_per_node) {
+    // torchrun's way to say the size: per machine. The total is then what the config stores.
+    const int total = *f.processes_per_node * c.num_nodes;
+    if (f.world_size && *f.world_size != total) {
+      throw Error("accelerant launch: --world_size " + std::to_string(*f.world_size) +
+                  " and --processes_per_node " + std::to_string(*f.processes_per_node) + " on " +
+                  std::to_string(c.num_nodes) + " machine(s) (" + std::to_string(total) +
+                  " in total) disagree. Fix: give one of them.");
+    }
+    c.world_size = total;
+  }
   if (f.max_restarts) c.max_restarts = *f.max_restarts;
   if (f.threads_per_process) c.threads_per_process = *f.threads_per_process;
   if (f.mixed_precision) c.mixed_precision = *f.mixed_precision;
@@ -37,7 +49,7 @@ Config resolve_launch_config(const LaunchFlags& f) {
   if (f.join_timeout) c.join_timeout = *f.join_timeout;
   if (f.collective_timeout) c.collective_timeout = *f.collective_timeout;
   if (f.gradient_accumulation_steps) c.gradient_accumulation_steps = *f.gradient_accumulation_steps;
-  if (f.cpu) c.use_cpu = true;
+  if (f.cpu) c.cpu = true;
   if (f.debug) c.debug = true;
   validate_config(c, "accelerant launch (config file " + path + " and flags)");
   return c;
@@ -47,18 +59,18 @@ int run_launch(const LaunchFlags& flags, const std::vector<std::string>& command
   const Config c = resolve_launch_config(flags);
   auto options =
       LaunchOptions()
-          .processes_per_node(c.num_processes / c.num_machines)
-          .num_nodes(c.num_machines)
-          .node_rank(c.machine_rank)
-          .master_addr(c.main_process_ip)
-          .master_port(c.main_process_port)
+          .processes_per_node(c.world_size / c.num_nodes)
+          .num_nodes(c.num_nodes)
+          .node_rank(c.node_rank)
+          .master_addr(c.master_addr)
+          .master_port(c.master_port)
           .max_restarts(c.max_restarts)
           .monitor_interval(
               std::chrono::milliseconds(static_cast<int64_t>(c.monitor_interval * 1000)))
           .join_timeout(std::chrono::milliseconds(static_cast<int64_t>(c.join_timeout * 1000)))
           .mixed_precision(c.mixed_precision)
           .downcast_bf16(c.downcast_bf16)
-          .use_cpu(c.use_cpu)
+          .use_cpu(c.cpu)
           .gradient_accumulation_steps(c.gradient_accumulation_steps)
           .threads_per_process(c.threads_per_process)
           .debug(c.debug)
@@ -85,18 +97,23 @@ void add_launch_command(CLI::App& app, Action& action) {
       "Examples:\n"
       "  accelerant launch -n 2 ./fashion_mnist --epochs 1\n"
       "  accelerant launch -n 4 --max_restarts 2 --mixed_precision bf16 ./train\n"
-      "  accelerant launch --num_machines 2 --machine_rank 0 --main_process_ip 10.0.0.1 \\\n"
-      "                    --main_process_port 29500 -n 8 ./train        (on each machine, its "
-      "rank)");
+      "  accelerant launch --num_nodes 2 --node_rank 0 --master_addr 10.0.0.1 \\\n"
+      "                    --master_port 29500 -n 8 ./train        (on each machine, its rank)\n\n"
+      "Accelerate's and torchrun's flag names are accepted too (--num_processes, "
+      "--nproc_per_node,\n"
+      "--num_machines, --nnodes, --machine_rank, --main_process_ip, ...): docs/names.md.");
   auto flags = std::make_shared<LaunchFlags>();
   launch->add_option("--config_file", flags->config_file,
                      "Config file (default: accelerant config's location)");
-  launch->add_option("-n,--num_processes", flags->num_processes,
+  launch->add_option(flag_names("world_size", "-n"), flags->world_size,
                      "Processes in total, across machines");
-  launch->add_option("--num_machines", flags->num_machines, "Machines taking part");
-  launch->add_option("--machine_rank", flags->machine_rank, "This machine's rank (0 = main)");
-  launch->add_option("--main_process_ip", flags->main_process_ip, "The main machine's address");
-  launch->add_option("--main_process_port", flags->main_process_port,
+  launch->add_option(flag_names("processes_per_node"), flags->processes_per_node,
+                     "Processes on each machine (instead of --world_size: the total is this times "
+                     "--num_nodes)");
+  launch->add_option(flag_names("num_nodes"), flags->num_nodes, "Machines taking part");
+  launch->add_option(flag_names("node_rank"), flags->node_rank, "This machine's rank (0 = main)");
+  launch->add_option(flag_names("master_addr"), flags->master_addr, "The main machine's address");
+  launch->add_option(flag_names("master_port"), flags->master_port,
                      "Its port (default 0 = a free port, one machine only)");
   launch->add_option("--max_restarts", flags->max_restarts, "Restarts of a failed group");
   launch->add_option("--monitor_interval", flags->monitor_interval,
@@ -114,8 +131,8 @@ void add_launch_command(CLI::App& app, Action& action) {
                      "0 = cores / local processes");
   launch->add_option("--gradient_accumulation_steps", flags->gradient_accumulation_steps,
                      "Micro-batches per optimizer step in the workers' Accelerator");
-  launch->add_flag("--cpu", flags->cpu, "Train on the CPU even when CUDA is available");
-  launch->add_flag("--debug", flags->debug, "Check collectives across ranks");
+  launch->add_flag(flag_names("cpu"), flags->cpu, "Train on the CPU even when CUDA is available");
+  launch->add_flag(flag_names("debug"), flags->debug, "Check collectives across ranks");
   launch->add_flag("--prefix_output", flags->prefix_output,
                    "Prefix every output line with its rank");
   launch->add_option(

@@ -179,18 +179,17 @@ void add_test_command(CLI::App& app, Action& action) {
   auto file = std::make_shared<std::string>();
   auto processes = std::make_shared<std::optional<int>>();
   test->add_option("--config_file", *file, "The config file to test with");
-  test->add_option("-n,--num_processes", *processes,
+  test->add_option(flag_names("world_size", "-n"), *processes,
                    "Processes (default: the config's, at least 2)");
   test->callback([&action, file, processes] {
     action = [file, processes] {
       if (read_launch_contract().launched()) return run_checks();  // a worker of the outer job
       LaunchFlags flags;
       flags.config_file = *file;
-      flags.num_machines = 1;  // a self-test of this machine
-      flags.machine_rank = 0;
-      flags.main_process_port = 0;
-      flags.num_processes =
-          processes->value_or(std::max(2, resolve_launch_config(flags).num_processes));
+      flags.num_nodes = 1;  // a self-test of this machine
+      flags.node_rank = 0;
+      flags.master_port = 0;
+      flags.world_size = processes->value_or(std::max(2, resolve_launch_config(flags).world_size));
       return run_launch(flags, {own_executable(), "test"});
     };
   });

@@ -39,7 +39,7 @@ void add_trace_command(CLI::App& app, Action& action) {
   auto* merge_cmd = trace->add_subcommand(
       "merge", "Merge DIR/trace_rank<r>.json into DIR/trace.json, one process lane per rank");
   merge_cmd->add_option("DIR", *dir, "The folder the ranks wrote their traces to")->required();
-  merge_cmd->add_option("-n,--num_processes", *num_ranks,
+  merge_cmd->add_option(flag_names("world_size", "-n"), *num_ranks,
                         "Expect ranks 0..N-1 and exit 1 naming the missing files "
                         "(default: merge the files found)");
   merge_cmd->footer(
