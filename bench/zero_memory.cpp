@@ -202,7 +202,7 @@ int main(int argc, char** argv) {
         auto options = accelerant::LaunchOptions()
                            .processes_per_node(world)
                            .threads_per_process(1)
-                           .timeout(std::chrono::minutes(10))
+                           .collective_timeout(std::chrono::minutes(10))
                            .verbose(false);
         std::fprintf(stderr, "bench_zero: %d processes, stage %d, round %d\n", world, stage,
                      round + 1);

@@ -17,7 +17,10 @@ using namespace accelerant;
 namespace {
 
 LaunchOptions ranks(int n) {
-  return LaunchOptions().processes_per_node(n).timeout(std::chrono::seconds(60)).verbose(false);
+  return LaunchOptions()
+      .processes_per_node(n)
+      .collective_timeout(std::chrono::seconds(60))
+      .verbose(false);
 }
 
 constexpr int64_t kSamples = 640;

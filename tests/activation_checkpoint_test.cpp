@@ -162,8 +162,10 @@ torch::Tensor train_on_ranks(bool checkpointed) {
 }  // namespace
 
 TEST(ActivationCheckpoint, DataParallelTrainingEqualsTheRunWithoutIt) {
-  auto options =
-      LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(60)).verbose(false);
+  auto options = LaunchOptions()
+                     .processes_per_node(2)
+                     .collective_timeout(std::chrono::seconds(60))
+                     .verbose(false);
   auto plain = launch([](int) { return train_on_ranks(false); }, options);
   auto checkpointed = launch([](int) { return train_on_ranks(true); }, options);
   ASSERT_EQ(checkpointed.size(), 2u);

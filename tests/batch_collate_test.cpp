@@ -21,7 +21,10 @@ namespace {
 torch::Tensor longs(std::vector<int64_t> values) { return torch::tensor(values, torch::kLong); }
 
 LaunchOptions ranks(int n) {
-  return LaunchOptions().processes_per_node(n).timeout(std::chrono::seconds(60)).verbose(false);
+  return LaunchOptions()
+      .processes_per_node(n)
+      .collective_timeout(std::chrono::seconds(60))
+      .verbose(false);
 }
 
 // Sample i: "ids" = i*100 + 0 .. len(i)-1 (1 to 5 tokens), "label" = i.

@@ -82,8 +82,10 @@ torch::Tensor train(int rank, int world, const TrainingRun& run) {
 }
 
 std::vector<torch::Tensor> train_on(int world, const TrainingRun& run) {
-  auto options =
-      LaunchOptions().processes_per_node(world).timeout(std::chrono::seconds(90)).verbose(false);
+  auto options = LaunchOptions()
+                     .processes_per_node(world)
+                     .collective_timeout(std::chrono::seconds(90))
+                     .verbose(false);
   return launch([run, world](int rank) { return train(rank, world, run); }, options);
 }
 
@@ -331,8 +333,10 @@ TEST(CheckpointSemantics, AnOlderShardResignedIntoANewerCheckpointIsRefusedAndRe
     }
     return static_cast<int64_t>(acc.state()->optimizer_steps);
   };
-  auto options =
-      LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(90)).verbose(false);
+  auto options = LaunchOptions()
+                     .processes_per_node(2)
+                     .collective_timeout(std::chrono::seconds(90))
+                     .verbose(false);
   launch([&](int rank) { return run(rank, false); }, options);
   const std::string older = project + "/checkpoints/checkpoint_0";
   const std::string newer = project + "/checkpoints/checkpoint_1";

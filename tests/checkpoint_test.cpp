@@ -24,7 +24,10 @@ using accelerant::testing::ScratchDir;
 namespace {
 
 LaunchOptions ranks(int n) {
-  return LaunchOptions().processes_per_node(n).timeout(std::chrono::seconds(60)).verbose(false);
+  return LaunchOptions()
+      .processes_per_node(n)
+      .collective_timeout(std::chrono::seconds(60))
+      .verbose(false);
 }
 
 using accelerant::testing::contains;

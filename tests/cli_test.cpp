@@ -222,6 +222,26 @@ TEST(CliConfig, EveryAliasLoadsAsItsOneName) {
   }
 }
 
+// Durations are seconds in the file and std::chrono in Config: converted once each way, without
+// losing a millisecond or writing exponent notation another reader might not take.
+TEST(CliConfig, DurationsAreSecondsInTheFileAndChronoInTheConfig) {
+  ScratchDir dir;
+  const std::string file = dir.path + "/d.yaml";
+  std::ofstream(file) << "monitor_interval: 0.25\njoin_timeout: 2592000\ncollective_timeout: 1.5\n";
+  const auto config = accelerant::load_config(file);
+  EXPECT_EQ(config.monitor_interval, std::chrono::milliseconds(250));
+  EXPECT_EQ(config.join_timeout, std::chrono::hours(24 * 30));
+  EXPECT_EQ(config.collective_timeout, std::chrono::milliseconds(1500));
+  const std::string text = accelerant::to_yaml(config);
+  for (const char* line :
+       {"monitor_interval: 0.25\n", "join_timeout: 2592000\n", "collective_timeout: 1.5\n"})
+    EXPECT_NE(text.find(line), std::string::npos) << line << " in:\n" << text;
+  accelerant::Config in_code;
+  in_code.join_timeout = std::chrono::milliseconds(0);
+  EXPECT_TRUE(contains(error_message([&] { accelerant::validate_config(in_code); }),
+                       "join_timeout is 0 ms"));
+}
+
 // docs/names.md lists every alias with the name it stands for and whose it is; the table in the
 // code is the one the reader and the CLI use, so the two must not drift.
 TEST(Names, TheDocsTableListsTheAliasesInTheCode) {

@@ -38,7 +38,7 @@ TEST(CollectiveFailures, DebugModeMismatchListsEveryRanksShape) {
       LaunchOptions()
           .processes_per_node(2)
           .debug(true)
-          .timeout(std::chrono::seconds(20))
+          .collective_timeout(std::chrono::seconds(20))
           .verbose(false));
   for (const auto& m : messages) {
     EXPECT_TRUE(contains(m, "disagree about collective #2")) << m;
@@ -58,7 +58,10 @@ TEST(CollectiveFailures, GatherWithDifferentTrailingDimsIsAnErrorEvenWithoutDebu
           return e.what();
         }
       },
-      LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(20)).verbose(false));
+      LaunchOptions()
+          .processes_per_node(2)
+          .collective_timeout(std::chrono::seconds(20))
+          .verbose(false));
   for (const auto& m : messages) {
     EXPECT_TRUE(contains(m, "rank 0: Float [2, 3]")) << m;
     EXPECT_TRUE(contains(m, "rank 1: Float [2, 4]")) << m;
@@ -95,7 +98,7 @@ TEST(CollectiveFailures, ARankThatNeverArrivesIsNamedWithinTwiceTheTimeout) {
           return std::to_string(waited.count()) + "|" + missing + "|" + e.what() + "|" + refused;
         }
       },
-      LaunchOptions().processes_per_node(3).timeout(kTimeout).verbose(false));
+      LaunchOptions().processes_per_node(3).collective_timeout(kTimeout).verbose(false));
   ASSERT_EQ(results.size(), 3u);
   EXPECT_EQ(results[kSleeper], "slept");
   for (int r : {0, 1}) {
@@ -129,7 +132,7 @@ TEST(CollectiveFailures, DebugModeNamesARankThatNeverArrives) {
       LaunchOptions()
           .processes_per_node(2)
           .debug(true)
-          .timeout(std::chrono::seconds(1))
+          .collective_timeout(std::chrono::seconds(1))
           .verbose(false));
   EXPECT_TRUE(contains(results[0], "Rank 1 never reached it")) << results[0];
 }
@@ -179,7 +182,7 @@ TEST(CollectiveFailures, ARankThatDiedIsSaidToHaveDiedNotToHaveSkippedTheCall) {
         },
         LaunchOptions()
             .processes_per_node(2)
-            .timeout(std::chrono::milliseconds(1500))
+            .collective_timeout(std::chrono::milliseconds(1500))
             .stop_grace_period(std::chrono::seconds(10))
             .verbose(false));
     FAIL() << "rank 1 exited with 3, yet the launch succeeded";
@@ -223,7 +226,7 @@ TEST(CollectiveFailures, RanksInDifferentCollectivesAreNamedWithTheCallsThatIssu
           step();
           acc.end_training();
         },
-        LaunchOptions().processes_per_node(2).timeout(kTimeout).verbose(false));
+        LaunchOptions().processes_per_node(2).collective_timeout(kTimeout).verbose(false));
     FAIL() << "only rank 0 saved, yet the launch succeeded";
   } catch (const LaunchError& e) {
     report = e.what();
@@ -259,7 +262,7 @@ TEST(CollectiveFailures, DebugModeMismatchOfReduceScatterListsEveryRanksShapes) 
       LaunchOptions()
           .processes_per_node(2)
           .debug(true)
-          .timeout(std::chrono::seconds(20))
+          .collective_timeout(std::chrono::seconds(20))
           .verbose(false));
   for (const auto& m : messages) {
     EXPECT_TRUE(contains(m, "disagree about collective #2")) << m;
@@ -311,7 +314,7 @@ TEST_P(RankKilledDuringReduceScatter, TheOthersFailFastNamingTheDeadRank) {
         },
         LaunchOptions()
             .processes_per_node(3)
-            .timeout(kTimeout)
+            .collective_timeout(kTimeout)
             .stop_grace_period(std::chrono::seconds(10))
             .verbose(false));
     ADD_FAILURE() << "rank 1 was killed, yet the launch succeeded";

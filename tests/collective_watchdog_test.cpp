@@ -265,7 +265,10 @@ TEST(CollectiveWatchdog, TheJoinIsNotHeldToTheCollectiveTimeout) {
       [](int) {
         return ProcessState::get().communicator().all_reduce(torch::ones({1})).item<float>();
       },
-      LaunchOptions().processes_per_node(8).timeout(std::chrono::seconds(1)).verbose(false));
+      LaunchOptions()
+          .processes_per_node(8)
+          .collective_timeout(std::chrono::seconds(1))
+          .verbose(false));
   for (float s : sums) EXPECT_EQ(s, 8);
 }
 

@@ -14,7 +14,10 @@ using accelerant::testing::contains;
 namespace {
 
 LaunchOptions ranks(int n) {
-  return LaunchOptions().processes_per_node(n).timeout(std::chrono::seconds(60)).verbose(false);
+  return LaunchOptions()
+      .processes_per_node(n)
+      .collective_timeout(std::chrono::seconds(60))
+      .verbose(false);
 }
 
 }  // namespace
@@ -141,7 +144,7 @@ TEST_P(CollectivesOnRanks, BoolTensorsGatherAndBroadcastThoughGlooHasNoBool) {
         auto flags = torch::tensor({index % 2 == 0, true, false});  // e.g. "prediction correct"
         auto gathered = comm.gather(flags);
         auto from_last = torch::tensor({index == 0, index != 0});
-        comm.broadcast_(from_last, comm.size() - 1);
+        comm.broadcast_(from_last, comm.world_size() - 1);
         return torch::cat({gathered.to(torch::kLong), from_last.to(torch::kLong),
                            torch::tensor({gathered.scalar_type() == torch::kBool ? 1L : 0L})});
       },
@@ -440,11 +443,11 @@ TEST(Collectives, BadArgumentsOfReduceScatterAndAllGatherAreClearErrors) {
     const std::string prefix = "[rank " + std::to_string(r) + "/2] ";
     SCOPED_TRACE(m);
     EXPECT_TRUE(contains(m, prefix + "reduce_scatter_: input has 10 elements and output 4"));
-    EXPECT_TRUE(contains(m, "size() * output.numel() = 2 * 4 = 8"));
-    EXPECT_TRUE(contains(m, "Fix: output must have input.numel()/size() elements (5)"));
-    EXPECT_TRUE(contains(m, "and input.numel() must be a multiple of size() = 2"));
+    EXPECT_TRUE(contains(m, "world_size() * output.numel() = 2 * 4 = 8"));
+    EXPECT_TRUE(contains(m, "Fix: output must have input.numel()/world_size() elements (5)"));
+    EXPECT_TRUE(contains(m, "and input.numel() must be a multiple of world_size() = 2"));
     EXPECT_TRUE(contains(m, prefix + "all_gather_: input has 3 elements and output 5"));
-    EXPECT_TRUE(contains(m, "Fix: output must have size() * input.numel() elements"));
+    EXPECT_TRUE(contains(m, "Fix: output must have world_size() * input.numel() elements"));
     EXPECT_TRUE(contains(m, "input is not contiguous"));
     EXPECT_TRUE(contains(m, "input is Float but output is Double"));
     EXPECT_TRUE(contains(m, "mean needs a floating-point tensor, got Long"));

@@ -35,7 +35,7 @@ TEST(EnvironmentTable, EveryRowIsCompleteAndDeclaredOnce) {
 // What a launcher sets is what a worker reads: every variable of the launch contract is declared.
 TEST(EnvironmentTable, DeclaresEveryVariableTheLaunchersSet) {
   LaunchContract env;
-  env.timeout = std::chrono::milliseconds(5);
+  env.collective_timeout = std::chrono::milliseconds(5);
   env.threads_per_process = 2;
   env.error_file = "/tmp/e";
   for (const auto& [name, value] : to_environment(env)) {
@@ -78,7 +78,7 @@ TEST(EnvironmentAccessor, InjectedLookupsStillWork) {
                                            {"ACCELERANT_DEBUG_MODE", "yes"},
                                            {"ACCELERANT_MIXED_PRECISION", "BF16"}}));
   EXPECT_EQ(env.rank, 1);
-  EXPECT_EQ(env.debug_mode, std::optional<bool>(true));
+  EXPECT_EQ(env.debug, std::optional<bool>(true));
   EXPECT_EQ(env.mixed_precision, MixedPrecision::kBf16);
 }
 
@@ -111,9 +111,8 @@ TEST(ParseBool, RefusesOthersNamingTheVariableTheValueAndTheAcceptedValues) {
   }
   // Another source: the message names it and quotes the value.
   const std::string message =
-      accelerant::testing::error_message([] { parse_bool("maybe", "my.yaml (key use_cpu)"); });
-  EXPECT_TRUE(contains(message, "\"maybe\" (from my.yaml (key use_cpu)) is not a boolean"))
-      << message;
+      accelerant::testing::error_message([] { parse_bool("maybe", "my.yaml (key cpu)"); });
+  EXPECT_TRUE(contains(message, "\"maybe\" (from my.yaml (key cpu)) is not a boolean")) << message;
 }
 
 TEST(ParseMixedPrecision, AcceptsNoFp16Bf16InAnyCase) {

@@ -19,7 +19,10 @@ using accelerant::testing::flat_parameters;
 namespace {
 
 LaunchOptions two_ranks() {
-  return LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(60)).verbose(false);
+  return LaunchOptions()
+      .processes_per_node(2)
+      .collective_timeout(std::chrono::seconds(60))
+      .verbose(false);
 }
 
 torch::Tensor value(double v) { return torch::tensor(v, torch::kDouble); }

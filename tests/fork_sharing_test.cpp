@@ -39,7 +39,10 @@ double total_pss_kb(const torch::Tensor& weights) {
                              torch::kDouble);
       },
       std::cref(weights),
-      LaunchOptions().processes_per_node(4).timeout(std::chrono::seconds(120)).verbose(false));
+      LaunchOptions()
+          .processes_per_node(4)
+          .collective_timeout(std::chrono::seconds(120))
+          .verbose(false));
   double total = 0;
   for (const auto& r : results) {
     EXPECT_EQ(r[1].item<double>(), 1.0) << "a worker read different values";

@@ -20,7 +20,7 @@ TEST(ForkThreads, WorkersOfAMultiThreadedParentRunMultiThreadedOpsWithoutHanging
       LaunchOptions()
           .processes_per_node(2)
           .threads_per_process(2)
-          .timeout(std::chrono::seconds(60))
+          .collective_timeout(std::chrono::seconds(60))
           .verbose(true));
   ASSERT_EQ(results.size(), 2u);
   for (const auto& r : results) {

@@ -356,8 +356,10 @@ torch::Tensor train_prepared(int rank, bool fused) {
 }  // namespace
 
 TEST(FusedOptimizer, PreparedOnTwoRanksItMatchesTorchAdamWWithGradientsInTheBuckets) {
-  auto options =
-      LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(60)).verbose(false);
+  auto options = LaunchOptions()
+                     .processes_per_node(2)
+                     .collective_timeout(std::chrono::seconds(60))
+                     .verbose(false);
   auto fused = launch([](int rank) { return train_prepared(rank, true); }, options);
   auto plain = launch([](int rank) { return train_prepared(rank, false); }, options);
   const int64_t n = fused[0].numel() - 2;

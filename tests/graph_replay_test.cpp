@@ -109,8 +109,10 @@ TEST(GraphReplay, AWholeAcceleratorStepWithAccumulationAndASchedulerTrainsAsTheE
 }
 
 TEST(GraphReplay, OnTwoRanksTheReplayedStepAveragesGradientsAsTheEagerLoop) {
-  auto options =
-      LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(60)).verbose(false);
+  auto options = LaunchOptions()
+                     .processes_per_node(2)
+                     .collective_timeout(std::chrono::seconds(60))
+                     .verbose(false);
   auto compiled = launch([](int rank) { return train_accelerated(true, 8, 40 + rank); }, options);
   auto eager = launch([](int rank) { return train_accelerated(false, 8, 40 + rank); }, options);
   ASSERT_EQ(compiled.size(), 2u);

@@ -245,7 +245,7 @@ TEST(Metrics, EachForkedWorkerPrintsItsReportAtExitWhenAsked) {
         step({torch::ones({2, 3})});
         step({torch::ones({2, 3})});
       },
-      LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(60)));
+      LaunchOptions().processes_per_node(2).collective_timeout(std::chrono::seconds(60)));
   const std::string out = ::testing::internal::GetCapturedStderr();
   ::unsetenv("ACCELERANT_METRICS");
   size_t reports = 0;

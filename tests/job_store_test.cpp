@@ -308,7 +308,7 @@ TEST(JobStoreSecurity, TheJobsKeysLiveUnderASecretOnlyTheWorkersKnow) {
       },
       accelerant::LaunchOptions()
           .processes_per_node(2)
-          .timeout(std::chrono::seconds(30))
+          .collective_timeout(std::chrono::seconds(30))
           .verbose(false));
   ASSERT_EQ(seen.size(), 2u);
   EXPECT_EQ(seen[0], "secret of 32 chars, hidden, found with it");

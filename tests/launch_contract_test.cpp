@@ -131,9 +131,9 @@ TEST(LaunchContract, DefaultsAndExtras) {
   EXPECT_EQ(env.master_port, 29500);
   EXPECT_TRUE(env.agent_hosts_store);
   EXPECT_EQ(env.restart_count, 2);
-  EXPECT_EQ(env.debug_mode, std::optional<bool>(true));
-  ASSERT_TRUE(env.timeout.has_value());
-  EXPECT_EQ(env.timeout->count(), 1500);
+  EXPECT_EQ(env.debug, std::optional<bool>(true));
+  ASSERT_TRUE(env.collective_timeout.has_value());
+  EXPECT_EQ(env.collective_timeout->count(), 1500);
   EXPECT_EQ(env.mixed_precision, MixedPrecision::kBf16);
 }
 
@@ -167,12 +167,12 @@ TEST(LaunchContract, RoundTripsThroughLauncherVariables) {
   in.master_port = 4242;
   in.agent_hosts_store = true;
   in.restart_count = 1;
-  in.debug_mode = true;
-  in.timeout = std::chrono::milliseconds(777);
+  in.debug = true;
+  in.collective_timeout = std::chrono::milliseconds(777);
   in.mixed_precision = MixedPrecision::kBf16;
   in.threads_per_process = 2;
   in.downcast_bf16 = true;
-  in.use_cpu = false;
+  in.cpu = false;
   in.gradient_accumulation_steps = 4;
   auto vars = to_environment(in);
   auto out = parse(vars);
@@ -185,13 +185,13 @@ TEST(LaunchContract, RoundTripsThroughLauncherVariables) {
   EXPECT_EQ(out.master_port, 4242);
   EXPECT_TRUE(out.agent_hosts_store);
   EXPECT_EQ(out.restart_count, 1);
-  EXPECT_EQ(out.debug_mode, std::optional<bool>(true));
-  EXPECT_EQ(out.timeout->count(), 777);
+  EXPECT_EQ(out.debug, std::optional<bool>(true));
+  EXPECT_EQ(out.collective_timeout->count(), 777);
   EXPECT_EQ(out.mixed_precision, MixedPrecision::kBf16);
   EXPECT_EQ(out.threads_per_process, 2);
   EXPECT_EQ(vars.at("OMP_NUM_THREADS"), "2");
   EXPECT_EQ(out.downcast_bf16, std::optional<bool>(true));
-  EXPECT_EQ(out.use_cpu, std::optional<bool>(false));
+  EXPECT_EQ(out.cpu, std::optional<bool>(false));
   EXPECT_EQ(out.gradient_accumulation_steps, std::optional<int64_t>(4));
 }
 
@@ -206,7 +206,7 @@ TEST(LaunchContract, UnchosenAcceleratorSettingsAreNotPassed) {
   EXPECT_EQ(vars.count("ACCELERANT_GRADIENT_ACCUMULATION_STEPS"), 0u);
   auto out = parse(vars);
   EXPECT_FALSE(out.downcast_bf16.has_value());
-  EXPECT_FALSE(out.use_cpu.has_value());
+  EXPECT_FALSE(out.cpu.has_value());
   EXPECT_FALSE(out.gradient_accumulation_steps.has_value());
 }
 

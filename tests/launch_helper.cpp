@@ -28,14 +28,14 @@ int main(int argc, char** argv) {
                        .num_nodes(2)
                        .node_rank(std::stoi(argv[2]))
                        .master_port(std::stoi(argv[3]))
-                       .timeout(std::chrono::seconds(30));
+                       .collective_timeout(std::chrono::seconds(30));
     auto results = launch(
         [](int index) {
           auto& state = ProcessState::get();
           auto sum = state.communicator().all_reduce(torch::tensor({index}), ReduceOp::kSum);
           return "rank=" + std::to_string(state.process_index()) +
                  " world=" + std::to_string(state.num_processes()) +
-                 " node=" + std::to_string(state.node_index()) +
+                 " node=" + std::to_string(state.node_rank()) +
                  " sum=" + std::to_string(sum.item<int64_t>());
         },
         options);

@@ -15,7 +15,10 @@ using namespace accelerant::testing;
 namespace {
 
 LaunchOptions quiet(int n) {
-  return LaunchOptions().processes_per_node(n).timeout(std::chrono::seconds(30)).verbose(false);
+  return LaunchOptions()
+      .processes_per_node(n)
+      .collective_timeout(std::chrono::seconds(30))
+      .verbose(false);
 }
 
 using accelerant::testing::contains;
@@ -60,8 +63,7 @@ TEST(Launch, WorkersSeeTheOptionsAndTheTorchrunContract) {
         return std::string(std::getenv("RANK")) + "," + std::getenv("WORLD_SIZE") + "," +
                std::getenv("ACCELERANT_MIXED_PRECISION") + "," +
                to_string(state.env().mixed_precision.value_or(MixedPrecision::kNo)) + "," +
-               (state.debug_mode() ? "debug" : "nodebug") + "," +
-               std::to_string(state.restart_count());
+               (state.debug() ? "debug" : "nodebug") + "," + std::to_string(state.restart_count());
       },
       quiet(2).mixed_precision("bf16").debug(true));
   EXPECT_EQ(results[1], "1,2,bf16,bf16,debug,0");

@@ -1,5 +1,5 @@
 // The settings of the process state reach it (issue 34): the Accelerator resolves cpu, timeout and
-// debug_mode once (option, then the launcher's variable, then the config file) and hands them to
+// debug once (option, then the launcher's variable, then the config file) and hands them to
 // ProcessState. On a machine with a GPU, cpu(true) or ACCELERANT_USE_CPU=1 must keep the process
 // off it (no CUDA context, a Gloo group rather than NCCL), not only the Accelerator's own tensors;
 // this machine has no GPU, so those tests pretend one is visible, which is what that code asks
@@ -77,28 +77,29 @@ TEST(ProcessSettings, TimeoutAndDebugModeResolveOptionThenLauncherThenConfigThen
   const ConfigValues config = {{"collective_timeout", "42"}, {"debug", "true"}};
   const auto none = env_of({});
   auto s = resolve_accelerator_settings({}, none, {});
-  EXPECT_EQ(s.timeout, kDefaultCollectiveTimeout);
-  EXPECT_FALSE(s.debug_mode);
+  EXPECT_EQ(s.collective_timeout, kDefaultCollectiveTimeout);
+  EXPECT_FALSE(s.debug);
   s = resolve_accelerator_settings({}, none, config, "c.yaml");
-  EXPECT_EQ(s.timeout, 42s);
-  EXPECT_TRUE(s.debug_mode);
-  EXPECT_EQ(s.sources.at("timeout"), "c.yaml (key collective_timeout)");
+  EXPECT_EQ(s.collective_timeout, 42s);
+  EXPECT_TRUE(s.debug);
+  EXPECT_EQ(s.sources.at("collective_timeout"), "c.yaml (key collective_timeout)");
   const auto launched = env_of({{"ACCELERANT_TIMEOUT_MS", "1500"}, {"ACCELERANT_DEBUG_MODE", "0"}});
   s = resolve_accelerator_settings({}, launched, config, "c.yaml");
-  EXPECT_EQ(s.timeout, 1500ms);
-  EXPECT_FALSE(s.debug_mode) << "the launcher's ACCELERANT_DEBUG_MODE=0 is a choice, over the file";
-  EXPECT_EQ(s.sources.at("debug_mode"), "ACCELERANT_DEBUG_MODE");
-  s = resolve_accelerator_settings(AcceleratorOptions().timeout(7s).debug_mode(true), launched,
-                                   config, "c.yaml");
-  EXPECT_EQ(s.timeout, 7s);
-  EXPECT_TRUE(s.debug_mode);
-  EXPECT_EQ(s.sources.at("timeout"), "option");
+  EXPECT_EQ(s.collective_timeout, 1500ms);
+  EXPECT_FALSE(s.debug) << "the launcher's ACCELERANT_DEBUG_MODE=0 is a choice, over the file";
+  EXPECT_EQ(s.sources.at("debug"), "ACCELERANT_DEBUG_MODE");
+  s = resolve_accelerator_settings(AcceleratorOptions().collective_timeout(7s).debug(true),
+                                   launched, config, "c.yaml");
+  EXPECT_EQ(s.collective_timeout, 7s);
+  EXPECT_TRUE(s.debug);
+  EXPECT_EQ(s.sources.at("collective_timeout"), "option");
 }
 
 TEST(ProcessSettings, ImpossibleTimeoutsAreRefusedNamingTheValue) {
-  std::string message = error_message(
-      [] { resolve_accelerator_settings(AcceleratorOptions().timeout(0ms), env_of({}), {}); });
-  EXPECT_TRUE(contains(message, "AcceleratorOptions::timeout is 0 ms")) << message;
+  std::string message = error_message([] {
+    resolve_accelerator_settings(AcceleratorOptions().collective_timeout(0ms), env_of({}), {});
+  });
+  EXPECT_TRUE(contains(message, "AcceleratorOptions::collective_timeout is 0 ms")) << message;
   message = error_message([] {
     resolve_accelerator_settings({}, env_of({}), {{"collective_timeout", "soon"}}, "c.yaml");
   });
@@ -107,10 +108,10 @@ TEST(ProcessSettings, ImpossibleTimeoutsAreRefusedNamingTheValue) {
 
 TEST(ProcessSettings, TheAcceleratorsTimeoutAndDebugModeReachTheProcessState) {
   EndProcessState end;
-  Accelerator acc(AcceleratorOptions().timeout(7s).debug_mode(true));
-  EXPECT_EQ(ProcessState::get().timeout(), 7s);
-  EXPECT_TRUE(ProcessState::get().debug_mode());
-  EXPECT_EQ(acc.settings().timeout, 7s);
+  Accelerator acc(AcceleratorOptions().collective_timeout(7s).debug(true));
+  EXPECT_EQ(ProcessState::get().collective_timeout(), 7s);
+  EXPECT_TRUE(ProcessState::get().debug());
+  EXPECT_EQ(acc.settings().collective_timeout, 7s);
 }
 
 TEST(ProcessSettings, TheConfigFilesTimeoutAndDebugReachTheProcessState) {
@@ -119,15 +120,15 @@ TEST(ProcessSettings, TheConfigFilesTimeoutAndDebugReachTheProcessState) {
   const std::string config = dir.path + "/config.yaml";
   std::ofstream(config) << "collective_timeout: 42\ndebug: true\n";
   Accelerator acc(AcceleratorOptions().config_file(config));
-  EXPECT_EQ(ProcessState::get().timeout(), 42s);
-  EXPECT_TRUE(ProcessState::get().debug_mode());
+  EXPECT_EQ(ProcessState::get().collective_timeout(), 42s);
+  EXPECT_TRUE(ProcessState::get().debug());
 }
 
 TEST(ProcessSettings, AProcessStateInitializedWithAnotherTimeoutIsRefusedWithTheFix) {
   EndProcessState end;
-  ProcessState::initialize(ProcessStateOptions().timeout(5s));
+  ProcessState::initialize(ProcessStateOptions().collective_timeout(5s));
   const std::string message =
-      error_message([] { Accelerator acc(AcceleratorOptions().timeout(7s)); });
+      error_message([] { Accelerator acc(AcceleratorOptions().collective_timeout(7s)); });
   EXPECT_TRUE(contains(message, "timeout is 7000 ms (from option)")) << message;
   EXPECT_TRUE(contains(message, "initialized before it with 5000 ms")) << message;
   EXPECT_TRUE(contains(message, "Fix: initialize it with the same")) << message;

@@ -20,7 +20,7 @@ TEST(ProcessState, PlainProcessIsAWorldOfOneOnTheCpu) {
   EXPECT_EQ(state.rank_prefix(), "");
   state.wait_for_everyone();  // a no-op, not a hang
   try {
-    ProcessState::initialize(ProcessStateOptions().timeout(std::chrono::seconds(5)));
+    ProcessState::initialize(ProcessStateOptions().collective_timeout(std::chrono::seconds(5)));
     FAIL() << "initialize after get() must be refused";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("Fix: call initialize once"), std::string::npos)
@@ -32,8 +32,8 @@ TEST(ProcessState, MainProcessFirstRunsTheMainProcessBeforeTheOthers) {
   const std::string dir = accelerant::testing::make_temp_dir();
   auto saw_marker = launch(
       [&dir](int index) {
-        auto& state =
-            ProcessState::initialize(ProcessStateOptions().timeout(std::chrono::seconds(30)));
+        auto& state = ProcessState::initialize(
+            ProcessStateOptions().collective_timeout(std::chrono::seconds(30)));
         bool found = false;
         state.main_process_first([&] {
           if (state.is_main_process()) {
@@ -54,7 +54,7 @@ TEST(ProcessState, WorkersKnowTheirPlace) {
       [](int index) {
         auto& s = ProcessState::get();
         return torch::tensor({s.process_index(), s.num_processes(), s.local_process_index(),
-                              s.num_local_processes(), s.node_index(), s.num_nodes(),
+                              s.num_local_processes(), s.node_rank(), s.num_nodes(),
                               static_cast<int>(s.is_main_process()), index});
       },
       LaunchOptions().processes_per_node(2).verbose(false));

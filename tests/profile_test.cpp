@@ -22,7 +22,10 @@ namespace t = accelerant::testing;
 namespace {
 
 LaunchOptions ranks(int n) {
-  return LaunchOptions().processes_per_node(n).timeout(std::chrono::seconds(60)).verbose(false);
+  return LaunchOptions()
+      .processes_per_node(n)
+      .collective_timeout(std::chrono::seconds(60))
+      .verbose(false);
 }
 
 nlohmann::json read_json(const std::string& path) {

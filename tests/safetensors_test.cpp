@@ -563,7 +563,10 @@ TEST(SafetensorsAccelerator, SaveModelOnTwoProcesses) {
         }
         return 0;
       },
-      LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(60)).verbose(false));
+      LaunchOptions()
+          .processes_per_node(2)
+          .collective_timeout(std::chrono::seconds(60))
+          .verbose(false));
   EXPECT_TRUE(std::ifstream(dir + "/model.safetensors.index.json").good());
   t::remove_tree(dir);
 }

@@ -54,9 +54,10 @@ torch::Tensor reduce_everything(int index) {
 
 std::vector<torch::Tensor> run_with_shm(bool on, int ranks) {
   ::setenv("ACCELERANT_SHM_ALLREDUCE", on ? "1" : "0", 1);
-  auto results = launch(
-      reduce_everything,
-      LaunchOptions().processes_per_node(ranks).timeout(std::chrono::seconds(60)).verbose(false));
+  auto results = launch(reduce_everything, LaunchOptions()
+                                               .processes_per_node(ranks)
+                                               .collective_timeout(std::chrono::seconds(60))
+                                               .verbose(false));
   ::unsetenv("ACCELERANT_SHM_ALLREDUCE");
   return results;
 }
@@ -110,7 +111,10 @@ TEST(ShmAllReduce, FourRanksSumInRankOrderAndAgreeBitForBit) {
             torch::randn({n}) * std::pow(1000.0f, index);  // magnitudes make the order matter
         return ProcessState::get().communicator().all_reduce(mine);
       },
-      LaunchOptions().processes_per_node(4).timeout(std::chrono::seconds(60)).verbose(false));
+      LaunchOptions()
+          .processes_per_node(4)
+          .collective_timeout(std::chrono::seconds(60))
+          .verbose(false));
   torch::Tensor expected;
   for (int index = 0; index < 4; ++index) {
     torch::manual_seed(7 + index);
@@ -139,7 +143,10 @@ TEST(ShmAllReduce, APeerThatDiesIsNamedWithinSecondsAndNothingStaysInDevShm) {
             for (int i = 0; i < 1000; ++i) comm.all_reduce_(big);
           });
         },
-        LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(60)).verbose(false));
+        LaunchOptions()
+            .processes_per_node(2)
+            .collective_timeout(std::chrono::seconds(60))
+            .verbose(false));
   } catch (const LaunchError&) {
     // rank 1 returned no result; what matters is rank 0's report
   }
@@ -181,8 +188,10 @@ TEST(ShmAllReduce, SegmentsOfDeadCreatorsAreRemovedLiveOnesKept) {
 TEST(ShmAllReduce, ABadSettingIsAClearError) {
   ::setenv("ACCELERANT_SHM_ALLREDUCE", "maybe", 1);  // a bool (parse_bool): yes would be accepted
   auto run = [] {
-    launch([](int) { ProcessState::get(); },
-           LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(20)).verbose(false));
+    launch([](int) { ProcessState::get(); }, LaunchOptions()
+                                                 .processes_per_node(2)
+                                                 .collective_timeout(std::chrono::seconds(20))
+                                                 .verbose(false));
   };
   try {
     run();
@@ -209,7 +218,10 @@ std::vector<torch::Tensor> run_on_simulated_nodes(int ranks) {
         out[0] = hierarchical ? 1.0 : 0.0;
         return out;
       },
-      LaunchOptions().processes_per_node(ranks).timeout(std::chrono::seconds(60)).verbose(false));
+      LaunchOptions()
+          .processes_per_node(ranks)
+          .collective_timeout(std::chrono::seconds(60))
+          .verbose(false));
 }
 
 }  // namespace
@@ -240,7 +252,10 @@ TEST(ShmAllReduce, TwoNodesSumInTheNodeFirstThenAcrossNodes) {
         auto mine = torch::randn({n}) * std::pow(1000.0f, index);
         return ProcessState::get().communicator().all_reduce(mine);
       },
-      LaunchOptions().processes_per_node(4).timeout(std::chrono::seconds(60)).verbose(false));
+      LaunchOptions()
+          .processes_per_node(4)
+          .collective_timeout(std::chrono::seconds(60))
+          .verbose(false));
   std::vector<torch::Tensor> t;
   for (int index = 0; index < 4; ++index) {
     torch::manual_seed(7 + index);
@@ -268,7 +283,10 @@ TEST(ShmAllReduce, ALeaderThatDiesFailsBothNodesWithinSeconds) {
             for (int i = 0; i < 1000; ++i) comm.all_reduce_(big);
           });
         },
-        LaunchOptions().processes_per_node(4).timeout(std::chrono::seconds(60)).verbose(false));
+        LaunchOptions()
+            .processes_per_node(4)
+            .collective_timeout(std::chrono::seconds(60))
+            .verbose(false));
   } catch (const LaunchError& e) {
     launcher_report = e.what();
   }
@@ -314,7 +332,10 @@ TEST(ShmAllReduce, RanksThatDisagreeAboutTheSizeFailNamingBothInsteadOfMixingDat
             comm.all_reduce_(mine);
           });
         },
-        LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(60)).verbose(false));
+        LaunchOptions()
+            .processes_per_node(2)
+            .collective_timeout(std::chrono::seconds(60))
+            .verbose(false));
   } catch (const LaunchError&) {
   }
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(30))
@@ -345,7 +366,7 @@ torch::Tensor sharded_input(int rank, int64_t n) {
 // all-reduce's bits; returns what differed ("" when nothing), after `path_ok`'s check.
 std::string check_sharded(int index, const std::function<std::string()>& path_check) {
   auto& comm = ProcessState::get().communicator();
-  const int n = comm.size();
+  const int n = comm.world_size();
   std::string wrong = path_check();
   for (int64_t shard : {int64_t{1}, int64_t{1001}, int64_t{70001}}) {
     const std::string at = "S=" + std::to_string(shard) + " ";
@@ -385,7 +406,10 @@ TEST(ShmAllReduce, ReduceScatterAndAllGatherInManySmallSteps) {
                      : std::string("not on shared memory; ");
         });
       },
-      LaunchOptions().processes_per_node(4).timeout(std::chrono::seconds(60)).verbose(false));
+      LaunchOptions()
+          .processes_per_node(4)
+          .collective_timeout(std::chrono::seconds(60))
+          .verbose(false));
   ::unsetenv("ACCELERANT_SHM_CHUNK_BYTES");
   for (size_t r = 0; r < results.size(); ++r) EXPECT_EQ(results[r], "") << "rank " << r;
 }
@@ -402,7 +426,10 @@ TEST(ShmAllReduce, ReduceScatterAndAllGatherOnTwoNodesTakeTheFallbacks) {
                        : std::string("not hierarchical; ");
           });
         },
-        LaunchOptions().processes_per_node(ranks).timeout(std::chrono::seconds(60)).verbose(false));
+        LaunchOptions()
+            .processes_per_node(ranks)
+            .collective_timeout(std::chrono::seconds(60))
+            .verbose(false));
     for (size_t r = 0; r < results.size(); ++r) EXPECT_EQ(results[r], "") << "rank " << r;
   }
 }
@@ -423,7 +450,10 @@ TEST(ShmAllReduce, RanksInDifferentKindsOfCollectiveFailNamingBoth) {
             }
           });
         },
-        LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(60)).verbose(false));
+        LaunchOptions()
+            .processes_per_node(2)
+            .collective_timeout(std::chrono::seconds(60))
+            .verbose(false));
   } catch (const LaunchError&) {
   }
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(30)) << "found at the first barrier";

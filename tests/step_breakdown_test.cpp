@@ -246,7 +246,10 @@ TEST(StepBreakdown, TwoRanksLogBothBreakdownsAndNameTheRankSlowAtLoadingData) {
         acc.end_training();
         return torch::tensor(out, torch::kFloat64);
       },
-      LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(60)).verbose(false));
+      LaunchOptions()
+          .processes_per_node(2)
+          .collective_timeout(std::chrono::seconds(60))
+          .verbose(false));
   ASSERT_EQ(results.size(), 2u);
   for (const auto& r : results) {
     ASSERT_EQ(r.numel(), 6) << "both ranks hold both ranks' breakdown";

@@ -75,7 +75,10 @@ std::vector<int64_t> range(int64_t from, int64_t to, int64_t step = 1) {
 }
 
 LaunchOptions ranks(int n) {
-  return LaunchOptions().processes_per_node(n).timeout(std::chrono::seconds(30)).verbose(false);
+  return LaunchOptions()
+      .processes_per_node(n)
+      .collective_timeout(std::chrono::seconds(30))
+      .verbose(false);
 }
 
 }  // namespace

@@ -288,8 +288,10 @@ torch::Tensor draw_prepared(int index, const std::string& load_dir, const std::s
 TEST(TokenWindows, PreparedOnTwoProcessesEachRankDrawsItsOwnAndResumes) {
   ScratchDir scratch;
   const std::string dir = scratch.path + "/ckpt";
-  const auto ranks =
-      LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(60)).verbose(false);
+  const auto ranks = LaunchOptions()
+                         .processes_per_node(2)
+                         .collective_timeout(std::chrono::seconds(60))
+                         .verbose(false);
   const auto whole =
       launch([dir](int index) { return draw_prepared(index, "", dir, 3, 6); }, ranks);
   const auto resumed =

@@ -443,7 +443,10 @@ TEST(Trackers, OnlyTheMainProcessWritesAndNoCollective) {
         acc.end_training();
         return index;
       },
-      LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(60)).verbose(false));
+      LaunchOptions()
+          .processes_per_node(2)
+          .collective_timeout(std::chrono::seconds(60))
+          .verbose(false));
   ASSERT_EQ(results.size(), 2u);
   EXPECT_EQ(slurp(project_dir + "/run/scalars.csv"), "step,tag,value\n0,rank0,0\n1,rank0,1\n");
   EXPECT_FALSE(t::contains(slurp(project_dir + "/run/scalars.jsonl"), "rank1"));

@@ -168,9 +168,11 @@ torch::Tensor train(int rank, const TrainingRun& run) {
 }
 
 std::vector<torch::Tensor> train_on_two(const TrainingRun& run) {
-  return launch(
-      [run](int rank) { return train(rank, run); },
-      LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(60)).verbose(false));
+  return launch([run](int rank) { return train(rank, run); },
+                LaunchOptions()
+                    .processes_per_node(2)
+                    .collective_timeout(std::chrono::seconds(60))
+                    .verbose(false));
 }
 
 // The offsets of the named parameters in flat_parameters' order.

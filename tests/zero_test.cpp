@@ -135,8 +135,10 @@ torch::Tensor train(int rank, int world, const TrainingRun& run) {
 }
 
 std::vector<torch::Tensor> train_on(int world, const TrainingRun& run) {
-  auto options =
-      LaunchOptions().processes_per_node(world).timeout(std::chrono::seconds(90)).verbose(false);
+  auto options = LaunchOptions()
+                     .processes_per_node(world)
+                     .collective_timeout(std::chrono::seconds(90))
+                     .verbose(false);
   return launch([run, world](int rank) { return train(rank, world, run); }, options);
 }
 
@@ -381,9 +383,11 @@ torch::Tensor gradient_memory(int rank, int world, int stage) {
 TEST(Zero, Stage2KeepsOnlyItsShareOfTheGradients) {
   std::map<int, std::vector<torch::Tensor>> by_stage;
   for (int stage : {1, 2}) {
-    by_stage[stage] = launch(
-        [stage](int rank) { return gradient_memory(rank, 2, stage); },
-        LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(60)).verbose(false));
+    by_stage[stage] = launch([stage](int rank) { return gradient_memory(rank, 2, stage); },
+                             LaunchOptions()
+                                 .processes_per_node(2)
+                                 .collective_timeout(std::chrono::seconds(60))
+                                 .verbose(false));
   }
   const int64_t parameters = static_cast<int64_t>(many_buckets_model()->parameters().size());
   for (int r = 0; r < 2; ++r) {
@@ -451,7 +455,10 @@ TEST(Zero, MisuseIsRefusedWithTheFix) {
         });
         return out;
       },
-      LaunchOptions().processes_per_node(2).timeout(std::chrono::seconds(60)).verbose(false));
+      LaunchOptions()
+          .processes_per_node(2)
+          .collective_timeout(std::chrono::seconds(60))
+          .verbose(false));
   const std::string& m = messages[0];
   EXPECT_TRUE(contains(m, "zero_stage is 3")) << m;
   EXPECT_TRUE(contains(m, "is not a trainable parameter of the prepared model")) << m;

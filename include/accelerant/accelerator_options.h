@@ -47,11 +47,11 @@ struct AcceleratorOptions {
   /// How long the rendezvous and each collective wait for the other processes before failing with
   /// a diagnosis; handed to ProcessState. Default: ACCELERANT_TIMEOUT_MS, else the config file's
   /// collective_timeout, else kDefaultCollectiveTimeout (30 minutes).
-  ACCELERANT_OPTION(std::optional<std::chrono::milliseconds>, timeout) = std::nullopt;
+  ACCELERANT_OPTION(std::optional<std::chrono::milliseconds>, collective_timeout) = std::nullopt;
   /// Check op, dtype and shape across the processes before every collective (communicator.h), so
   /// that a mismatch fails at once naming both calls instead of hanging; handed to ProcessState.
   /// Default: ACCELERANT_DEBUG_MODE, else the config file's debug, else false.
-  ACCELERANT_OPTION(std::optional<bool>, debug_mode) = std::nullopt;
+  ACCELERANT_OPTION(std::optional<bool>, debug) = std::nullopt;
   /// Seeds every generator at construction (set_seed) and the loaders' shuffling. Default: unset
   /// (generators untouched, loaders shuffle with seed 0).
   ACCELERANT_OPTION(std::optional<uint64_t>, seed) = std::nullopt;
@@ -132,10 +132,10 @@ struct AcceleratorSettings {
   bool cpu = false;
   /// The collective timeout (the join at start-up has its own, ACCELERANT_JOIN_TIMEOUT_MS). Also
   /// from ACCELERANT_TIMEOUT_MS or the config file's collective_timeout (seconds).
-  std::chrono::milliseconds timeout = kDefaultCollectiveTimeout;
+  std::chrono::milliseconds collective_timeout = kDefaultCollectiveTimeout;
   /// Cross-rank checks before every collective. Also from ACCELERANT_DEBUG_MODE or the config
   /// file's debug.
-  bool debug_mode = false;
+  bool debug = false;
   /// The seed of every generator and of the loaders' shuffling, when an option or ACCELERANT_SEED
   /// chose one; unset leaves the generators untouched (the loaders shuffle with seed 0).
   std::optional<uint64_t> seed;
@@ -148,7 +148,7 @@ struct AcceleratorSettings {
 };
 
 /// Resolves `options` over the environment and the config values. The settings a launcher passes
-/// (downcast_bf16, cpu, gradient_accumulation_steps, timeout, debug_mode) come from
+/// (downcast_bf16, cpu, gradient_accumulation_steps, collective_timeout, debug) come from
 /// parse_launch_contract(env), the one reader of the launch contract. Throws accelerant::Error
 /// (EnvironmentError for a variable) naming the source, the value and the accepted values when one
 /// is invalid.

@@ -3,7 +3,7 @@
 // barrier. Gloo carries CPU tensors, NCCL CUDA tensors
 // (in CUDA builds). Every call has a timeout; a failure names the ranks that never arrived.
 //
-// Debug mode (ACCELERANT_DEBUG_MODE=1 or ProcessStateOptions::debug_mode) makes the ranks exchange
+// Debug mode (ACCELERANT_DEBUG_MODE=1 or ProcessStateOptions::debug) makes the ranks exchange
 // each call's op, dtype and shape through the store before running it, so that a mismatch raises
 // CollectiveMismatchError listing every rank's view instead of hanging or corrupting data.
 #pragma once
@@ -66,10 +66,10 @@ class Communicator {
   /// one must not be used afterwards.
   Communicator& operator=(Communicator&&) noexcept;
 
-  /// This process's rank in the group, 0 to size() - 1 (ProcessState::process_index()).
+  /// This process's rank in the group, 0 to world_size() - 1 (ProcessState::process_index()).
   int rank() const;
   /// Processes in the group (ProcessState::num_processes()); 1 for a communicator of one.
-  int size() const;
+  int world_size() const;
 
   /// Combines `tensor` across ranks and returns the result; the input is unchanged.
   /// kMean sums then divides (Gloo has no average) and needs a floating-point tensor.
@@ -82,7 +82,7 @@ class Communicator {
   /// stay alive and untouched until then. Same dtype rules as all_reduce_.
   PendingCollective all_reduce_async_(const torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
 
-  /// Reduces across ranks and leaves each rank its shard: with N = size() and `output` of S
+  /// Reduces across ranks and leaves each rank its shard: with N = world_size() and `output` of S
   /// elements, `input` holds N * S elements and rank r gets in `output` the reduction of elements
   /// [r * S, (r + 1) * S) of every rank's `input`, flat (shapes are ignored, only element counts
   /// count). Both contiguous, of one dtype and device; `output` must not overlap `input`.
@@ -101,8 +101,8 @@ class Communicator {
   /// submission order with the other collectives (an all_reduce started before it finishes first).
   PendingCollective reduce_scatter_async_(const torch::Tensor& input, const torch::Tensor& output,
                                           ReduceOp op = ReduceOp::kSum);
-  /// Every rank's `input` (S elements) in `output` (size() * S elements), in rank order, flat:
-  /// rank r's input in elements [r * S, (r + 1) * S). Both contiguous, of one dtype (any) and
+  /// Every rank's `input` (S elements) in `output` (world_size() * S elements), in rank order,
+  /// flat: rank r's input in elements [r * S, (r + 1) * S). Both contiguous, of one dtype (any) and
   /// device. In place, as NCCL allows: `input` may be this rank's own slice of `output`
   /// (output.view({-1}).narrow(0, rank() * S, S)), which shared memory and NCCL then leave where
   /// it is (Gloo sends a copy); no other overlap is allowed. A communicator of one process

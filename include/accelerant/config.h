@@ -17,6 +17,7 @@
 // malformed YAML gives the line and column. `config_version` lets later versions of the schema
 // keep reading old files.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -58,13 +59,14 @@ struct Config {
   /// collective in the workers.
   bool debug = false;
   int max_restarts = 0;  ///< how often the whole group is restarted after a worker fails, ≥ 0
-  double monitor_interval = 0.1;  ///< seconds between checks of the workers
-  double join_timeout =
-      600;  ///< seconds the launchers, and workers at start-up, wait for each other
-  /// Seconds a collective (or the workers' rendezvous) may wait before it fails naming the ranks it
-  /// waited for (ACCELERANT_TIMEOUT_MS in the workers). `accelerant launch`: --collective_timeout,
-  /// else the user's ACCELERANT_TIMEOUT_MS, else this key.
-  double collective_timeout = 1800;
+  /// Time between checks of the workers. (The durations are seconds in the file.)
+  std::chrono::milliseconds monitor_interval{100};
+  /// How long the launchers, and the workers at start-up, wait for each other.
+  std::chrono::milliseconds join_timeout = std::chrono::minutes(10);
+  /// How long a collective may wait before it fails naming the ranks it waited for
+  /// (ACCELERANT_TIMEOUT_MS in the workers). `accelerant launch`: --collective_timeout, else the
+  /// user's ACCELERANT_TIMEOUT_MS, else this key.
+  std::chrono::milliseconds collective_timeout = std::chrono::minutes(30);
   int threads_per_process = 0;          ///< 0 = cores / local processes
   int gradient_accumulation_steps = 1;  ///< micro-batches per optimizer step, ≥ 1
 };
@@ -85,6 +87,14 @@ const std::vector<KeyAlias>& key_aliases();
 
 /// The one name `key` stands for: its KeyAlias::name when it is an alias, else `key` itself.
 std::string canonical_key(const std::string& key);
+
+/// A duration given in seconds (a config file's value or a launch flag: the one place their unit
+/// is read) as milliseconds, rounded. Throws accelerant::Error naming `name` and the range when it
+/// is not 0.001 to kMaxConfigSeconds: inf, nan, a negative or 1e20 would otherwise wrap.
+std::chrono::milliseconds seconds_to_duration(double seconds, const std::string& name);
+
+/// A duration as the seconds a config file holds: "0.1", "600".
+std::string duration_to_seconds_text(std::chrono::milliseconds duration);
 
 /// Reads and validates a config file. Throws accelerant::Error naming the file and the problem
 /// (missing file, malformed YAML with line and column, unknown key with the closest known one,

@@ -42,7 +42,7 @@ std::optional<bool> environment_flag(const std::string& name);
 /// The one bool parser. Accepted, in any case: 1, true, yes, y, on (true) and 0, false, no, n, off
 /// (false): what the environment readers, YAML 1.1's booleans and the config questions took. `from`
 /// names where the text came from: a variable's name (then the error is an EnvironmentError for it,
-/// reading NAME=value), or a description such as "my.yaml (key use_cpu)". Anything else throws,
+/// reading NAME=value), or a description such as "my.yaml (key cpu)". Anything else throws,
 /// naming `from`, the text and the accepted values.
 bool parse_bool(const std::string& text, const std::string& from);
 

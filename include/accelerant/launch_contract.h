@@ -73,10 +73,10 @@ struct LaunchContract {
   int restart_count = 0;  ///< ACCELERANT_RESTART_COUNT / TORCHELASTIC_RESTART_COUNT
   /// ACCELERANT_DEBUG_MODE; unset when the launcher did not choose (then the Accelerator's option
   /// or the config file decides, else off).
-  std::optional<bool> debug_mode;
+  std::optional<bool> debug;
   /// ACCELERANT_TIMEOUT_MS: collective timeout chosen by the launcher; unset = the
   /// option, the config file's collective_timeout, else kDefaultCollectiveTimeout.
-  std::optional<std::chrono::milliseconds> timeout;
+  std::optional<std::chrono::milliseconds> collective_timeout;
   /// ACCELERANT_JOIN_TIMEOUT_MS: how long the ranks wait for each other to join, set by the
   /// launcher from its join timeout; unset = kDefaultJoinTimeout.
   std::optional<std::chrono::milliseconds> join_timeout;
@@ -94,7 +94,7 @@ struct LaunchContract {
   // Accelerator settings the launcher chose for its workers; unset = the launcher left them to the
   // worker's own resolution (accelerator_options.h), which reads them from here.
   std::optional<bool> downcast_bf16;  ///< ACCELERANT_DOWNCAST_BF16
-  std::optional<bool> use_cpu;        ///< ACCELERANT_USE_CPU
+  std::optional<bool> cpu;            ///< ACCELERANT_USE_CPU
   std::optional<int64_t>
       gradient_accumulation_steps;  ///< ACCELERANT_GRADIENT_ACCUMULATION_STEPS, ≥ 1
 

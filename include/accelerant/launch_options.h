@@ -50,7 +50,7 @@ struct LaunchOptions {
   ACCELERANT_OPTION(std::optional<bool>, downcast_bf16) = std::nullopt;
   /// Passed to workers as ACCELERANT_USE_CPU: the Accelerator trains on the CPU even when CUDA is
   /// available. Default: unset (each worker resolves it: its environment, its config file, false).
-  ACCELERANT_OPTION(std::optional<bool>, use_cpu) = std::nullopt;
+  ACCELERANT_OPTION(std::optional<bool>, cpu) = std::nullopt;
   /// Passed to workers as ACCELERANT_GRADIENT_ACCUMULATION_STEPS: micro-batches per optimizer
   /// step, 1 or more. Default: unset (each worker resolves it: its environment, its config file,
   /// 1).
@@ -71,7 +71,7 @@ struct LaunchOptions {
   /// does not complete within it fails, naming the ranks it waited for. (A hang no collective can
   /// leave is named in seconds by the workers' watchdog: docs/collectives.md.)
   /// Default: unset = this process's ACCELERANT_TIMEOUT_MS when the user set it, else 30 minutes.
-  ACCELERANT_OPTION(std::optional<std::chrono::milliseconds>, timeout) = std::nullopt;
+  ACCELERANT_OPTION(std::optional<std::chrono::milliseconds>, collective_timeout) = std::nullopt;
   /// When the group is stopped: the time between the stop signal (SIGTERM, or the SIGINT, SIGTERM
   /// or SIGHUP this process caught, passed on) and SIGKILL, both sent to each worker's process
   /// group, so that what a worker started goes too. Default: 5 s.

@@ -26,9 +26,9 @@ struct ProcessStateOptions {
   /// has its own (ACCELERANT_JOIN_TIMEOUT_MS, else 10 minutes), and a hang in which no collective
   /// can complete is named in seconds by the watchdog (docs/collectives.md). Default:
   /// ACCELERANT_TIMEOUT_MS, else 30 minutes.
-  ACCELERANT_OPTION(std::optional<std::chrono::milliseconds>, timeout) = std::nullopt;
+  ACCELERANT_OPTION(std::optional<std::chrono::milliseconds>, collective_timeout) = std::nullopt;
   /// Cross-rank shape checks before every collective. Default: ACCELERANT_DEBUG_MODE, else off.
-  ACCELERANT_OPTION(std::optional<bool>, debug_mode) = std::nullopt;
+  ACCELERANT_OPTION(std::optional<bool>, debug) = std::nullopt;
   /// Stay on the CPU even when a GPU is visible. Default: false.
   ACCELERANT_OPTION(bool, cpu) = false;
 };
@@ -65,7 +65,7 @@ class ProcessState {
   /// Processes on this machine (LOCAL_WORLD_SIZE).
   int num_local_processes() const;
   /// This machine's index among the job's machines, 0 to num_nodes() - 1 (GROUP_RANK).
-  int node_index() const;
+  int node_rank() const;
   /// Machines taking part in the job; 1 when not launched.
   int num_nodes() const;
   /// True on global rank 0 only: the one process of the job that should print a summary or write
@@ -78,11 +78,11 @@ class ProcessState {
   /// How many times the launcher has restarted the group before this attempt (0 the first time).
   int restart_count() const;
   /// Whether collectives first check op, dtype and shape across ranks (communicator.h):
-  /// ProcessStateOptions::debug_mode, else ACCELERANT_DEBUG_MODE, else off.
-  bool debug_mode() const;
-  /// The collective timeout in force: ProcessStateOptions::timeout, else
+  /// ProcessStateOptions::debug, else ACCELERANT_DEBUG_MODE, else off.
+  bool debug() const;
+  /// The collective timeout in force: ProcessStateOptions::collective_timeout, else
   /// ACCELERANT_TIMEOUT_MS, else 30 minutes.
-  std::chrono::milliseconds timeout() const;
+  std::chrono::milliseconds collective_timeout() const;
   /// `cuda:<local rank>` (modulo the visible GPUs) when a GPU is visible and `cpu` is off, else
   /// cpu.
   torch::Device device() const;

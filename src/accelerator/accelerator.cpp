@@ -211,8 +211,10 @@ Accelerator::Accelerator(AcceleratorOptions options)
   ProcessState& process =
       ProcessState::initialized()
           ? ProcessState::get()
-          : ProcessState::initialize(
-                ProcessStateOptions().cpu(s.cpu).timeout(s.timeout).debug_mode(s.debug_mode));
+          : ProcessState::initialize(ProcessStateOptions()
+                                         .cpu(s.cpu)
+                                         .collective_timeout(s.collective_timeout)
+                                         .debug(s.debug));
   const auto source = [&](const char* key) {
     return s.sources.count(key) ? s.sources.at(key) : std::string("the default");
   };
@@ -223,14 +225,16 @@ Accelerator::Accelerator(AcceleratorOptions options)
         ", whose collectives would not take CPU tensors. Fix: initialize it with "
         "ProcessStateOptions().cpu(true), or let the Accelerator initialize it."));
   }
-  if (process.timeout() != s.timeout || process.debug_mode() != s.debug_mode) {
+  if (process.collective_timeout() != s.collective_timeout || process.debug() != s.debug) {
     throw Error(detail::str(
-        process.rank_prefix(), "the Accelerator's timeout is ", s.timeout.count(), " ms (from ",
-        source("timeout"), ") and its debug_mode ", s.debug_mode ? "on" : "off", " (from ",
-        source("debug_mode"), "), but this process's ProcessState was initialized before it with ",
-        process.timeout().count(), " ms and debug_mode ", process.debug_mode() ? "on" : "off",
+        process.rank_prefix(), "the Accelerator's collective_timeout is ",
+        s.collective_timeout.count(), " ms (from ", source("collective_timeout"),
+        ") and its debug ", s.debug ? "on" : "off", " (from ", source("debug"),
+        "), but this process's ProcessState was initialized before it with ",
+        process.collective_timeout().count(), " ms and debug ", process.debug() ? "on" : "off",
         ", and they cannot change once the processes have met. Fix: initialize it with the same "
-        "ProcessStateOptions().timeout(...).debug_mode(...), or let the Accelerator initialize "
+        "ProcessStateOptions().collective_timeout(...).debug(...), or let the Accelerator "
+        "initialize "
         "it."));
   }
   impl_->process_index_ = process.process_index();
@@ -346,7 +350,7 @@ void Accelerator::prepare_model(const std::shared_ptr<torch::nn::Module>& model)
   if (impl_->settings_.downcast_bf16) model->to(torch::kBFloat16);
   Communicator& comm = communicator();
   detail::ScopedCollectiveLabel label("prepare");
-  if (comm.size() > 1) {
+  if (comm.world_size() > 1) {
     check_same_model_everywhere(comm, *model, impl_->rank_prefix_);
     broadcast_from_main(comm, *model);
   }
@@ -369,7 +373,7 @@ PreparedOptimizer Accelerator::prepare_optimizer(torch::optim::Optimizer& optimi
   if (prepared == optimizers.end()) {
     // A fused type already steps fused; a torch::optim one gets an updater bound to it. ZeRO
     // shards the fused update, so it binds one whatever fused_optimizers says.
-    const bool zero = impl_->options_.zero_stage() > 0 && communicator().size() > 1;
+    const bool zero = impl_->options_.zero_stage() > 0 && communicator().world_size() > 1;
     const bool wrap =
         (impl_->options_.fused_optimizers() || zero) && fused_updater_of(optimizer) == nullptr;
     optimizers.push_back({&optimizer, wrap ? std::make_shared<FusedUpdater>(optimizer) : nullptr});
@@ -572,7 +576,7 @@ double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters
 // Under ZeRO stage 2 the gradients are the reducers' shares (the parameters' .grad are unset).
 bool Accelerator::gradients_sharded() const {
   return impl_->options_.zero_stage() == 2 && impl_->state_->sync_gradients &&
-         communicator().size() > 1;
+         communicator().world_size() > 1;
 }
 
 torch::Tensor Accelerator::clip_grad_norm_tensor(const std::vector<torch::Tensor>& parameters,

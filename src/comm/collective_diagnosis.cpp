@@ -241,16 +241,16 @@ std::string missing_text(c10d::Store& store, const std::string& head,
     }
     return text;
   }
-  return str(
-      head, "\n", rank_list(missing), " did not reach this collective (no report within ",
-      grace.count(), " ms of the failure; timeout ", timeout.count(),
-      " ms). Likely cause: ", missing.size() == 1 ? "that rank is" : "those ranks are",
-      " stuck, slower than the timeout, dead, or on a code path that skips this collective. "
-      "Fix: ",
-      kSameCallsFix,
-      "; check the missing ranks' output for an earlier error; if they are "
-      "only slow, raise the timeout (ProcessStateOptions::timeout or ACCELERANT_TIMEOUT_MS); "
-      "ACCELERANT_DEBUG_MODE=1 checks every call across ranks.");
+  return str(head, "\n", rank_list(missing), " did not reach this collective (no report within ",
+             grace.count(), " ms of the failure; timeout ", timeout.count(),
+             " ms). Likely cause: ", missing.size() == 1 ? "that rank is" : "those ranks are",
+             " stuck, slower than the timeout, dead, or on a code path that skips this collective. "
+             "Fix: ",
+             kSameCallsFix,
+             "; check the missing ranks' output for an earlier error; if they are "
+             "only slow, raise the timeout (ProcessStateOptions::collective_timeout or "
+             "ACCELERANT_TIMEOUT_MS); "
+             "ACCELERANT_DEBUG_MODE=1 checks every call across ranks.");
 }
 
 }  // namespace
@@ -304,7 +304,7 @@ FailureDiagnosis diagnose_failure(c10d::Store& store, const CollectiveCall& call
             "deadlock), or skips a collective the others issue. Fix: look at what the rank behind "
             "does after its last collective; ",
             kSameCallsFix,
-            "; if it is only slow, raise the timeout (ProcessStateOptions::timeout or "
+            "; if it is only slow, raise the timeout (ProcessStateOptions::collective_timeout or "
             "ACCELERANT_TIMEOUT_MS).");
     return d;
   }

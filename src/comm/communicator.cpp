@@ -131,7 +131,7 @@ detail::CollectiveCall begin_call(CommunicatorImpl& c, const char* name, Payload
   detail::CollectiveCall call{++c.sequence, "", name};
   c.flight.start(call.sequence, name, detail::current_collective_label(), payload.dtype,
                  payload.elements);
-  if (c.debug_mode) {
+  if (c.debug) {
     call.signature = describe();
     BlockedScope blocked(c.blocked, call.sequence);
     try {
@@ -231,8 +231,8 @@ std::vector<std::vector<int64_t>> exchange_shapes(CommunicatorImpl& c, const tor
   return shapes;
 }
 
-// The arguments of reduce_scatter_ (`scatter`: input holds size() shards, output one) or
-// all_gather_ (output holds size() copies of input's size).
+// The arguments of reduce_scatter_ (`scatter`: input holds world_size() shards, output one) or
+// all_gather_ (output holds world_size() copies of input's size).
 void check_sharded_arguments(const CommunicatorImpl& c, const char* name,
                              const torch::Tensor& input, const torch::Tensor& output, bool scatter,
                              ReduceOp op) {
@@ -263,19 +263,21 @@ void check_sharded_arguments(const CommunicatorImpl& c, const char* name,
   if (scatter && input.numel() != n * output.numel()) {
     refuse(detail::str(
         "input has ", input.numel(), " elements and output ", output.numel(),
-        ", but input must hold one shard of output's size per rank: size() * output.numel() = ", n,
-        " * ", output.numel(), " = ", n * output.numel(),
-        ". Fix: output must have input.numel()/size() elements",
+        ", but input must hold one shard of output's size per rank: world_size() * output.numel() "
+        "= ",
+        n, " * ", output.numel(), " = ", n * output.numel(),
+        ". Fix: output must have input.numel()/world_size() elements",
         input.numel() % n == 0
             ? detail::str(" (", input.numel() / n, ")")
-            : detail::str(", and input.numel() must be a multiple of size() = ", n, " (pad it)"),
+            : detail::str(", and input.numel() must be a multiple of world_size() = ", n,
+                          " (pad it)"),
         "."));
   }
   if (!scatter && output.numel() != n * input.numel()) {
     refuse(detail::str("input has ", input.numel(), " elements and output ", output.numel(),
-                       ", but output must hold every rank's input: size() * input.numel() = ", n,
-                       " * ", input.numel(), " = ", n * input.numel(),
-                       ". Fix: output must have size() * input.numel() elements."));
+                       ", but output must hold every rank's input: world_size() * input.numel() = ",
+                       n, " * ", input.numel(), " = ", n * input.numel(),
+                       ". Fix: output must have world_size() * input.numel() elements."));
   }
   if (scatter && op == ReduceOp::kMean && !input.is_floating_point()) {
     refuse(detail::str("mean needs a floating-point tensor, got ",
@@ -299,7 +301,7 @@ Communicator::Communicator(Communicator&&) noexcept = default;
 Communicator& Communicator::operator=(Communicator&&) noexcept = default;
 
 int Communicator::rank() const { return impl_->rank; }
-int Communicator::size() const { return impl_->size; }
+int Communicator::world_size() const { return impl_->size; }
 const std::string& Communicator::broken_reason() const { return impl_->broken_reason; }
 bool Communicator::shared_memory_all_reduce() const { return impl_->shm != nullptr; }
 const std::string& Communicator::all_reduce_path() const { return impl_->all_reduce_path; }

@@ -26,7 +26,7 @@ struct Communicator::Impl {
   int rank = 0;
   int size = 1;
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
-  bool debug_mode = false;
+  bool debug = false;
   std::string rank_prefix;  // "[rank r/N] "
   // Counts public collectives; equal on all ranks while they agree. Atomic: the watchdog reads it.
   std::atomic<int64_t> sequence{0};

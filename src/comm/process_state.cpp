@@ -117,7 +117,7 @@ struct ProcessState::Impl {
 
   LaunchContract env_;
   std::chrono::milliseconds timeout_;
-  bool debug_mode_;
+  bool debug_;
   torch::Device device_;
   Communicator communicator_;
   std::unique_ptr<Rendezvous> rendezvous_;  // null when the job has one process
@@ -128,8 +128,9 @@ ProcessState::ProcessState(LaunchContract env, const ProcessStateOptions& option
 
 ProcessState::Impl::Impl(LaunchContract env, const ProcessStateOptions& options)
     : env_(std::move(env)),
-      timeout_(options.timeout().value_or(env_.timeout.value_or(kDefaultCollectiveTimeout))),
-      debug_mode_(options.debug_mode().value_or(env_.debug_mode.value_or(false))),
+      timeout_(options.collective_timeout().value_or(
+          env_.collective_timeout.value_or(kDefaultCollectiveTimeout))),
+      debug_(options.debug().value_or(env_.debug.value_or(false))),
       device_(torch::kCPU) {
   // For the launcher's failure report (ours, or torchrun's summary).
   detail::record_uncaught_exceptions_to(env_.error_file, env_.torchelastic_error_file);
@@ -158,14 +159,14 @@ int ProcessState::process_index() const { return impl_->env_.rank; }
 int ProcessState::num_processes() const { return impl_->env_.world_size; }
 int ProcessState::local_process_index() const { return impl_->env_.local_rank; }
 int ProcessState::num_local_processes() const { return impl_->env_.local_world_size; }
-int ProcessState::node_index() const { return impl_->env_.node_rank; }
+int ProcessState::node_rank() const { return impl_->env_.node_rank; }
 int ProcessState::num_nodes() const { return impl_->env_.num_nodes; }
 bool ProcessState::is_main_process() const { return impl_->env_.rank == 0; }
 bool ProcessState::is_local_main_process() const { return impl_->env_.local_rank == 0; }
 bool ProcessState::distributed() const { return impl_->env_.world_size > 1; }
 int ProcessState::restart_count() const { return impl_->env_.restart_count; }
-bool ProcessState::debug_mode() const { return impl_->debug_mode_; }
-std::chrono::milliseconds ProcessState::timeout() const { return impl_->timeout_; }
+bool ProcessState::debug() const { return impl_->debug_; }
+std::chrono::milliseconds ProcessState::collective_timeout() const { return impl_->timeout_; }
 torch::Device ProcessState::device() const { return impl_->device_; }
 std::string ProcessState::rank_prefix() const { return impl_->rank_prefix(); }
 Communicator& ProcessState::communicator() { return impl_->communicator_; }
@@ -254,7 +255,7 @@ void ProcessState::Impl::rendezvous() {
   impl->rank = env_.rank;
   impl->size = env_.world_size;
   impl->timeout = timeout_;
-  impl->debug_mode = debug_mode_;
+  impl->debug = debug_;
   impl->rank_prefix = rank_prefix();
   impl->error_file = env_.error_file;
   // Every rank has arrived: Gloo's own connection (held to the collective timeout, which it also

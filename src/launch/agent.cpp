@@ -142,7 +142,8 @@ void validate(const LaunchOptions& o) {
     bad_option(str("gradient_accumulation_steps is ", *o.gradient_accumulation_steps()),
                "use 1 or more micro-batches per optimizer step");
   }
-  if (o.monitor_interval().count() <= 0 || (o.timeout() && o.timeout()->count() <= 0) ||
+  if (o.monitor_interval().count() <= 0 ||
+      (o.collective_timeout() && o.collective_timeout()->count() <= 0) ||
       o.join_timeout().count() <= 0) {
     bad_option("monitor_interval, timeout and join_timeout must be positive",
                "give durations above zero");
@@ -213,7 +214,7 @@ class Agent {
     validate(o_);
     relay_.check_log_dir();  // before any worker starts, or their output would be lost
     if (hooks_.check_before_fork) hooks_.check_before_fork();
-    const bool debug = o_.debug().value_or(read_launch_contract().debug_mode.value_or(false));
+    const bool debug = o_.debug().value_or(read_launch_contract().debug.value_or(false));
     threads_ = choose_threads(o_, hooks_, o_.verbose());
     timeout_ = resolved_timeout(o_);
     if (debug && hooks_.dry_fork) {
@@ -360,14 +361,14 @@ class Agent {
       env.master_port = port_;
       env.agent_hosts_store = nodes_->hosts_workers_store();
       env.restart_count = attempt;
-      env.debug_mode = debug;
-      env.timeout = timeout_;
+      env.debug = debug;
+      env.collective_timeout = timeout_;
       env.join_timeout = o_.join_timeout();
       env.mixed_precision =
           parse_mixed_precision(o_.mixed_precision(), "LaunchOptions::mixed_precision");
       env.threads_per_process = threads_;
       env.downcast_bf16 = o_.downcast_bf16();
-      env.use_cpu = o_.use_cpu();
+      env.cpu = o_.cpu();
       env.gradient_accumulation_steps = o_.gradient_accumulation_steps();
       WorkerSpec spec;
       spec.rank = env.rank;
@@ -557,8 +558,8 @@ class Agent {
 }  // namespace
 
 std::chrono::milliseconds resolved_timeout(const LaunchOptions& options) {
-  if (options.timeout()) return *options.timeout();
-  return read_launch_contract().timeout.value_or(kDefaultCollectiveTimeout);
+  if (options.collective_timeout()) return *options.collective_timeout();
+  return read_launch_contract().collective_timeout.value_or(kDefaultCollectiveTimeout);
 }
 
 std::vector<std::vector<char>> run_agent(const LaunchOptions& options, const WorkerBody& body,

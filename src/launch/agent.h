@@ -45,8 +45,8 @@ struct AgentHooks {
 std::vector<std::vector<char>> run_agent(const LaunchOptions& options, const WorkerBody& body,
                                          const AgentHooks& hooks);
 
-/// The workers' collective timeout: options.timeout(), else this process's ACCELERANT_TIMEOUT_MS
-/// (the user's choice), else 30 minutes.
+/// The workers' collective timeout: options.collective_timeout(), else this process's
+/// ACCELERANT_TIMEOUT_MS (the user's choice), else 30 minutes.
 std::chrono::milliseconds resolved_timeout(const LaunchOptions& options);
 
 }  // namespace accelerant::detail

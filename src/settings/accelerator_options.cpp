@@ -136,17 +136,18 @@ AcceleratorSettings resolve_accelerator_settings(const AcceleratorOptions& o, co
             parse_bool, s.split_batches);
   r.resolve("even_batches", o.even_batches(), "ACCELERANT_EVEN_BATCHES", "even_batches", parse_bool,
             s.even_batches);
-  r.resolve_launched("cpu", o.cpu(), launched.use_cpu, "ACCELERANT_USE_CPU", "cpu", parse_bool,
-                     s.cpu);
+  r.resolve_launched("cpu", o.cpu(), launched.cpu, "ACCELERANT_USE_CPU", "cpu", parse_bool, s.cpu);
   // The process state's two settings: resolved here once, then handed to ProcessState.
-  if (o.timeout() && o.timeout()->count() <= 0) {
-    throw Error(detail::str("AcceleratorOptions::timeout is ", o.timeout()->count(),
+  if (o.collective_timeout() && o.collective_timeout()->count() <= 0) {
+    throw Error(detail::str("AcceleratorOptions::collective_timeout is ",
+                            o.collective_timeout()->count(),
                             " ms; it must be more than 0. Fix: e.g. std::chrono::minutes(30)."));
   }
-  r.resolve_launched("timeout", o.timeout(), launched.timeout, "ACCELERANT_TIMEOUT_MS",
-                     "collective_timeout", parse_config_seconds, s.timeout);
-  r.resolve_launched("debug_mode", o.debug_mode(), launched.debug_mode, "ACCELERANT_DEBUG_MODE",
-                     "debug", parse_bool, s.debug_mode);
+  r.resolve_launched("collective_timeout", o.collective_timeout(), launched.collective_timeout,
+                     "ACCELERANT_TIMEOUT_MS", "collective_timeout", parse_config_seconds,
+                     s.collective_timeout);
+  r.resolve_launched("debug", o.debug(), launched.debug, "ACCELERANT_DEBUG_MODE", "debug",
+                     parse_bool, s.debug);
   r.resolve("cpu_defaults", o.cpu_defaults(), "ACCELERANT_CPU_DEFAULTS", "cpu_defaults", parse_bool,
             s.cpu_defaults);
   uint64_t seed = 0;

@@ -31,6 +31,7 @@ struct Field {
   const char* type;  // for messages: "a whole number", "true or false", ...
   std::function<void(const YAML::Node&, Config&)> read;
   std::function<std::string(const Config&)> write;
+  bool says_why = false;  // read throws an Error whose message names the key and the problem
 };
 
 template <class T>
@@ -57,6 +58,15 @@ Field field(const char* key, const char* type, T Config::*member) {
           }};
 }
 
+// A duration: seconds in the file, std::chrono in Config (seconds_to_duration, the one converter).
+Field seconds_field(const char* key, std::chrono::milliseconds Config::*member) {
+  return {key, "a number of seconds",
+          [member, key](const YAML::Node& node, Config& c) {
+            c.*member = seconds_to_duration(node.as<double>(), key);
+          },
+          [member](const Config& c) { return duration_to_seconds_text(c.*member); }, true};
+}
+
 constexpr const char* kBoolType = "true or false (also 1/0, yes/no, y/n, on/off)";
 
 const std::vector<Field>& fields() {
@@ -72,9 +82,9 @@ const std::vector<Field>& fields() {
       field("cpu", kBoolType, &Config::cpu),
       field("debug", kBoolType, &Config::debug),
       field("max_restarts", "a whole number", &Config::max_restarts),
-      field("monitor_interval", "a number of seconds", &Config::monitor_interval),
-      field("join_timeout", "a number of seconds", &Config::join_timeout),
-      field("collective_timeout", "a number of seconds", &Config::collective_timeout),
+      seconds_field("monitor_interval", &Config::monitor_interval),
+      seconds_field("join_timeout", &Config::join_timeout),
+      seconds_field("collective_timeout", &Config::collective_timeout),
       field("threads_per_process", "a whole number", &Config::threads_per_process),
       field("gradient_accumulation_steps", "a whole number", &Config::gradient_accumulation_steps),
   };
@@ -219,7 +229,11 @@ Config load_config(const std::string& path) {
     try {
       if (!item.second.IsScalar()) throw YAML::BadConversion(item.second.Mark());
       it->read(item.second, config);
-    } catch (const std::exception&) {  // YAML::Exception, or Error from the one bool parser
+    } catch (const std::exception& e) {  // YAML::Exception, or Error from a field's parser
+      if (it->says_why && dynamic_cast<const Error*>(&e) != nullptr) {  // it names key and range
+        problems.push_back(detail::str(e.what(), " (at ", position(item.second.Mark()), ")"));
+        continue;
+      }
       const std::string shown = item.second.IsScalar() ? item.second.Scalar() : "a list or mapping";
       problems.push_back(detail::str("'", key, "' is '", shown, "' at ",
                                      position(item.second.Mark()), ", but it must be ", it->type));
@@ -282,18 +296,17 @@ void validate_config(const Config& c, const std::string& where) {
   }
   if (c.max_restarts < 0)
     problems.push_back(detail::str("max_restarts is ", c.max_restarts, "; it must be 0 or more"));
-  // The durations, from the file or the flags alike, are range-checked here once: a value out of
-  // range (inf, nan, 1e20) would otherwise wrap or saturate when made milliseconds.
-  const auto check_seconds = [&](const char* key, double seconds, double least, double fallback) {
-    if (!(seconds >= least && seconds <= kMaxConfigSeconds)) {
-      problems.push_back(detail::str(key, " is ", seconds, "; it must be ", least, " to ",
-                                     static_cast<long long>(kMaxConfigSeconds),
-                                     " seconds (30 days; default ", fallback, ")"));
+  // Text (the file, the flags) was range-checked where it became a duration
+  // (seconds_to_duration); a Config built in code is checked here against the same range.
+  const auto check_duration = [&](const char* key, std::chrono::milliseconds d) {
+    if (d < std::chrono::milliseconds(1) || d.count() > kMaxConfigSeconds * 1000) {
+      problems.push_back(detail::str(key, " is ", d.count(), " ms; it must be 1 ms to ",
+                                     static_cast<long long>(kMaxConfigSeconds), " s (30 days)"));
     }
   };
-  check_seconds("monitor_interval", c.monitor_interval, 0.001, 0.1);
-  check_seconds("join_timeout", c.join_timeout, 0.001, 600);
-  check_seconds("collective_timeout", c.collective_timeout, 0.001, 1800);
+  check_duration("monitor_interval", c.monitor_interval);
+  check_duration("join_timeout", c.join_timeout);
+  check_duration("collective_timeout", c.collective_timeout);
   if (c.threads_per_process < 0 || c.threads_per_process > kMaxThreadsPerProcess) {
     problems.push_back(detail::str("threads_per_process is ", c.threads_per_process, "; use 0 ",
                                    "(automatic) to ", kMaxThreadsPerProcess));
@@ -305,6 +318,26 @@ void validate_config(const Config& c, const std::string& where) {
   if (!problems.empty()) {
     throw Error(detail::str(where, ": ", detail::join(problems, "; "), "."));
   }
+}
+
+std::chrono::milliseconds seconds_to_duration(double seconds, const std::string& name) {
+  if (!(seconds >= 0.001 && seconds <= kMaxConfigSeconds)) {  // also refuses nan
+    throw Error(detail::str(name, " is ", seconds, "; it must be 0.001 to ",
+                            static_cast<long long>(kMaxConfigSeconds), " seconds (30 days)"));
+  }
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000 + 0.5));
+}
+
+std::string duration_to_seconds_text(std::chrono::milliseconds duration) {
+  // Whole milliseconds as seconds with no trailing zeros (1800, 0.1), never exponent notation.
+  std::string text = std::to_string(duration.count() / 1000);
+  const int64_t millis = duration.count() % 1000;
+  if (millis != 0) {
+    std::string fraction = std::to_string(1000 + millis).substr(1);
+    while (fraction.back() == '0') fraction.pop_back();
+    text += "." + fraction;
+  }
+  return text;
 }
 
 std::string to_yaml(const Config& config) {

@@ -158,10 +158,10 @@ void read_openmpi(const Reader& r, LaunchContract& env) {
 }
 
 void read_accelerant_extras(const Reader& r, LaunchContract& env) {
-  env.debug_mode = r.chosen_flag("ACCELERANT_DEBUG_MODE");
+  env.debug = r.chosen_flag("ACCELERANT_DEBUG_MODE");
   if (auto ms = r.integer("ACCELERANT_TIMEOUT_MS", 1, std::numeric_limits<long long>::max(),
                           "set a positive number of milliseconds")) {
-    env.timeout = std::chrono::milliseconds(*ms);
+    env.collective_timeout = std::chrono::milliseconds(*ms);
   }
   if (auto ms = r.integer("ACCELERANT_JOIN_TIMEOUT_MS", 1, std::numeric_limits<long long>::max(),
                           "set a positive number of milliseconds")) {
@@ -176,7 +176,7 @@ void read_accelerant_extras(const Reader& r, LaunchContract& env) {
                            .value_or(0));
   env.error_file = r.text("ACCELERANT_ERROR_FILE").value_or("");
   env.downcast_bf16 = r.chosen_flag("ACCELERANT_DOWNCAST_BF16");
-  env.use_cpu = r.chosen_flag("ACCELERANT_USE_CPU");
+  env.cpu = r.chosen_flag("ACCELERANT_USE_CPU");
   env.gradient_accumulation_steps =
       r.integer("ACCELERANT_GRADIENT_ACCUMULATION_STEPS", 1, kIntMax,
                 "set a whole number of micro-batches per optimizer step, 1 or more");
@@ -294,9 +294,10 @@ std::map<std::string, std::string> to_environment(const LaunchContract& env) {
       {"ACCELERANT_AGENT_STORE", env.agent_hosts_store ? "1" : "0"},
       {"ACCELERANT_RESTART_COUNT", std::to_string(env.restart_count)},
   };
-  if (env.debug_mode) vars["ACCELERANT_DEBUG_MODE"] = *env.debug_mode ? "1" : "0";
+  if (env.debug) vars["ACCELERANT_DEBUG_MODE"] = *env.debug ? "1" : "0";
   if (env.mixed_precision) vars["ACCELERANT_MIXED_PRECISION"] = to_string(*env.mixed_precision);
-  if (env.timeout) vars["ACCELERANT_TIMEOUT_MS"] = std::to_string(env.timeout->count());
+  if (env.collective_timeout)
+    vars["ACCELERANT_TIMEOUT_MS"] = std::to_string(env.collective_timeout->count());
   if (env.join_timeout) {
     vars["ACCELERANT_JOIN_TIMEOUT_MS"] = std::to_string(env.join_timeout->count());
   }
@@ -307,7 +308,7 @@ std::map<std::string, std::string> to_environment(const LaunchContract& env) {
   if (!env.error_file.empty()) vars["ACCELERANT_ERROR_FILE"] = env.error_file;
   if (!env.job_secret.empty()) vars["ACCELERANT_JOB_SECRET"] = env.job_secret;
   if (env.downcast_bf16) vars["ACCELERANT_DOWNCAST_BF16"] = *env.downcast_bf16 ? "1" : "0";
-  if (env.use_cpu) vars["ACCELERANT_USE_CPU"] = *env.use_cpu ? "1" : "0";
+  if (env.cpu) vars["ACCELERANT_USE_CPU"] = *env.cpu ? "1" : "0";
   if (env.gradient_accumulation_steps) {
     vars["ACCELERANT_GRADIENT_ACCUMULATION_STEPS"] =
         std::to_string(*env.gradient_accumulation_steps);

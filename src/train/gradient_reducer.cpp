@@ -104,7 +104,8 @@ struct GradientReducer::State {
   void start_full_buckets() {
     while (next_bucket < plan.size() && waiting[next_bucket] == 0) {
       const size_t b = next_bucket++;
-      flat[b].div_(communicator->size());  // average = sum of (grad / N): no pass after the wait
+      flat[b].div_(
+          communicator->world_size());  // average = sum of (grad / N): no pass after the wait
       detail::ScopedCollectiveLabel label("backward bucket", static_cast<int64_t>(b));
       launched_us[b] = detail::tracing() ? detail::trace_now_us() : -1;
       in_flight[b] = scatters_gradients()
@@ -149,7 +150,7 @@ struct GradientReducer::State {
       bucket_buffer[b] = std::move(*spare);
       spare_buffers.erase(spare);
     }
-    flat[b] = bucket_buffer[b].narrow(0, 0, share_numel[b] * communicator->size());
+    flat[b] = bucket_buffer[b].narrow(0, 0, share_numel[b] * communicator->world_size());
     flat[b].narrow(0, bucket.numel, flat[b].numel() - bucket.numel).zero_();
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       views[b].push_back(flat[b].narrow(0, bucket.offsets[k], params[bucket.params[k]].numel()));
@@ -261,8 +262,8 @@ struct GradientReducer::State {
     }
     if (!unused.empty() && !options.allow_unused_parameters()) {
       throw Error(detail::str(
-          rank_prefix(communicator->rank(), communicator->size()), unused.size(), " of ", trainable,
-          " trainable parameters got no gradient in this backward pass: ",
+          rank_prefix(communicator->rank(), communicator->world_size()), unused.size(), " of ",
+          trainable, " trainable parameters got no gradient in this backward pass: ",
           detail::join(unused, ", "),
           ". Their gradients cannot be averaged across processes, and the other ranks would wait "
           "for them. Likely cause: forward() did not use them (a branch not taken, a head not "
@@ -418,13 +419,13 @@ GradientReducer::GradientReducer(
                                       .first_bucket_cap_bytes(options.first_bucket_cap_bytes()));
   s.bucket_of.assign(s.params.size(), -1);
   s.slot_of.assign(s.params.size(), 0);
-  const int world = communicator.size();
+  const int world = communicator.world_size();
   check_zero_stage(options.zero_stage());
   s.zero = options.zero_stage() > 0 && world > 1;
   for (size_t b = 0; b < s.plan.size(); ++b) s.allocate_bucket(b, world);
   s.decide_bindable();
   s.size_pass_state();
-  if (communicator.size() == 1) return;  // nothing to average: no hooks, no cost
+  if (communicator.world_size() == 1) return;  // nothing to average: no hooks, no cost
   s.bind_gradients_to_buckets();
   s.hook_gradient_accumulators();
 }
@@ -500,7 +501,7 @@ void GradientReducer::gather_parameters() {
   for (size_t b = 0; b < s.plan.size(); ++b) {
     const GradientBucket& bucket = s.plan[b];
     const int64_t share = s.share_numel[b], lo = s.share_begin(b), hi = lo + share;
-    const int64_t padded = share * s.communicator->size();
+    const int64_t padded = share * s.communicator->world_size();
     if (!s.gather_out.defined() || s.gather_out.numel() < padded ||
         s.gather_out.device() != bucket.device) {
       s.gather_out =

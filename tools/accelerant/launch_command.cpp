@@ -45,9 +45,13 @@ Config resolve_launch_config(const LaunchFlags& f) {
   if (f.max_restarts) c.max_restarts = *f.max_restarts;
   if (f.threads_per_process) c.threads_per_process = *f.threads_per_process;
   if (f.mixed_precision) c.mixed_precision = *f.mixed_precision;
-  if (f.monitor_interval) c.monitor_interval = *f.monitor_interval;
-  if (f.join_timeout) c.join_timeout = *f.join_timeout;
-  if (f.collective_timeout) c.collective_timeout = *f.collective_timeout;
+  // The flags are seconds, as the file's keys: the one converter checks their range.
+  if (f.monitor_interval)
+    c.monitor_interval = seconds_to_duration(*f.monitor_interval, "monitor_interval");
+  if (f.join_timeout) c.join_timeout = seconds_to_duration(*f.join_timeout, "join_timeout");
+  if (f.collective_timeout) {
+    c.collective_timeout = seconds_to_duration(*f.collective_timeout, "collective_timeout");
+  }
   if (f.gradient_accumulation_steps) c.gradient_accumulation_steps = *f.gradient_accumulation_steps;
   if (f.cpu) c.cpu = true;
   if (f.debug) c.debug = true;
@@ -57,32 +61,30 @@ Config resolve_launch_config(const LaunchFlags& f) {
 
 int run_launch(const LaunchFlags& flags, const std::vector<std::string>& command) {
   const Config c = resolve_launch_config(flags);
-  auto options =
-      LaunchOptions()
-          .processes_per_node(c.world_size / c.num_nodes)
-          .num_nodes(c.num_nodes)
-          .node_rank(c.node_rank)
-          .master_addr(c.master_addr)
-          .master_port(c.master_port)
-          .max_restarts(c.max_restarts)
-          .monitor_interval(
-              std::chrono::milliseconds(static_cast<int64_t>(c.monitor_interval * 1000)))
-          .join_timeout(std::chrono::milliseconds(static_cast<int64_t>(c.join_timeout * 1000)))
-          .mixed_precision(c.mixed_precision)
-          .downcast_bf16(c.downcast_bf16)
-          .use_cpu(c.cpu)
-          .gradient_accumulation_steps(c.gradient_accumulation_steps)
-          .threads_per_process(c.threads_per_process)
-          .debug(c.debug)
-          .prefix_output(flags.prefix_output)
-          .log_dir(flags.log_dir)
-          .tee(flags.tee);
+  auto options = LaunchOptions()
+                     .processes_per_node(c.world_size / c.num_nodes)
+                     .num_nodes(c.num_nodes)
+                     .node_rank(c.node_rank)
+                     .master_addr(c.master_addr)
+                     .master_port(c.master_port)
+                     .max_restarts(c.max_restarts)
+                     .monitor_interval(c.monitor_interval)
+                     .join_timeout(c.join_timeout)
+                     .mixed_precision(c.mixed_precision)
+                     .downcast_bf16(c.downcast_bf16)
+                     .cpu(c.cpu)
+                     .gradient_accumulation_steps(c.gradient_accumulation_steps)
+                     .threads_per_process(c.threads_per_process)
+                     .debug(c.debug)
+                     .prefix_output(flags.prefix_output)
+                     .log_dir(flags.log_dir)
+                     .tee(flags.tee);
   // The flag beats the user's ACCELERANT_TIMEOUT_MS, which beats the config file's key: with
   // neither flag nor variable the key is passed; with the variable alone the option stays unset
-  // and the agent reads the variable (LaunchOptions::timeout), the one place that parses it.
+  // and the agent reads the variable (LaunchOptions::collective_timeout), the one place that parses
+  // it.
   if (flags.collective_timeout || !environment_value("ACCELERANT_TIMEOUT_MS")) {
-    options.timeout(std::chrono::milliseconds(
-        std::max<int64_t>(1, static_cast<int64_t>(c.collective_timeout * 1000))));
+    options.collective_timeout(c.collective_timeout);
   }
   launch_program(command, options);
   return 0;
