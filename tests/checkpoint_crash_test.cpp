@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <random>
 #include <set>
@@ -156,9 +157,16 @@ TEST(CheckpointCrashes, ASaverKilledAtRandomMomentsAlwaysLeavesALoadableCheckpoi
       Child saver = fork_child([&](int out) { save_forever(out, scratch.path, fixed); });
       std::string acks;
       ASSERT_TRUE(wait_for_bytes(saver, 1, acks)) << "the saver never finished a first save";
-      // A save of this model takes a few milliseconds here: the kill lands anywhere in one.
+      // One save's duration, measured rather than assumed: it grows with what a save checks and
+      // with the machine's load (a fixed 40 ms window once held only the first two saves).
+      const auto first_save_done = std::chrono::steady_clock::now();
+      ASSERT_TRUE(wait_for_bytes(saver, 2, acks)) << "the saver never finished a second save";
+      const auto one_save = std::chrono::duration_cast<std::chrono::microseconds>(
+          std::chrono::steady_clock::now() - first_save_done);
+      // The kill lands anywhere in the next six saves, so at any moment of one.
+      const int window = static_cast<int>(std::max<int64_t>(1000, 6 * one_save.count()));
       std::this_thread::sleep_for(
-          std::chrono::microseconds(std::uniform_int_distribution<int>(0, 40000)(random)));
+          std::chrono::microseconds(std::uniform_int_distribution<int>(0, window)(random)));
       ::kill(saver.pid, SIGKILL);
       int status = 0;
       acks += collect(saver, status);
