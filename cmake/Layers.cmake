@@ -123,7 +123,7 @@ function(accelerant_add_layer layer)
   set(ACCELERANT_LAYER_TARGETS_${layer} ${made} PARENT_SCOPE)
 endfunction()
 
-# accelerant_add_layer_link_checks(EXTRA_OBJECTS... ): one executable per layer below the top,
+# accelerant_add_layer_link_checks(EXTRA_OBJECTS...): one executable per layer below the top,
 # linking every object of that layer and the ones below it (objects named on a link line are all
 # linked, unlike archive members), so that a reference into a higher layer is an undefined symbol.
 # EXTRA_OBJECTS: objects that belong to a layer but are made apart (generated code), as
