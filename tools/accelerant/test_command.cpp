@@ -59,6 +59,17 @@ void check_large_all_reduce(Accelerator& acc) {
          std::to_string(wrong) + " of 1048576 elements wrong");
 }
 
+// Reports whether `actual`'s parameters equal `expected`'s to a relative 1e-5 (the largest
+// difference over the largest expected magnitude), as the numeric checks all require.
+void report_parameters_close(Accelerator& acc, const std::string& name,
+                             torch::nn::Sequential& actual, torch::nn::Sequential& expected) {
+  const auto want = flat_parameters(expected);
+  const double difference =
+      ((flat_parameters(actual) - want).abs().max() / want.abs().max()).item<double>();
+  report(acc, name, difference <= 1e-5,
+         "relative difference " + std::to_string(difference) + " (limit 1e-5)");
+}
+
 // The fused AdamW against torch::optim's, on this process alone.
 void check_fused_adamw(Accelerator& acc) {
   auto plain_model = tiny_mlp(), fused_model = tiny_mlp();
@@ -75,11 +86,7 @@ void check_fused_adamw(Accelerator& acc) {
     plain.zero_grad();
     fused.zero_grad();
   }
-  auto expected = flat_parameters(plain_model);
-  const double difference =
-      ((flat_parameters(fused_model) - expected).abs().max() / expected.abs().max()).item<double>();
-  report(acc, "fused AdamW equals torch::optim::AdamW", difference <= 1e-5,
-         "relative difference " + std::to_string(difference) + " (limit 1e-5)");
+  report_parameters_close(acc, "fused AdamW equals torch::optim::AdamW", fused_model, plain_model);
 }
 
 // Process r contributes r + 1 copies of r: the gather must put them end to end in rank order.
@@ -121,11 +128,8 @@ void check_data_parallel_training(Accelerator& acc) {
     o.step();
     o.zero_grad();
   }
-  auto expected = flat_parameters(reference);
-  const double difference =
-      ((flat_parameters(m) - expected).abs().max() / expected.abs().max()).item<double>();
-  report(acc, "training steps equal one process on the combined batch", difference <= 1e-5,
-         "relative difference " + std::to_string(difference) + " (limit 1e-5)");
+  report_parameters_close(acc, "training steps equal one process on the combined batch", m,
+                          reference);
 }
 
 // Runs inside each worker.
