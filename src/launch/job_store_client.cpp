@@ -14,23 +14,18 @@
 #include <thread>
 
 #include "accelerant/error.h"
+#include "base/deadline.h"
 #include "base/text.h"
 #include "launch/job_store.h"
+#include "launch/job_store_protocol.h"
 
 namespace accelerant::detail {
 namespace {
 
-constexpr uint8_t kSet = 0, kGet = 2, kAdd = 3, kCheck = 4, kWait = 5;
-constexpr uint8_t kReady = 0;
+using namespace store_protocol;
 const char* const kKeyPrefix = "/";
 
 void append_u64(std::string& out, uint64_t v) { out.append(reinterpret_cast<const char*>(&v), 8); }
-
-int remaining_ms(StoreClient::Clock::time_point deadline) {
-  const auto left =
-      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - StoreClient::Clock::now());
-  return static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30));
-}
 
 // A blocking connection to `a`, tried until `deadline`: a blocking connect() to an address that
 // does not answer (packets dropped by a firewall, a machine that is down) waits for the kernel's
@@ -46,7 +41,7 @@ int connect_before(const addrinfo& a, StoreClient::Clock::time_point deadline, s
     pollfd p{fd, POLLOUT, 0};
     int ready;
     do {
-      ready = ::poll(&p, 1, std::max(1, remaining_ms(deadline)));
+      ready = ::poll(&p, 1, std::max(1, poll_timeout_ms(deadline)));
     } while (ready < 0 && errno == EINTR);
     socklen_t size = sizeof failure;
     if (ready <= 0) {
@@ -100,7 +95,7 @@ void StoreClient::connect(Clock::time_point deadline) {
       ::freeaddrinfo(found);
     }
     if (Clock::now() >= deadline) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(50, remaining_ms(deadline))));
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(50, poll_timeout_ms(deadline))));
   }
   throw Error(str("cannot connect to the job's store at ", host_, ":", port_, ": ", last_error));
 }
@@ -134,7 +129,7 @@ bool StoreClient::receive(void* into, size_t size, Clock::time_point deadline) {
   size_t got = 0;
   while (got < size) {
     pollfd p{fd_, POLLIN, 0};
-    const int ready = ::poll(&p, 1, remaining_ms(deadline));
+    const int ready = ::poll(&p, 1, poll_timeout_ms(deadline));
     if (ready < 0 && errno == EINTR) continue;
     if (ready == 0) return false;
     const ssize_t n = ::recv(fd_, at + got, size - got, 0);

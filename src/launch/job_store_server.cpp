@@ -16,23 +16,12 @@
 #include "accelerant/error.h"
 #include "base/text.h"
 #include "launch/job_store.h"
+#include "launch/job_store_protocol.h"
 
 namespace accelerant::detail {
 namespace {
 
-enum Query : uint8_t {
-  kSet = 0,
-  kCompareSet = 1,
-  kGet = 2,
-  kAdd = 3,
-  kCheck = 4,
-  kWait = 5,
-  kGetNumKeys = 6,
-  kWatchKey = 7,
-  kDeleteKey = 8,
-};
-constexpr uint8_t kReady = 0, kNotReady = 1, kStopWaiting = 0;
-constexpr uint8_t kKeyUpdated = 0, kKeyCreated = 1, kKeyDeleted = 2, kCallbackRegistered = 3;
+using namespace store_protocol;
 // A string longer than this is taken for a peer that does not speak the protocol, or one that
 // would grow the launcher by its size twice over (buffered, then stored), and its connection is
 // closed rather than waited for. What jobs keep here is small (addresses, flags, flight records

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "accelerant/error.h"
+#include "base/deadline.h"
 #include "base/text.h"
 
 namespace accelerant::detail {
@@ -25,12 +26,6 @@ constexpr size_t kHelloSize = sizeof(kMagic) + 3 * 4;
 constexpr size_t kReplySize = 1 + 2 * 4;
 // Replies to a connecting node.
 constexpr char kAccepted = 'Y', kOtherShape = 'S', kRankTaken = 'D', kRankOutOfRange = 'R';
-
-int remaining_ms(NodeLinks::Clock::time_point deadline) {
-  auto left =
-      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - NodeLinks::Clock::now());
-  return static_cast<int>(std::max<int64_t>(0, left.count()));
-}
 
 void put_int(char* at, int value) {
   const uint32_t net = htonl(static_cast<uint32_t>(value));
@@ -59,7 +54,7 @@ bool read_exactly(int fd, char* buffer, size_t size, NodeLinks::Clock::time_poin
   size_t got = 0;
   while (got < size) {
     pollfd p{fd, POLLIN, 0};
-    const int ready = ::poll(&p, 1, remaining_ms(deadline));
+    const int ready = ::poll(&p, 1, poll_timeout_ms(deadline));
     if (ready < 0 && errno == EINTR) continue;
     if (ready <= 0) return false;
     const ssize_t n = ::recv(fd, buffer + got, size - got, 0);
@@ -197,7 +192,7 @@ std::vector<int> NodeLinks::accept_nodes(Clock::time_point deadline) {
   };
   while (!missing().empty()) {
     pollfd p{listen_fd_, POLLIN, 0};
-    const int ready = ::poll(&p, 1, std::min(remaining_ms(deadline), 100));
+    const int ready = ::poll(&p, 1, std::min(poll_timeout_ms(deadline), 100));
     if (ready < 0 && errno != EINTR) break;
     if (ready <= 0) {
       if (Clock::now() >= deadline) break;

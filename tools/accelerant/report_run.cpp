@@ -27,10 +27,6 @@ bool is_directory(const std::string& path) {
   std::error_code ignored;
   return fs::is_directory(path, ignored);
 }
-bool is_file(const std::string& path) {
-  std::error_code ignored;
-  return fs::is_regular_file(path, ignored);
-}
 
 // n of "<prefix><n><suffix>", or -1.
 int64_t number_in(const std::string& name, const std::string& prefix, const std::string& suffix) {

@@ -15,6 +15,12 @@
 #include <utility>
 
 namespace accelerant::cli {
+
+bool is_file(const std::string& path) {
+  std::error_code ignored;
+  return std::filesystem::is_regular_file(path, ignored);
+}
+
 namespace {
 
 // A record is one line of a few hundred bytes; the trackers write none longer than this, so a
@@ -22,11 +28,6 @@ namespace {
 constexpr size_t kMaxLineBytes = kMaxTrackerLineBytes;
 // A tracker file larger than this is not read (a million steps of ten tags is about 300 MB of CSV).
 constexpr uint64_t kMaxScalarFileBytes = uint64_t{4} << 30;
-
-bool is_file(const std::string& path) {
-  std::error_code ignored;
-  return std::filesystem::is_regular_file(path, ignored);
-}
 
 // A tracker file of the run folder: a regular file, not a link (which could bring another file's
 // text into a page people share), within a cap far above any run's scalars.

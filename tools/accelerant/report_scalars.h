@@ -24,4 +24,7 @@ struct TrackedScalars {
 /// naming the files looked for when there is neither, or the line of a malformed record.
 TrackedScalars read_tracked_scalars(const std::string& run_dir);
 
+// Whether `path` is a regular file (false, not an exception, when it cannot be examined).
+bool is_file(const std::string& path);
+
 }  // namespace accelerant::cli
