@@ -18,10 +18,14 @@ configure: deps
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-# Only what the demo needs: the library, the CLI and the example.
-demo: configure
-	cmake --build $(BUILD_DIR) -j $(JOBS) --target fashion_mnist accelerant_cli
-	$(BUILD_DIR)/bin/fashion_mnist --num_processes 2 --epochs 2
+# Only what the demo needs: its packages (scripts/install-deps --demo), the library and the
+# example (the `accelerant` CLI comes with make build). A later `make test` installs the rest of
+# the packages; the build then configures itself again.
+demo:
+	@scripts/install-deps --demo
+	@test -f $(BUILD_DIR)/build.ninja || cmake -S . -B $(BUILD_DIR) -G Ninja
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target fashion_mnist
+	$(BUILD_DIR)/bin/fashion_mnist --world_size 2 --epochs 2
 
 test: build
 	ctest --test-dir $(BUILD_DIR) -j $(JOBS) --output-on-failure
