@@ -134,7 +134,7 @@ Timing run_accelerated(const Config& c) {
   auto model = make_model(c.model, c.mlp_width);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   auto [m, o] = acc.prepare(model, sgd);
-  const Data d = make_data(c, acc.process_index());
+  const Data d = make_data(c, acc.rank());
   std::vector<double> exposed_ms;
   auto step = [&](int i) {
     o.zero_grad();
@@ -149,7 +149,7 @@ Timing run_accelerated(const Config& c) {
     o.step();
     if (i >= c.warmup) exposed_ms.push_back(1e3 * acc.reducer_stats(m).exposed_wait_seconds);
   };
-  Timing t = time_steps(c, acc.num_processes(), step, [&] { acc.wait_for_everyone(); });
+  Timing t = time_steps(c, acc.world_size(), step, [&] { acc.wait_for_everyone(); });
   std::nth_element(exposed_ms.begin(), exposed_ms.begin() + exposed_ms.size() / 2,
                    exposed_ms.end());
   t.exposed_wait_ms_median = exposed_ms[exposed_ms.size() / 2];

@@ -5,7 +5,7 @@ Runs two commands alternately, for each process count and round by round (the si
 first alternating with the round), and writes every run's measurements to a JSON file that
 bench/render_gpt.py turns into Markdown; progress goes to stderr:
 
-  Accelerant:  BUILD/bin/gpt --input FILE --num_processes P --batch_size 12/P --max_iters M
+  Accelerant:  BUILD/bin/gpt --input FILE --world_size P --batch_size 12/P --max_iters M
                --out_dir TMPDIR
                (the example as it is: it forks its P workers and picks their threads itself, so
                no *_NUM_THREADS is set for it)
@@ -56,7 +56,7 @@ configuration instead (config/train_shakespeare_char.py: 6 layers, 6 heads, 384 
 beta2 0.99) on 1 process, bf16 autocast on both sides, for a fixed --max_iters (default 300,
 evaluated every 100 iterations over 20 batches, so that tokens/s spans iterations 100 to 300):
 
-  Accelerant:  BUILD/bin/gpt --input FILE --num_processes 1 --batch_size 64 --max_iters 300
+  Accelerant:  BUILD/bin/gpt --input FILE --world_size 1 --batch_size 64 --max_iters 300
                --dtype bfloat16 --eval_interval 100 --eval_iters 20 --n_layer 6 ... --compile true
                --fused true --num_samples 0 --out_dir TMPDIR
                (graph mode: CUDA graphs; Accelerant's fused AdamW; no sample at the end)
@@ -225,7 +225,7 @@ def command(side, a, processes, out_dir):
     for flag, value in a.model:  # none on the cpu preset: both sides' defaults are its own
         common += ["--" + flag, value]
     if side == "accelerant":
-        return ([os.path.join(a.build, "bin", "gpt"), "--input", a.input, "--num_processes",
+        return ([os.path.join(a.build, "bin", "gpt"), "--input", a.input, "--world_size",
                  str(processes)] + common[2:] + list(a.accelerant) + ["--out_dir", out_dir], None)
     twin = os.path.relpath(os.path.join(HERE, "gpt_twin.py"))
     if a.twin_device is not None:

@@ -55,7 +55,7 @@ torch::Tensor train_in_blocks(const Config& c) {
   auto model = make_cnn();
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   auto [m, o] = acc.prepare(model, sgd);
-  torch::manual_seed(1 + acc.process_index());
+  torch::manual_seed(1 + acc.rank());
   std::vector<torch::Tensor> x, y;
   for (int i = 0; i < 16; ++i) {
     x.push_back(torch::randn({64, 1, 28, 28}));

@@ -353,7 +353,7 @@ StepTimes train_here(const std::string& model, int processes, int steps, bool sy
         auto net = make_model(model);
         torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
         auto [m, o] = acc.prepare(net, sgd);
-        torch::manual_seed(1 + acc.process_index());
+        torch::manual_seed(1 + acc.rank());
         auto x = torch::randn({64, 1, 28, 28});
         auto y = torch::randint(0, 10, {64}, torch::kLong);
         std::vector<double> phase[5];

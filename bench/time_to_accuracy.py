@@ -4,7 +4,7 @@
 Runs two commands alternately, round by round (the side that goes first alternating), and prints
 a Markdown section on stdout; progress goes to stderr:
 
-  Accelerant:  BUILD/bin/fashion_mnist --num_processes 2 --epochs E
+  Accelerant:  BUILD/bin/fashion_mnist --world_size 2 --epochs E
                (the example as it is: it forks its 2 workers and picks their threads itself)
   PyTorch:     OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 /usr/bin/python3 -m torch.distributed.run
                --standalone --nproc_per_node 2 --redirects 1 --tee 1
@@ -79,7 +79,7 @@ class Side:
 def sides(build, epochs):
     accelerant = Side(
         "Accelerant",
-        [os.path.join(build, "bin", "fashion_mnist"), "--num_processes", "2",
+        [os.path.join(build, "bin", "fashion_mnist"), "--world_size", "2",
          "--epochs", str(epochs)],
         None,
         r"^Training on \d+ process(?:es)? x (\d+) thread",

@@ -107,7 +107,7 @@ torch::Tensor train(const Config& c, int stage) {
   WorkerResult r;
   auto [m, opt] = acc.prepare(model, adamw);
   r.prepared_rss_kib = status_kib("VmHWM");
-  torch::manual_seed(1 + acc.process_index());
+  torch::manual_seed(1 + acc.rank());
   const auto x = torch::randn({c.batch, c.width}), y = torch::randn({c.batch, c.width});
   for (int step = 0; step < c.warmup + c.steps; ++step) {
     const auto t0 = Clock::now();

@@ -67,8 +67,9 @@ TEST(AcceleratorSettings, OptionBeatsEnvironmentBeatsConfigBeatsDefault) {
 
 TEST(AcceleratorSettings, BadValuesNameTheirSourceAndTheFix) {
   auto none = env_of({});
-  auto message = error_of(
-      [&] { resolve_accelerator_settings(AcceleratorOptions().mixed_precision("fp8"), none, {}); });
+  auto message = error_of([&] {
+    resolve_accelerator_settings({}, none, {{"mixed_precision", "fp8"}});
+  });
   EXPECT_NE(message.find("\"fp8\""), std::string::npos) << message;
   EXPECT_NE(message.find("bf16"), std::string::npos) << message;
   message = error_of([&] {
@@ -109,7 +110,8 @@ TEST(AcceleratorSettings, MalformedConfigReportsLineAndColumn) {
 // ---- construction and bad input ---------------------------------------------------------------
 
 TEST(Accelerator, Fp16OnTheCpuSaysBf16IsTheCpuChoice) {
-  auto message = error_of([] { Accelerator acc(AcceleratorOptions().mixed_precision("fp16")); });
+  auto message = error_of(
+      [] { Accelerator acc(AcceleratorOptions().mixed_precision(MixedPrecision::kFp16)); });
   EXPECT_NE(message.find("fp16 needs a CUDA device"), std::string::npos) << message;
   EXPECT_NE(message.find("bf16"), std::string::npos) << message;
 }
@@ -151,7 +153,7 @@ TEST(Accelerator, PrepareReturnsTheSameObjectsInOrder) {
   EXPECT_EQ(&o.optimizer(), &sgd);
   EXPECT_EQ(&s.scheduler(), &step_lr);
   EXPECT_EQ(l.size(), 3);
-  EXPECT_EQ(acc.num_processes(), 1);
+  EXPECT_EQ(acc.world_size(), 1);
   EXPECT_TRUE(acc.is_main_process());
   auto same = acc.prepare(model);  // a single object comes back as itself
   EXPECT_EQ(same.ptr(), model.ptr());
@@ -287,24 +289,25 @@ BriefRun train_briefly(AcceleratorOptions options, int steps) {
 
 TEST(Accelerator, Bf16AutocastTracksFp32AndKeepsFp32MasterWeights) {
   auto fp32 = train_briefly(AcceleratorOptions(), 40);
-  auto bf16 = train_briefly(AcceleratorOptions().mixed_precision("bf16"), 40);
+  auto bf16 = train_briefly(AcceleratorOptions().mixed_precision(MixedPrecision::kBf16), 40);
   EXPECT_EQ(bf16.weight_dtype, torch::kFloat) << "autocast must not change the stored weights";
   EXPECT_NEAR(bf16.last_loss, fp32.last_loss, 0.05 * std::abs(fp32.last_loss) + 0.01);
   EXPECT_LT(bf16.last_loss, 0.9 * bf16.first_loss) << "bf16 training did not learn";
 }
 
 TEST(Accelerator, Bf16AutocastComputesMatmulsInBf16) {
-  Accelerator acc(AcceleratorOptions().mixed_precision("bf16"));
+  Accelerator acc(AcceleratorOptions().mixed_precision(MixedPrecision::kBf16));
   auto a = torch::randn({4, 4});
   auto autocast = acc.autocast();
   EXPECT_EQ(torch::mm(a, a).scalar_type(), torch::kBFloat16);
 }
 
 TEST(Accelerator, DowncastBf16StoresWeightsAndInputsInBf16AndReducesInFp32) {
-  auto run = train_briefly(AcceleratorOptions().mixed_precision("bf16").downcast_bf16(true), 40);
+  auto run = train_briefly(
+      AcceleratorOptions().mixed_precision(MixedPrecision::kBf16).downcast_bf16(true), 40);
   EXPECT_EQ(run.weight_dtype, torch::kBFloat16);
   EXPECT_LT(run.last_loss, 0.9 * run.first_loss) << "downcast bf16 training did not learn";
-  Accelerator acc(AcceleratorOptions().mixed_precision("bf16").downcast_bf16(true));
+  Accelerator acc(AcceleratorOptions().mixed_precision(MixedPrecision::kBf16).downcast_bf16(true));
   EXPECT_EQ(acc.reduce(torch::ones({2}, torch::kBFloat16)).scalar_type(), torch::kFloat);
   auto loader =
       acc.prepare(make_data_loader(torch::randn({4, 2}), torch::zeros({4}, torch::kLong)));

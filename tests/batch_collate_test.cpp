@@ -251,7 +251,7 @@ TEST(Collate, ALoaderOverADatasetOfNamedSamplesUsesTheCollate) {
 
 TEST(BatchThroughPrepare, EveryNamedTensorGetsTheDeviceTransform) {
   // downcast_bf16 makes the CPU take the transform path: a float tensor under any name is cast.
-  Accelerator acc(AcceleratorOptions().mixed_precision("bf16").downcast_bf16(true));
+  Accelerator acc(AcceleratorOptions().mixed_precision(MixedPrecision::kBf16).downcast_bf16(true));
   struct Features {
     Batch get(size_t i) const {
       return Batch().set("x", torch::ones({2})).set("ids", longs({static_cast<int64_t>(i)}));

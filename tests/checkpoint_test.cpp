@@ -78,7 +78,7 @@ torch::Tensor run_training(const AcceleratorOptions& options, int64_t epochs,
   torch::manual_seed(5);
   auto x = torch::randn({kSamples, 8});
   auto y = torch::randint(0, 3, {kSamples}, torch::kLong);
-  torch::manual_seed(11 + acc.process_index());
+  torch::manual_seed(11 + acc.rank());
   auto [model, opt, sched, loader] = acc.prepare(
       net, sgd, schedule, make_data_loader(x, y, DataLoaderOptions().batch_size(8).shuffle(true)));
   before(acc);
@@ -355,7 +355,7 @@ torch::Tensor train_accumulating(const std::string& dir, int64_t save_at, bool r
   torch::manual_seed(5);
   auto x = torch::randn({kSamples, 8});
   auto y = torch::randint(0, 3, {kSamples}, torch::kLong);
-  torch::manual_seed(11 + acc.process_index());
+  torch::manual_seed(11 + acc.rank());
   auto [model, opt, loader] = acc.prepare(
       net, sgd, make_data_loader(x, y, DataLoaderOptions().batch_size(8).shuffle(true)));
   if (resume) acc.load_state(dir);

@@ -90,7 +90,7 @@ TEST(CliConfig, DefaultWritesEveryKeyWithTheChosenPrecision) {
   EXPECT_NE(text.find("master_port: 0"), std::string::npos) << text;
   EXPECT_NE(text.find("collective_timeout: 1800"), std::string::npos) << text;
   auto loaded = accelerant::load_config(file);
-  EXPECT_EQ(loaded.mixed_precision, "bf16");
+  EXPECT_EQ(loaded.mixed_precision, accelerant::MixedPrecision::kBf16);
 }
 
 TEST(CliConfig, DefaultLocationFollowsXdgCacheHome) {
@@ -123,7 +123,7 @@ TEST(CliConfig, QuestionsReadPipedAnswersAndAskAgainAfterABadOne) {
   EXPECT_EQ(c.master_addr, "10.1.2.3");
   EXPECT_EQ(c.master_port, 29501);
   EXPECT_EQ(c.world_size, 4);
-  EXPECT_EQ(c.mixed_precision, "bf16");
+  EXPECT_EQ(c.mixed_precision, accelerant::MixedPrecision::kBf16);
   EXPECT_TRUE(c.downcast_bf16);
   EXPECT_FALSE(c.debug);
   EXPECT_EQ(c.max_restarts, 2);
@@ -266,6 +266,14 @@ TEST(Names, TheDocsTableListsTheAliasesInTheCode) {
     in_code.insert(std::string(a.alias) + " -> " + a.name + " (" + a.origin + ")");
   EXPECT_FALSE(in_code.empty());
   EXPECT_EQ(documented, in_code);
+}
+
+// The flags take the config file's aliases, from the same table: the CLI and the examples name
+// their flags with flag_names.
+TEST(Names, FlagNamesCarryEveryAliasOfTheirName) {
+  EXPECT_EQ(accelerant::flag_names("world_size", "-n"), "-n,--world_size,--num_processes");
+  EXPECT_EQ(accelerant::flag_names("num_nodes"), "--num_nodes,--num_machines,--nnodes");
+  EXPECT_EQ(accelerant::flag_names("seed"), "--seed");
 }
 
 // Files that are no config file (note "Bounded input" in src/base/bounded_input.h): before, a

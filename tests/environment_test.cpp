@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <fstream>
 #include <set>
 
 #include "test_support.h"
@@ -146,29 +147,27 @@ TEST(ParseMixedPrecision, RefusesOthersNamingTheVariableTheValueAndTheAcceptedVa
   EXPECT_TRUE(contains(message, "full precision is written no")) << message;
 }
 
-// One rule for every source of the setting: fp32 is refused by each, BF16 accepted by each.
+// One rule for every source of the setting as text (the code's options take the enum): fp32 is
+// refused by each, BF16 accepted by each.
 TEST(ParseMixedPrecision, EverySourceTakesTheSameSpellings) {
   auto none = env_of({});
-  EXPECT_THROW(resolve_accelerator_settings(AcceleratorOptions().mixed_precision("fp32"), none, {}),
-               Error);
+  accelerant::testing::ScratchDir dir;
+  const std::string file = dir.path + "/config.yaml";
   EXPECT_THROW(
       resolve_accelerator_settings({}, env_of({{"ACCELERANT_MIXED_PRECISION", "none"}}), {}),
       Error);
   EXPECT_THROW(resolve_accelerator_settings({}, none, {{"mixed_precision", "fp32"}}), Error);
   EXPECT_THROW(parse_launch_contract(env_of({{"ACCELERANT_MIXED_PRECISION", "fp32"}})),
                EnvironmentError);
-  Config config;
-  config.mixed_precision = "fp32";
-  EXPECT_THROW(validate_config(config), Error);
-  EXPECT_THROW(launch([](int) {}, LaunchOptions().processes_per_node(1).mixed_precision("fp32")),
-               Error);
+  std::ofstream(file) << "mixed_precision: fp32\n";
+  EXPECT_THROW(load_config(file), Error);
 
-  EXPECT_EQ(resolve_accelerator_settings(AcceleratorOptions().mixed_precision("BF16"), none, {})
-                .mixed_precision,
-            MixedPrecision::kBf16);
   EXPECT_EQ(resolve_accelerator_settings({}, none, {{"mixed_precision", "Bf16"}}).mixed_precision,
             MixedPrecision::kBf16);
-  config.mixed_precision = "BF16";
-  config.downcast_bf16 = true;
+  EXPECT_EQ(parse_launch_contract(env_of({{"ACCELERANT_MIXED_PRECISION", "BF16"}})).mixed_precision,
+            MixedPrecision::kBf16);
+  std::ofstream(file) << "mixed_precision: BF16\ndowncast_bf16: true\n";
+  const Config config = load_config(file);
+  EXPECT_EQ(config.mixed_precision, MixedPrecision::kBf16);
   EXPECT_NO_THROW(validate_config(config));
 }

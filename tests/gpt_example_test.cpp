@@ -109,7 +109,7 @@ TEST(GptExample, TwoProcessesTrainToTheTextsEntropyFloorAndSampleItsWords) {
   ScratchDir scratch;
   const auto input = write_word_text(scratch.path + "/words.txt");
   auto argv = tiny_gpt(input, scratch.path + "/run");
-  argv.insert(argv.begin(), {gpt_path(), "--num_processes", "2"});
+  argv.insert(argv.begin(), {gpt_path(), "--world_size", "2"});
   std::string out;
   ASSERT_EQ(run(argv, out), 0) << out;
   EXPECT_TRUE(contains(out, "Training on 2 processes")) << out;
@@ -199,13 +199,13 @@ TEST(GptExample, TorchrunAndTheForkLauncherTrainAlikeAndOneProcessTrains) {
     }
     return args;
   };
-  std::vector<std::string> forked_argv{gpt_path(), "--num_processes", "2"};
+  std::vector<std::string> forked_argv{gpt_path(), "--world_size", "2"};
   for (auto& a : short_run("forked")) forked_argv.push_back(a);
   std::string forked;
   ASSERT_EQ(run(forked_argv, forked), 0) << forked;
   ASSERT_EQ(evaluation_lines(forked).size(), 3u) << forked;
 
-  std::vector<std::string> single_argv{gpt_path(), "--num_processes", "1"};
+  std::vector<std::string> single_argv{gpt_path(), "--world_size", "1"};
   for (auto& a : short_run("single")) single_argv.push_back(a);
   std::string single;
   ASSERT_EQ(run(single_argv, single), 0) << single;

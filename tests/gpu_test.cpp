@@ -51,7 +51,7 @@ struct TrainingRun {
 };
 
 // `compiled`: through accelerator.compile; `poisoned`: the step whose gradients get an inf.
-TrainingRun train(bool compiled, const std::string& precision, int steps, int poisoned,
+TrainingRun train(bool compiled, MixedPrecision precision, int steps, int poisoned,
                   const std::string& name) {
   Accelerator acc(AcceleratorOptions().fused_optimizers(true).mixed_precision(precision));
   auto model = make_mlp();
@@ -101,8 +101,8 @@ TrainingRun train(bool compiled, const std::string& precision, int steps, int po
 TEST(Gpu, ACompiledWholeStepReplaysCudaGraphsAndTrainsAsTheEagerLoop) {
   SKIP_WITHOUT_GPU();
   const int steps = 16;
-  const TrainingRun eager = train(false, "no", steps, -1, "eager-reference");
-  const TrainingRun compiled = train(true, "no", steps, -1, "compiled");
+  const TrainingRun eager = train(false, MixedPrecision::kNo, steps, -1, "eager-reference");
+  const TrainingRun compiled = train(true, MixedPrecision::kNo, steps, -1, "compiled");
   const auto m = metrics_of("compiled");
   ASSERT_TRUE(m.has_value());
   EXPECT_EQ(m->mode, "CUDA graphs");
@@ -116,8 +116,8 @@ TEST(Gpu, ACompiledWholeStepReplaysCudaGraphsAndTrainsAsTheEagerLoop) {
 TEST(Gpu, AnInfInjectedAtAReplayedFp16StepIsSkippedCountedAndBacksTheScaleOff) {
   SKIP_WITHOUT_GPU();
   const int steps = 12, poisoned = 8;  // warm-up 0-2, capture 3, replays after
-  const TrainingRun eager = train(false, "fp16", steps, poisoned, "fp16-eager");
-  const TrainingRun compiled = train(true, "fp16", steps, poisoned, "fp16-compiled");
+  const TrainingRun eager = train(false, MixedPrecision::kFp16, steps, poisoned, "fp16-eager");
+  const TrainingRun compiled = train(true, MixedPrecision::kFp16, steps, poisoned, "fp16-compiled");
   for (const TrainingRun* run : {&eager, &compiled}) {
     const char* what = run == &eager ? "eager" : "compiled";
     EXPECT_EQ(run->optimizer_steps, steps - 1) << what;

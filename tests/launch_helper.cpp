@@ -33,8 +33,8 @@ int main(int argc, char** argv) {
         [](int index) {
           auto& state = ProcessState::get();
           auto sum = state.communicator().all_reduce(torch::tensor({index}), ReduceOp::kSum);
-          return "rank=" + std::to_string(state.process_index()) +
-                 " world=" + std::to_string(state.num_processes()) +
+          return "rank=" + std::to_string(state.rank()) +
+                 " world=" + std::to_string(state.world_size()) +
                  " node=" + std::to_string(state.node_rank()) +
                  " sum=" + std::to_string(sum.item<int64_t>());
         },
@@ -54,28 +54,25 @@ int main(int argc, char** argv) {
   }
   if (mode == "worker") {  // started by `accelerant launch`: join the group the environment names
     auto& state = ProcessState::get();
-    auto sum =
-        state.communicator().all_reduce(torch::tensor({state.process_index() + 1}), ReduceOp::kSum);
-    std::cout << "worker rank=" << state.process_index() << " world=" << state.num_processes()
-              << " local=" << state.local_process_index() << " sum=" << sum.item<int64_t>()
+    auto sum = state.communicator().all_reduce(torch::tensor({state.rank() + 1}), ReduceOp::kSum);
+    std::cout << "worker rank=" << state.rank() << " world=" << state.world_size()
+              << " local=" << state.local_rank() << " sum=" << sum.item<int64_t>()
               << " path=" << state.communicator().all_reduce_path() << std::endl;
     return 0;
   }
   if (mode == "settings") {  // started by `accelerant launch`: the Accelerator's view of the launch
     Accelerator accelerator;
     const auto& s = accelerator.settings();
-    std::cout << "settings rank=" << accelerator.process_index()
+    std::cout << "settings rank=" << accelerator.rank()
               << " gradient_accumulation_steps=" << s.gradient_accumulation_steps
               << " cpu=" << s.cpu << " downcast_bf16=" << s.downcast_bf16 << std::endl;
     return 0;
   }
   if (mode == "park" && argc == 3) {  // started by `accelerant launch`: join, all-reduce, then wait
     auto& state = ProcessState::get();
-    auto sum =
-        state.communicator().all_reduce(torch::tensor({state.process_index() + 1}), ReduceOp::kSum);
-    std::cout << "parked rank=" << state.process_index() << " sum=" << sum.item<int64_t>()
-              << std::endl;
-    std::ofstream(std::string(argv[2]) + "/pid." + std::to_string(state.process_index()))
+    auto sum = state.communicator().all_reduce(torch::tensor({state.rank() + 1}), ReduceOp::kSum);
+    std::cout << "parked rank=" << state.rank() << " sum=" << sum.item<int64_t>() << std::endl;
+    std::ofstream(std::string(argv[2]) + "/pid." + std::to_string(state.rank()))
         << ::getpid() << "\n";
     std::this_thread::sleep_for(std::chrono::minutes(10));
     return 0;
@@ -83,22 +80,22 @@ int main(int argc, char** argv) {
   if (mode == "stop") {  // started by `accelerant launch`: rank 1 stops itself (SIGSTOP) mid-job
     auto& state = ProcessState::get();
     state.communicator().all_reduce(torch::tensor({1}), ReduceOp::kSum);
-    std::cout << "joined rank=" << state.process_index() << std::endl;
-    if (state.process_index() == 1) ::raise(SIGSTOP);
+    std::cout << "joined rank=" << state.rank() << std::endl;
+    if (state.rank() == 1) ::raise(SIGSTOP);
     state.communicator().all_reduce(torch::tensor({1}), ReduceOp::kSum);  // rank 0 waits here
     return 0;
   }
   if (mode == "early") {  // started by `accelerant launch`: rank 1 skips the second all-reduce
     auto& state = ProcessState::get();
     state.communicator().all_reduce(torch::tensor({1}), ReduceOp::kSum);
-    std::cout << "joined rank=" << state.process_index() << std::endl;
-    if (state.process_index() == 1) return 0;
+    std::cout << "joined rank=" << state.rank() << std::endl;
+    if (state.rank() == 1) return 0;
     state.communicator().all_reduce(torch::tensor({1}), ReduceOp::kSum);  // rank 0 waits here
     return 0;
   }
   if (mode == "throw") {  // started by `accelerant launch`: dies of an uncaught exception
     ProcessState::get();
-    if (ProcessState::get().process_index() == 1)
+    if (ProcessState::get().rank() == 1)
       throw std::runtime_error("the data file shard-7 is corrupt");
     return 0;
   }
@@ -110,7 +107,7 @@ int main(int argc, char** argv) {
           return 0;
         },
         LaunchOptions().processes_per_node(2));
-    std::cout << "launch returned on rank " << ProcessState::get().process_index() << std::endl;
+    std::cout << "launch returned on rank " << ProcessState::get().rank() << std::endl;
     return 0;
   }
   if (mode == "skip") {  // started by `accelerant launch`: only rank 0 reduces (issue 22's mistake)

@@ -13,7 +13,7 @@ using namespace accelerant;
 TEST(ProcessState, PlainProcessIsAWorldOfOneOnTheCpu) {
   auto& state = ProcessState::get();
   EXPECT_FALSE(state.distributed());
-  EXPECT_EQ(state.num_processes(), 1);
+  EXPECT_EQ(state.world_size(), 1);
   EXPECT_TRUE(state.is_main_process());
   EXPECT_TRUE(state.is_local_main_process());
   EXPECT_EQ(state.device(), torch::Device(torch::kCPU));
@@ -53,9 +53,9 @@ TEST(ProcessState, WorkersKnowTheirPlace) {
   auto places = launch(
       [](int index) {
         auto& s = ProcessState::get();
-        return torch::tensor({s.process_index(), s.num_processes(), s.local_process_index(),
-                              s.num_local_processes(), s.node_rank(), s.num_nodes(),
-                              static_cast<int>(s.is_main_process()), index});
+        return torch::tensor({s.rank(), s.world_size(), s.local_rank(), s.local_world_size(),
+                              s.node_rank(), s.num_nodes(), static_cast<int>(s.is_main_process()),
+                              index});
       },
       LaunchOptions().processes_per_node(2).verbose(false));
   EXPECT_TRUE(torch::equal(places[0], torch::tensor({0, 2, 0, 2, 0, 1, 1, 0})));

@@ -42,8 +42,8 @@ def main(run_dir, epochs):
         for tag, value in record.get("values", {}).items():
             tb[(record["step"], tag)] = value
 
-    if hparams is None or hparams.get("num_processes") != 2 or "lr" not in hparams:
-        fail("the event file's hyper-parameters should hold lr and num_processes 2; got %s" % hparams)
+    if hparams is None or hparams.get("world_size") != 2 or "lr" not in hparams:
+        fail("the event file's hyper-parameters should hold lr and world_size 2; got %s" % hparams)
 
     with open(os.path.join(run_dir, "scalars.csv"), newline="") as f:
         rows = list(csv.DictReader(f))

@@ -63,7 +63,7 @@ torch::Tensor train(int rank, int world, const TrainingRun& run) {
                       .zero_stage(run.stage)
                       .fused_optimizers(run.fused)
                       .bucket_cap_mb(1)
-                      .mixed_precision(run.bf16 ? "bf16" : "no")
+                      .mixed_precision(run.bf16 ? MixedPrecision::kBf16 : MixedPrecision::kNo)
                       .gradient_accumulation_steps(run.accumulate ? 2 : 1));
   if (run.loss_scaler) {
     acc.state()->scaler =

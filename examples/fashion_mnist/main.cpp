@@ -39,7 +39,7 @@ struct NetImpl : torch::nn::Module {
 TORCH_MODULE(Net);
 
 struct Settings {
-  int num_processes = 2;
+  int world_size = 2;
   int epochs = 2;
   int64_t batch_size = 64;
   double lr = 2e-3;
@@ -81,7 +81,8 @@ double train(const fashion_mnist::Split& train_split, const fashion_mnist::Split
   // With a project_dir, a run started again (by hand, or by a launcher's max_restarts) resumes
   // from the newest complete checkpoint mid-epoch and ends as the uninterrupted run would have.
   accelerant::Accelerator acc(accelerant::AcceleratorOptions()
-                                  .mixed_precision(s.mixed_precision)
+                                  .mixed_precision(accelerant::parse_mixed_precision(
+                                      s.mixed_precision, "--mixed_precision"))
                                   .zero_stage(s.zero_stage)
                                   .seed(s.seed)
                                   .project_dir(s.project_dir)
@@ -109,12 +110,12 @@ double train(const fashion_mnist::Split& train_split, const fashion_mnist::Split
     acc.init_trackers("fashion_mnist", {{"lr", s.lr},
                                         {"batch_size", s.batch_size},
                                         {"epochs", s.epochs},
-                                        {"num_processes", acc.num_processes()},
+                                        {"world_size", acc.world_size()},
                                         {"mixed_precision", s.mixed_precision},
                                         {"zero_stage", s.zero_stage}});
   }
-  acc.print("Training on ", acc.num_processes(), " process", acc.num_processes() == 1 ? "" : "es",
-            " x ", acc.threads(), " thread", acc.threads() == 1 ? "" : "s", ", mixed precision ",
+  acc.print("Training on ", acc.world_size(), " process", acc.world_size() == 1 ? "" : "es", " x ",
+            acc.threads(), " thread", acc.threads() == 1 ? "" : "s", ", mixed precision ",
             accelerant::to_string(acc.mixed_precision()), ", ", train_batches.size(),
             " steps per epoch");
   // A run whose checkpoint has finished every epoch trains no more; its model is still evaluated
@@ -191,8 +192,8 @@ int main(int argc, char** argv) {
       "                                              a killed worker restarts the group, which "
       "resumes\n"
       "                                              from the newest checkpoint"};
-  app.add_option("-n,--num_processes", s.num_processes,
-                 "Worker processes to fork (ignored under a launcher)")
+  app.add_option(accelerant::flag_names("world_size", "-n"), s.world_size,
+                 "Processes to fork on this machine, the world size (ignored under a launcher)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--epochs", s.epochs, "Passes over the training set")
@@ -207,7 +208,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--mixed_precision", s.mixed_precision, "no or bf16 (fp16 needs CUDA)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"no", "fp16", "bf16"}));
+      ->check([](const std::string& text) {  // the library's one parser says what it takes
+        try {
+          accelerant::parse_mixed_precision(text, "--mixed_precision");
+          return std::string();
+        } catch (const accelerant::Error& e) {
+          return std::string(e.what());
+        }
+      });
   app.add_option("--zero_stage", s.zero_stage,
                  "ZeRO: 0 off, 1 shards the optimizer state across the processes, 2 also "
                  "reduce-scatters the gradients (docs/zero.md)")
@@ -241,7 +249,7 @@ int main(int argc, char** argv) {
   try {
     // Under a launcher (accelerant launch, torchrun, srun, mpirun) launch runs `train` here as
     // this process's rank; otherwise it forks the workers, and the data is read single-threaded.
-    const auto options = accelerant::LaunchOptions().processes_per_node(s.num_processes);
+    const auto options = accelerant::LaunchOptions().processes_per_node(s.world_size);
     const auto plan = accelerant::prepare_launch(options);
     const auto train_split = fashion_mnist::load_split(s.data_dir, "train");
     const auto test_split = fashion_mnist::load_split(s.data_dir, "t10k");

@@ -58,8 +58,8 @@ void add_options(CLI::App& app, Settings& s) {
                  "Checkpoints (resumed from when started again), best weights as safetensors "
                  "(OUT_DIR/best), gpt.json, trackers")
       ->capture_default_str();
-  app.add_option("-n,--num_processes", s.num_processes,
-                 "Worker processes to fork (ignored under a launcher)")
+  app.add_option(accelerant::flag_names("world_size", "-n"), s.world_size,
+                 "Processes to fork on this machine, the world size (ignored under a launcher)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   auto positive = [&](const char* name, int64_t& value, const char* help) {
@@ -191,7 +191,7 @@ int main(int argc, char** argv) {
       sample_mode(s);
       return 0;
     }
-    const auto options = accelerant::LaunchOptions().processes_per_node(s.num_processes);
+    const auto options = accelerant::LaunchOptions().processes_per_node(s.world_size);
     accelerant::prepare_launch(options);  // before forking, read the text single-threaded
     const gpt::Corpus corpus = gpt::read_corpus(s.input, s.model.block_size);
     s.model.vocab_size = corpus.vocabulary.size();

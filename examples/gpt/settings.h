@@ -16,7 +16,7 @@ struct Settings {
   // Data and output.
   std::string input;                ///< the training text; 90 % train, 10 % val
   std::string out_dir = "out-gpt";  ///< checkpoints, best weights, gpt.json, trackers
-  int num_processes = 1;            ///< forked workers (ignored under a launcher)
+  int world_size = 1;               ///< forked workers (ignored under a launcher)
   // The model.
   ModelConfig model;  // vocab_size comes from the text
   // The optimisation.

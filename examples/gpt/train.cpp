@@ -34,8 +34,11 @@ struct LoopState {
   }
 };
 
-std::string mixed_precision_of(const std::string& dtype) {
-  return dtype == "bfloat16" ? "bf16" : dtype == "float16" ? "fp16" : "no";
+// nanoGPT's --dtype as the autocast precision (float32: none).
+accelerant::MixedPrecision mixed_precision_of(const std::string& dtype) {
+  if (dtype == "bfloat16") return accelerant::MixedPrecision::kBf16;
+  if (dtype == "float16") return accelerant::MixedPrecision::kFp16;
+  return accelerant::MixedPrecision::kNo;
 }
 
 // nanoGPT's get_lr as a schedule: linear warmup, cosine down to min_lr at lr_decay_iters, then
@@ -139,13 +142,13 @@ double train(const Settings& s, const Corpus& corpus) {
                               {"batch_size", s.batch_size},
                               {"learning_rate", s.learning_rate},
                               {"max_iters", s.max_iters},
-                              {"num_processes", acc.num_processes()},
+                              {"world_size", acc.world_size()},
                               {"dtype", s.dtype}});
   }
-  acc.print("Training on ", acc.num_processes(), " process", acc.num_processes() == 1 ? "" : "es",
-            " x ", acc.threads(), " thread", acc.threads() == 1 ? "" : "s", " (", acc.device(),
-            ", ", s.dtype, "): ", model->num_parameters(), " parameters, ",
-            s.batch_size * s.gradient_accumulation_steps * acc.num_processes() * s.model.block_size,
+  acc.print("Training on ", acc.world_size(), " process", acc.world_size() == 1 ? "" : "es", " x ",
+            acc.threads(), " thread", acc.threads() == 1 ? "" : "s", " (", acc.device(), ", ",
+            s.dtype, "): ", model->num_parameters(), " parameters, ",
+            s.batch_size * s.gradient_accumulation_steps * acc.world_size() * s.model.block_size,
             " tokens per iteration, lr ", scheduler.schedule().describe(),
             start_iter > 0 ? ", resumed at iteration " + std::to_string(start_iter) : "");
 
@@ -253,8 +256,8 @@ double train(const Settings& s, const Corpus& corpus) {
   // The loss over the whole validation split (every window once, not 20 random batches): each
   // process takes a contiguous share of the windows, and the means are weighted by tokens.
   const int64_t windows_total = val_eval.contiguous_windows();
-  const int64_t first = windows_total * acc.process_index() / acc.num_processes();
-  const int64_t last = windows_total * (acc.process_index() + 1) / acc.num_processes();
+  const int64_t first = windows_total * acc.rank() / acc.world_size();
+  const int64_t last = windows_total * (acc.rank() + 1) / acc.world_size();
   auto whole = acc.evaluate(net, [&](accelerant::MeanMetrics& metrics) {
     for (int64_t w = first; w < last; w += 64) {
       auto batch = val_eval.contiguous_batch(w, std::min<int64_t>(64, last - w));

@@ -50,14 +50,14 @@ double training_loop(int index, torch::nn::Sequential model, const torch::Tensor
 }  // namespace
 
 int main(int argc, char** argv) {
-  int processes = 2;
+  int world_size = 2;
   int64_t steps = 400;
   CLI::App app{
       "The notebook pattern: the model is built once in main, then accelerant::launch(fn, model, "
       "...).\n\n"
       "Examples:\n  notebook_style\n  notebook_style -n 4 --steps 300"};
-  app.add_option("-n,--num_processes", processes,
-                 "Worker processes to fork (ignored under a launcher)")
+  app.add_option(accelerant::flag_names("world_size", "-n"), world_size,
+                 "Processes to fork on this machine, the world size (ignored under a launcher)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--steps", steps, "Optimizer steps")
@@ -68,7 +68,7 @@ int main(int argc, char** argv) {
   try {
     // Under a launcher (accelerant launch, torchrun, srun, mpirun) launch runs training_loop here
     // as this process's rank; otherwise it forks the workers.
-    const auto options = accelerant::LaunchOptions().processes_per_node(processes);
+    const auto options = accelerant::LaunchOptions().processes_per_node(world_size);
     const auto plan = accelerant::prepare_launch(options);
     torch::manual_seed(0);
     auto [points, labels] = two_spirals(2048);

@@ -24,7 +24,7 @@
 namespace {
 
 struct Settings {
-  int num_processes = 2;
+  int world_size = 2;
   int epochs = 3;
   int64_t batch_size = 16;
   int num_workers = 2;
@@ -109,7 +109,7 @@ void train(const std::vector<std::string>& shards, const Settings& s) {
       const int64_t step = acc.state()->optimizer_steps;
       if (step % s.checkpoint_every == 0) {
         acc.save_state();
-        if (step == s.kill_at_step && !resumed && acc.process_index() == 1) {
+        if (step == s.kill_at_step && !resumed && acc.rank() == 1) {
           std::fprintf(stderr, "[rank 1] simulating a crash after the checkpoint of step %lld\n",
                        static_cast<long long>(step));
           std::raise(SIGKILL);
@@ -134,8 +134,8 @@ int main(int argc, char** argv) {
   CLI::App app{
       "Train from sharded JSON Lines files on disk with a stream loader, resuming "
       "after a kill.\n"};
-  app.add_option("-n,--num_processes", s.num_processes,
-                 "Worker processes to fork (ignored under a launcher)")
+  app.add_option(accelerant::flag_names("world_size", "-n"), s.world_size,
+                 "Processes to fork on this machine, the world size (ignored under a launcher)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--epochs", s.epochs, "Passes over the stream")
@@ -162,7 +162,7 @@ int main(int argc, char** argv) {
 
   try {
     const auto options = accelerant::LaunchOptions()
-                             .processes_per_node(s.num_processes)
+                             .processes_per_node(s.world_size)
                              .max_restarts(s.kill_at_step > 0 ? 1 : 0);
     accelerant::prepare_launch(options);  // before forking, write the data single-threaded
     ::mkdir(s.project_dir.c_str(), 0755);

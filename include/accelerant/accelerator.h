@@ -1,9 +1,10 @@
 // The Accelerator: a plain LibTorch training loop becomes data-parallel and mixed-precision with
 // a handful of calls, and runs unchanged on one process or many.
 //
-//   accelerant::Accelerator acc(accelerant::AcceleratorOptions().mixed_precision("bf16"));
-//   auto [model, opt, loader] = acc.prepare(net, sgd, train_loader);   // any order, same back
-//   for (auto& batch : loader) {
+//   accelerant::Accelerator
+//   acc(accelerant::AcceleratorOptions().mixed_precision(accelerant::MixedPrecision::kBf16)); auto
+//   [model, opt, loader] = acc.prepare(net, sgd, train_loader);   // any order, same back for
+//   (auto& batch : loader) {
 //     auto guard = acc.accumulate(model);            // only with gradient accumulation
 //     torch::Tensor loss;
 //     { auto autocast = acc.autocast(); loss = criterion(model->forward(batch.data), batch.target);
@@ -391,12 +392,23 @@ class Accelerator {
   /// Where this process trains and prepare puts models and batches: `cuda:<local rank>` when a
   /// GPU is visible and the cpu setting is off, else cpu.
   torch::Device device() const;
-  /// This process's rank among all processes, 0 to num_processes() - 1 (0 when not launched).
-  int process_index() const;
+  /// This process's rank among all processes, 0 to world_size() - 1 (0 when not launched).
+  int rank() const;
   /// The processes training together (the world size); 1 when not launched.
-  int num_processes() const;
+  int world_size() const;
   /// This process's rank among the processes of its machine.
-  int local_process_index() const;
+  int local_rank() const;
+  /// Accelerate's name for rank() (docs/names.md), kept so that a port of a Python script
+  /// compiles; deprecated: the warning names the one name.
+  [[deprecated("Accelerant's name is rank()")]] int process_index() const { return rank(); }
+  /// Accelerate's name for world_size(); deprecated.
+  [[deprecated("Accelerant's name is world_size()")]] int num_processes() const {
+    return world_size();
+  }
+  /// Accelerate's name for local_rank(); deprecated.
+  [[deprecated("Accelerant's name is local_rank()")]] int local_process_index() const {
+    return local_rank();
+  }
   /// Whether this is rank 0, the process that writes files and prints.
   bool is_main_process() const;
   /// Whether this is the first process (local rank 0) of its machine.

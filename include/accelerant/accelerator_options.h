@@ -24,14 +24,15 @@
 namespace accelerant {
 
 /// The Accelerator's options, set in code with chained setters
-/// (`AcceleratorOptions().mixed_precision("bf16")`). An unset std::optional option falls back to
-/// its environment variable, then the config file, then its default (see the file comment); the
-/// others are set in code only. resolve_accelerator_settings() turns them into
+/// (`AcceleratorOptions().mixed_precision(MixedPrecision::kBf16)`). An unset std::optional option
+/// falls back to its environment variable, then the config file, then its default (see the file
+/// comment); the others are set in code only. resolve_accelerator_settings() turns them into
 /// AcceleratorSettings.
 struct AcceleratorOptions {
-  /// "no", "fp16" (CUDA only, with loss scaling) or "bf16" (CPU and CUDA autocast), in any case;
-  /// "fp32" and "none" are refused (parse_mixed_precision, docs/environment.md). Default: "no".
-  ACCELERANT_OPTION(std::optional<std::string>, mixed_precision) = std::nullopt;
+  /// kNo, kFp16 (CUDA only, with loss scaling) or kBf16 (CPU and CUDA autocast). Text from a
+  /// user (a flag) becomes one with parse_mixed_precision. Default: unset
+  /// (ACCELERANT_MIXED_PRECISION, then the config file, then kNo).
+  ACCELERANT_OPTION(std::optional<MixedPrecision>, mixed_precision) = std::nullopt;
   /// Keep the model's weights in bf16 (converted at prepare) while gradient all-reduces, reduce()
   /// and gather() of bf16 values run in fp32. See docs/mixed_precision.md. Default: false.
   ACCELERANT_OPTION(std::optional<bool>, downcast_bf16) = std::nullopt;

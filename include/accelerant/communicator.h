@@ -66,9 +66,9 @@ class Communicator {
   /// one must not be used afterwards.
   Communicator& operator=(Communicator&&) noexcept;
 
-  /// This process's rank in the group, 0 to world_size() - 1 (ProcessState::process_index()).
+  /// This process's rank in the group, 0 to world_size() - 1 (ProcessState::rank()).
   int rank() const;
-  /// Processes in the group (ProcessState::num_processes()); 1 for a communicator of one.
+  /// Processes in the group (ProcessState::world_size()); 1 for a communicator of one.
   int world_size() const;
 
   /// Combines `tensor` across ranks and returns the result; the input is unchanged.

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "accelerant/environment.h"  // MixedPrecision
 #include "accelerant/launch_contract.h"
 
 namespace accelerant {
@@ -49,8 +50,9 @@ struct Config {
   /// default would collide with another job's); several machines need an explicit one.
   int master_port = 0;
   int world_size = 1;  ///< processes in total, across machines (WORLD_SIZE)
-  /// no, fp16 (CUDA only) or bf16 (parse_mixed_precision); "fp32" and "none" are refused.
-  std::string mixed_precision = "no";
+  /// Autocast precision; in the file as no, fp16 (CUDA only) or bf16, read by
+  /// parse_mixed_precision ("fp32" and "none" are refused).
+  MixedPrecision mixed_precision = MixedPrecision::kNo;
   /// Keep the model's weights in bf16 (AcceleratorOptions::downcast_bf16); needs mixed_precision
   /// bf16.
   bool downcast_bf16 = false;
@@ -85,6 +87,12 @@ struct KeyAlias {
 /// The one table of aliases, read by the config file's reader and by the CLI's flags.
 const std::vector<KeyAlias>& key_aliases();
 
+/// A command-line flag's names in CLI11's add_option form: `short_name` when given, "--<name>",
+/// then "--<alias>" for each of its aliases, e.g. flag_names("world_size", "-n") is
+/// "-n,--world_size,--num_processes". The `accelerant` command and the examples name their flags
+/// with it, so that each flag takes the aliases the config file takes.
+std::string flag_names(const std::string& name, const std::string& short_name = "");
+
 /// The one name `key` stands for: its KeyAlias::name when it is an alias, else `key` itself.
 std::string canonical_key(const std::string& key);
 
@@ -113,7 +121,7 @@ void save_config(const Config& config, const std::string& path);
 /// Writes a basic config (Config's defaults: one machine, one process, a free port) with
 /// `mixed_precision` to `path`, or to the default location when `path` is empty; returns the path
 /// written. Accelerate's write_basic_config.
-std::string write_basic_config(const std::string& mixed_precision = "no",
+std::string write_basic_config(MixedPrecision mixed_precision = MixedPrecision::kNo,
                                const std::string& path = "");
 
 /// Top-level keys of a config file with their values as text.

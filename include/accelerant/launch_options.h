@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "accelerant/environment.h"  // MixedPrecision
 #include "accelerant/error.h"
 #include "accelerant/options.h"
 
@@ -42,9 +43,9 @@ struct LaunchOptions {
   ACCELERANT_OPTION(int, max_restarts) = 0;
   /// How often the agent checks its workers. Default: 100 ms.
   ACCELERANT_OPTION(std::chrono::milliseconds, monitor_interval) = std::chrono::milliseconds(100);
-  /// Passed to workers as ACCELERANT_MIXED_PRECISION: no, fp16 or bf16 (parse_mixed_precision).
-  /// Default: "no".
-  ACCELERANT_OPTION(std::string, mixed_precision) = "no";
+  /// Passed to workers as ACCELERANT_MIXED_PRECISION (no, fp16 or bf16).
+  /// Default: MixedPrecision::kNo.
+  ACCELERANT_OPTION(MixedPrecision, mixed_precision) = MixedPrecision::kNo;
   /// Passed to workers as ACCELERANT_DOWNCAST_BF16: the Accelerator keeps bf16 weights.
   /// Default: unset (each worker resolves it: its environment, its config file, false).
   ACCELERANT_OPTION(std::optional<bool>, downcast_bf16) = std::nullopt;

@@ -54,16 +54,31 @@ class ProcessState {
   /// The launcher's description of this process that the state was built from, as read once by
   /// read_launch_contract() (launch_contract.h).
   const LaunchContract& env() const;
-  /// This process's global rank, 0 to num_processes() - 1 (RANK, or the Slurm and Open MPI
+  /// This process's global rank, 0 to world_size() - 1 (RANK, or the Slurm and Open MPI
   /// equivalents); 0 when the program was not launched as several processes.
-  int process_index() const;
+  int rank() const;
   /// Processes in the whole job, across every machine (WORLD_SIZE); 1 when not launched.
-  int num_processes() const;
-  /// This process's index among the processes on its machine, 0 to num_local_processes() - 1
+  int world_size() const;
+  /// This process's index among the processes on its machine, 0 to local_world_size() - 1
   /// (LOCAL_RANK); it picks the GPU.
-  int local_process_index() const;
+  int local_rank() const;
   /// Processes on this machine (LOCAL_WORLD_SIZE).
-  int num_local_processes() const;
+  int local_world_size() const;
+  /// Accelerate's name for rank() (docs/names.md), kept so that a port of a Python script
+  /// compiles; deprecated: the warning names the one name.
+  [[deprecated("Accelerant's name is rank()")]] int process_index() const { return rank(); }
+  /// Accelerate's name for world_size(); deprecated.
+  [[deprecated("Accelerant's name is world_size()")]] int num_processes() const {
+    return world_size();
+  }
+  /// Accelerate's name for local_rank(); deprecated.
+  [[deprecated("Accelerant's name is local_rank()")]] int local_process_index() const {
+    return local_rank();
+  }
+  /// Accelerate's name for local_world_size(); deprecated.
+  [[deprecated("Accelerant's name is local_world_size()")]] int num_local_processes() const {
+    return local_world_size();
+  }
   /// This machine's index among the job's machines, 0 to num_nodes() - 1 (GROUP_RANK).
   int node_rank() const;
   /// Machines taking part in the job; 1 when not launched.
@@ -127,8 +142,8 @@ void ProcessState::main_process_first(Fn&& fn) {
 template <class T>
 std::vector<T> ProcessState::split_between_processes(const std::vector<T>& items,
                                                      bool apply_padding) const {
-  const size_t n = static_cast<size_t>(num_processes());
-  const size_t r = static_cast<size_t>(process_index());
+  const size_t n = static_cast<size_t>(world_size());
+  const size_t r = static_cast<size_t>(rank());
   const size_t base = items.size() / n;
   const size_t extra = items.size() % n;
   const size_t begin = r * base + std::min(r, extra);

@@ -237,9 +237,9 @@ Accelerator::Accelerator(AcceleratorOptions options)
         "initialize "
         "it."));
   }
-  impl_->process_index_ = process.process_index();
-  impl_->num_processes_ = process.num_processes();
-  impl_->local_process_index_ = process.local_process_index();
+  impl_->rank_ = process.rank();
+  impl_->world_size_ = process.world_size();
+  impl_->local_rank_ = process.local_rank();
   impl_->rank_prefix_ = process.rank_prefix();
   impl_->device_ = impl_->settings_.cpu ? torch::Device(torch::kCPU) : process.device();
   if (impl_->settings_.mixed_precision == MixedPrecision::kFp16 && !impl_->device_.is_cuda()) {
@@ -294,8 +294,8 @@ void Accelerator::start_step_breakdown() {
     if (!impl_->tracker_dir_.empty()) log(values, step);
   };
   hooks.optimizer_step = [state = impl_->state_] { return state->optimizer_steps; };
-  hooks.rank = impl_->process_index_;
-  hooks.world = impl_->num_processes_;
+  hooks.rank = impl_->rank_;
+  hooks.world = impl_->world_size_;
   hooks.rank_prefix = impl_->rank_prefix_;
   impl_->step_breakdown_ = std::make_unique<detail::StepBreakdown>(every, std::move(hooks));
 }
@@ -318,11 +318,11 @@ int64_t Accelerator::gradient_accumulation_steps() const {
   return impl_->settings_.gradient_accumulation_steps;
 }
 torch::Device Accelerator::device() const { return impl_->device_; }
-int Accelerator::process_index() const { return impl_->process_index_; }
-int Accelerator::num_processes() const { return impl_->num_processes_; }
-int Accelerator::local_process_index() const { return impl_->local_process_index_; }
-bool Accelerator::is_main_process() const { return impl_->process_index_ == 0; }
-bool Accelerator::is_local_main_process() const { return impl_->local_process_index_ == 0; }
+int Accelerator::rank() const { return impl_->rank_; }
+int Accelerator::world_size() const { return impl_->world_size_; }
+int Accelerator::local_rank() const { return impl_->local_rank_; }
+bool Accelerator::is_main_process() const { return impl_->rank_ == 0; }
+bool Accelerator::is_local_main_process() const { return impl_->local_rank_ == 0; }
 int Accelerator::threads() const { return impl_->threads_; }
 const std::shared_ptr<TrainingState>& Accelerator::state() const { return impl_->state_; }
 
@@ -458,7 +458,7 @@ DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
   DataLoader prepared = [&] {
     try {
       return detail::DataLoaderAccess::sharded(
-          source, {process_index(), num_processes(), sharding, impl_->state_, std::move(transform),
+          source, {rank(), world_size(), sharding, impl_->state_, std::move(transform),
                    impl_->resume_hook_});
     } catch (const Error& e) {
       throw Error(detail::str(impl_->rank_prefix_, "prepare(data loader): ", e.what()));
@@ -504,7 +504,7 @@ void Accelerator::backward(const torch::Tensor& loss) {
 void Accelerator::warn_if_data_unsharded() {
   // Training of a prepared model on several processes without a prepared loader: the data most
   // likely comes from a loader every rank iterates whole, which is not an error anyone would see.
-  if (impl_->warned_unsharded_data_ || impl_->num_processes_ == 1 || impl_->models_.empty() ||
+  if (impl_->warned_unsharded_data_ || impl_->world_size_ == 1 || impl_->models_.empty() ||
       !impl_->checkpointed_->loaders.empty() || !impl_->checkpointed_->streams.empty() ||
       impl_->prepared_token_windows_) {
     return;
@@ -512,12 +512,12 @@ void Accelerator::warn_if_data_unsharded() {
   impl_->warned_unsharded_data_ = true;
   if (!is_main_process()) return;  // the same on every rank: said once
   std::cerr << detail::str(
-                   impl_->rank_prefix_, "warning: backward() on ", impl_->num_processes_,
+                   impl_->rank_prefix_, "warning: backward() on ", impl_->world_size_,
                    " processes, but this Accelerator prepared no data loader. Unless each rank "
                    "reads its own part of the data, every rank sees the whole data set: each "
                    "optimizer step averages ",
-                   impl_->num_processes_, " copies of the same batches and an epoch takes ",
-                   impl_->num_processes_,
+                   impl_->world_size_, " copies of the same batches and an epoch takes ",
+                   impl_->world_size_,
                    " times the work it should. Fix: pass the loader to prepare, e.g. auto [model, "
                    "opt, loader] = acc.prepare(model, opt, make_data_loader(...)) (wrap a "
                    "torch::data dataset with make_data_loader); it gives each rank its share. "
@@ -715,7 +715,7 @@ void Accelerator::wait_for_everyone() {
 }
 
 void Accelerator::set_seed(uint64_t seed, bool device_specific) {
-  const uint64_t value = seed + (device_specific ? static_cast<uint64_t>(process_index()) : 0);
+  const uint64_t value = seed + (device_specific ? static_cast<uint64_t>(rank()) : 0);
   torch::manual_seed(value);  // also seeds every CUDA device's generator when CUDA is present
   std::srand(static_cast<unsigned>(value));
 }

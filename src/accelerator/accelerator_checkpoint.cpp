@@ -13,7 +13,7 @@
 namespace accelerant {
 
 detail::CheckpointRanks Accelerator::checkpoint_ranks() const {
-  return {&communicator(), impl_->process_index_, impl_->num_processes_, impl_->rank_prefix_};
+  return {&communicator(), impl_->rank_, impl_->world_size_, impl_->rank_prefix_};
 }
 
 std::string Accelerator::checkpoints_dir() const {

@@ -26,9 +26,9 @@ struct Accelerator::Impl {
   AcceleratorSettings settings_;
   torch::Device device_ = torch::kCPU;
   // Copied from ProcessState at construction: still valid after end_training() shut it down.
-  int process_index_ = 0;
-  int num_processes_ = 1;
-  int local_process_index_ = 0;
+  int rank_ = 0;
+  int world_size_ = 1;
+  int local_rank_ = 0;
   std::string rank_prefix_;
   int threads_ = 1;
   bool ended_ = false;

@@ -16,7 +16,7 @@ namespace accelerant {
 TokenWindows Accelerator::prepare_token_windows(const TokenWindows& windows) {
   TokenWindows prepared = [&] {
     try {
-      return windows.for_process(impl_->process_index_, impl_->device_);
+      return windows.for_process(impl_->rank_, impl_->device_);
     } catch (const Error& e) {
       throw Error(detail::str(impl_->rank_prefix_, "prepare(token windows): ", e.what()));
     }
@@ -68,13 +68,13 @@ std::map<std::string, double> Accelerator::evaluate_modules(
   packed = torch::cat(
       {packed, torch::tensor({static_cast<double>(fingerprint), static_cast<double>(names.size())},
                              torch::TensorOptions(torch::kDouble).device(impl_->device_))});
-  if (impl_->num_processes_ > 1) {
+  if (impl_->world_size_ > 1) {
     detail::ScopedCollectiveLabel label("evaluate");
     packed = communicator().all_reduce(packed, ReduceOp::kSum);
   }
   const torch::Tensor host = packed.to(torch::kCPU);
   const int64_t n = host.numel();
-  const double world = static_cast<double>(impl_->num_processes_);
+  const double world = static_cast<double>(impl_->world_size_);
   if (host[n - 2].item<double>() != world * static_cast<double>(fingerprint) ||
       host[n - 1].item<double>() != world * static_cast<double>(names.size())) {
     throw Error(detail::str(
@@ -107,7 +107,7 @@ void Accelerator::backward_per_token(const torch::Tensor& loss_sum, int64_t targ
   impl_->step_tokens_ += target_tokens;
   const bool synchronising = impl_->state_->sync_gradients;
   double total_tokens = static_cast<double>(impl_->step_tokens_);
-  if (synchronising && impl_->num_processes_ > 1) {
+  if (synchronising && impl_->world_size_ > 1) {
     // Before backward, so that the count comes ahead of the gradient buckets on every rank.
     detail::ScopedCollectiveLabel label("backward_per_token token count");
     total_tokens =
@@ -131,7 +131,7 @@ void Accelerator::backward_per_token(const torch::Tensor& loss_sum, int64_t targ
   }
   // The reducer averaged over processes (a division by their number): undo it and divide by the
   // tokens instead.
-  scale_gradients(static_cast<double>(impl_->num_processes_) / total_tokens);
+  scale_gradients(static_cast<double>(impl_->world_size_) / total_tokens);
 }
 
 void Accelerator::scale_gradients(double factor) {

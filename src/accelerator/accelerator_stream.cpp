@@ -24,7 +24,7 @@ StreamLoader Accelerator::prepare_stream_loader(const StreamLoader& loader) {
       detail::batch_to_device(device, downcast, /*pin=*/device.is_cuda());
   std::function<torch::Tensor(const torch::Tensor&)> all_reduce_max;
   std::function<std::string(const std::string&, int)> broadcast_text;
-  if (impl_->num_processes_ > 1) {
+  if (impl_->world_size_ > 1) {
     broadcast_text = [](const std::string& text, int src) {
       detail::ScopedCollectiveLabel label("stream loader error");
       return ProcessState::get().communicator().broadcast_bytes(text, src);
@@ -38,7 +38,7 @@ StreamLoader Accelerator::prepare_stream_loader(const StreamLoader& loader) {
   StreamLoader prepared = [&] {
     try {
       return detail::StreamLoaderAccess::sharded(
-          loader, {impl_->process_index_, impl_->num_processes_, impl_->rank_prefix_, impl_->state_,
+          loader, {impl_->rank_, impl_->world_size_, impl_->rank_prefix_, impl_->state_,
                    std::move(transform), impl_->resume_hook_, std::move(all_reduce_max),
                    std::move(broadcast_text)});
     } catch (const Error& e) {

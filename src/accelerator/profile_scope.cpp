@@ -242,8 +242,8 @@ ProfileScope Accelerator::profile(const ProfileOptions& options) {
                 "ProfileScope (stop() or let it go) before starting another.");
   }
   auto session = std::make_shared<ProfileScope::Session>();  // clears profile_active when it goes
-  session->rank = impl_->process_index_;
-  session->size = impl_->num_processes_;
+  session->rank = impl_->rank_;
+  session->size = impl_->world_size_;
   session->rank_prefix = impl_->rank_prefix_;
   session->options = options;
   session->cuda = impl_->device_.is_cuda();
@@ -255,7 +255,7 @@ ProfileScope Accelerator::profile(const ProfileOptions& options) {
   // stop's barrier for a rank that already failed.
   detail::ScopedCollectiveLabel label("profile");
   const std::vector<std::string> problems =
-      gather_problems(writable_problem(session->dir, impl_->process_index_));
+      gather_problems(writable_problem(session->dir, impl_->rank_));
   std::string failed;
   for (size_t r = 0; r < problems.size(); ++r) {
     if (!problems[r].empty()) failed += detail::str("\n  rank ", r, ": ", problems[r]);

@@ -155,10 +155,10 @@ std::string ProcessState::Impl::rank_prefix() const {
 }
 
 const LaunchContract& ProcessState::env() const { return impl_->env_; }
-int ProcessState::process_index() const { return impl_->env_.rank; }
-int ProcessState::num_processes() const { return impl_->env_.world_size; }
-int ProcessState::local_process_index() const { return impl_->env_.local_rank; }
-int ProcessState::num_local_processes() const { return impl_->env_.local_world_size; }
+int ProcessState::rank() const { return impl_->env_.rank; }
+int ProcessState::world_size() const { return impl_->env_.world_size; }
+int ProcessState::local_rank() const { return impl_->env_.local_rank; }
+int ProcessState::local_world_size() const { return impl_->env_.local_world_size; }
 int ProcessState::node_rank() const { return impl_->env_.node_rank; }
 int ProcessState::num_nodes() const { return impl_->env_.num_nodes; }
 bool ProcessState::is_main_process() const { return impl_->env_.rank == 0; }

@@ -132,12 +132,6 @@ void validate(const LaunchOptions& o) {
         "pick a port, e.g. 29500, and pass it to every machine's launch");
   }
   if (o.max_restarts() < 0) bad_option(str("max_restarts is ", o.max_restarts()), "use 0 or more");
-  try {
-    parse_mixed_precision(o.mixed_precision(), "LaunchOptions::mixed_precision");
-  } catch (const Error&) {
-    bad_option(str("mixed_precision \"", o.mixed_precision(), "\" is unknown"),
-               "use no, fp16 or bf16 (any case)");
-  }
   if (o.gradient_accumulation_steps() && *o.gradient_accumulation_steps() < 1) {
     bad_option(str("gradient_accumulation_steps is ", *o.gradient_accumulation_steps()),
                "use 1 or more micro-batches per optimizer step");
@@ -364,8 +358,7 @@ class Agent {
       env.debug = debug;
       env.collective_timeout = timeout_;
       env.join_timeout = o_.join_timeout();
-      env.mixed_precision =
-          parse_mixed_precision(o_.mixed_precision(), "LaunchOptions::mixed_precision");
+      env.mixed_precision = o_.mixed_precision();
       env.threads_per_process = threads_;
       env.downcast_bf16 = o_.downcast_bf16();
       env.cpu = o_.cpu();

@@ -114,13 +114,9 @@ AcceleratorSettings resolve_accelerator_settings(const AcceleratorOptions& o, co
                                                  const std::string& config_path) {
   AcceleratorSettings s;
   Resolver r(env, config, config_path, s);
-  std::optional<MixedPrecision> precision_option;
-  if (o.mixed_precision())
-    precision_option =
-        parse_mixed_precision(*o.mixed_precision(), "AcceleratorOptions::mixed_precision");
   // The launch contract is the one reader of the variables a launcher sets.
   const LaunchContract launched = parse_launch_contract(env);
-  r.resolve_launched("mixed_precision", precision_option, launched.mixed_precision,
+  r.resolve_launched("mixed_precision", o.mixed_precision(), launched.mixed_precision,
                      "ACCELERANT_MIXED_PRECISION", "mixed_precision", parse_mixed_precision,
                      s.mixed_precision);
   r.resolve_launched("downcast_bf16", o.downcast_bf16(), launched.downcast_bf16,

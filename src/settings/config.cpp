@@ -58,6 +58,16 @@ Field field(const char* key, const char* type, T Config::*member) {
           }};
 }
 
+// Mixed precision: text in the file, the enum in Config (parse_mixed_precision, the one parser).
+Field precision_field(const char* key, MixedPrecision Config::*member) {
+  return {key, "no, fp16 or bf16",
+          [member, key](const YAML::Node& node, Config& c) {
+            c.*member = parse_mixed_precision(node.Scalar(), key);
+          },
+          // Quoted: a YAML 1.1 reader takes a bare no for false.
+          [member](const Config& c) { return detail::str('"', to_string(c.*member), '"'); }, true};
+}
+
 // A duration: seconds in the file, std::chrono in Config (seconds_to_duration, the one converter).
 Field seconds_field(const char* key, std::chrono::milliseconds Config::*member) {
   return {key, "a number of seconds",
@@ -77,7 +87,7 @@ const std::vector<Field>& fields() {
       field("master_addr", "a host name or address", &Config::master_addr),
       field("master_port", "a port number", &Config::master_port),
       field("world_size", "a whole number", &Config::world_size),
-      field("mixed_precision", "no, fp16 or bf16", &Config::mixed_precision),
+      precision_field("mixed_precision", &Config::mixed_precision),
       field("downcast_bf16", kBoolType, &Config::downcast_bf16),
       field("cpu", kBoolType, &Config::cpu),
       field("debug", kBoolType, &Config::debug),
@@ -151,6 +161,14 @@ const std::vector<KeyAlias>& key_aliases() {
       {"debug_mode", "debug", "Accelerate"},
   };
   return all;
+}
+
+std::string flag_names(const std::string& name, const std::string& short_name) {
+  std::string names = short_name.empty() ? "--" + name : short_name + ",--" + name;
+  for (const auto& a : key_aliases()) {
+    if (a.name == name) names += std::string(",--") + a.alias;
+  }
+  return names;
 }
 
 std::string canonical_key(const std::string& key) {
@@ -283,14 +301,7 @@ void validate_config(const Config& c, const std::string& where) {
   }
   if (c.master_addr.empty())
     problems.push_back("master_addr is empty; use the main machine's address");
-  std::optional<MixedPrecision> precision;
-  try {
-    precision = parse_mixed_precision(c.mixed_precision, "mixed_precision");
-  } catch (const Error&) {
-    problems.push_back(
-        detail::str("mixed_precision is '", c.mixed_precision, "'; use no, fp16 (CUDA) or bf16"));
-  }
-  if (c.downcast_bf16 && precision != MixedPrecision::kBf16) {
+  if (c.downcast_bf16 && c.mixed_precision != MixedPrecision::kBf16) {
     problems.push_back(
         "downcast_bf16 is true but mixed_precision is not bf16; set both or neither");
   }
@@ -356,7 +367,7 @@ void save_config(const Config& config, const std::string& path) {
   }
 }
 
-std::string write_basic_config(const std::string& mixed_precision, const std::string& path) {
+std::string write_basic_config(MixedPrecision mixed_precision, const std::string& path) {
   Config config;
   config.mixed_precision = mixed_precision;
   const std::string target = path.empty() ? default_config_path(process_environment()) : path;

@@ -31,7 +31,7 @@ int64_t per_process_batch_size(const ShardingOptions& o, int world_size) {
   }
   if (world_size < 1) {
     throw Error(detail::str("world size is ", world_size,
-                            ". Fix: pass ProcessState::num_processes() (at least 1)."));
+                            ". Fix: pass ProcessState::world_size() (at least 1)."));
   }
   if (!o.split_batches()) return o.batch_size();
   if (o.batch_size() % world_size != 0) {
@@ -47,9 +47,8 @@ EpochShard shard_epoch(int64_t dataset_size, int64_t epoch, int rank, int world_
                        const ShardingOptions& o, int64_t first_position) {
   const int64_t b = per_process_batch_size(o, world_size);
   if (rank < 0 || rank >= world_size) {
-    throw Error(
-        detail::str("rank ", rank, " is outside 0..", world_size - 1,
-                    ". Fix: pass ProcessState::process_index() and num_processes() together."));
+    throw Error(detail::str("rank ", rank, " is outside 0..", world_size - 1,
+                            ". Fix: pass ProcessState::rank() and world_size() together."));
   }
   if (dataset_size < 0) {
     throw Error(detail::str(

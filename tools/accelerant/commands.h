@@ -70,10 +70,6 @@ void add_libtorch_checkpoint_commands(CLI::App& checkpoint, Action& action, int 
 /// rewritten to its canonical spelling (no, fp16, bf16).
 CLI::Validator mixed_precision_flag();
 
-/// A flag's names for CLI11: "--<name>" and "--<alias>" for each of its aliases (key_aliases(),
-/// the table the config file's reader uses too), after `short_name` ("-n") when one is given.
-std::string flag_names(const std::string& name, const std::string& short_name = "");
-
 /// The config file path: --config_file when given, else the default location.
 std::string config_path_or_default(const std::string& config_file);
 

@@ -64,11 +64,14 @@ Config ask_questions() {
           c.num_nodes > 1 ? 29500 : 0, [](const std::string& t) { return parse_int(t, 0, 65535); });
   c.world_size = ask("How many processes in total, across all machines?", c.num_nodes,
                      [](const std::string& t) { return parse_int(t, 1, 1000000); });
-  c.mixed_precision = ask(std::string("Mixed precision (no, fp16 on CUDA, bf16)?"),
-                          c.mixed_precision, [](const std::string& t) {
-                            return std::string(to_string(parse_mixed_precision(t, "the answer")));
-                          });
-  if (c.mixed_precision == "bf16") {
+  c.mixed_precision = parse_mixed_precision(
+      ask(std::string("Mixed precision (no, fp16 on CUDA, bf16)?"),
+          std::string(to_string(c.mixed_precision)),
+          [](const std::string& t) {
+            return std::string(to_string(parse_mixed_precision(t, "the answer")));
+          }),
+      "the answer");
+  if (c.mixed_precision == MixedPrecision::kBf16) {
     c.downcast_bf16 = ask(std::string("Store the weights in bf16 too (downcast_bf16)? yes/no"),
                           std::string("no"), [](const std::string& t) {
                             return parse_yes_no(t) ? std::string("yes") : std::string("no");
@@ -91,14 +94,6 @@ Config ask_questions() {
 std::string config_path_or_default(const std::string& config_file) {
   if (!config_file.empty()) return config_file;
   return default_config_path(process_environment());
-}
-
-std::string flag_names(const std::string& name, const std::string& short_name) {
-  std::string names = short_name.empty() ? "--" + name : short_name + ",--" + name;
-  for (const auto& a : key_aliases()) {
-    if (a.name == name) names += std::string(",--") + a.alias;
-  }
-  return names;
 }
 
 CLI::Validator mixed_precision_flag() {
@@ -153,7 +148,9 @@ void add_config_command(CLI::App& app, Action& action) {
   defaults->callback([&action, file, precision] {
     action = [file, precision] {
       std::cout << "accelerant config default: wrote "
-                << write_basic_config(*precision, config_path_or_default(*file)) << "\n";
+                << write_basic_config(parse_mixed_precision(*precision, "--mixed_precision"),
+                                      config_path_or_default(*file))
+                << "\n";
       return 0;
     };
   });

@@ -44,7 +44,8 @@ Config resolve_launch_config(const LaunchFlags& f) {
   }
   if (f.max_restarts) c.max_restarts = *f.max_restarts;
   if (f.threads_per_process) c.threads_per_process = *f.threads_per_process;
-  if (f.mixed_precision) c.mixed_precision = *f.mixed_precision;
+  if (f.mixed_precision)
+    c.mixed_precision = parse_mixed_precision(*f.mixed_precision, "--mixed_precision");
   // The flags are seconds, as the file's keys: the one converter checks their range.
   if (f.monitor_interval)
     c.monitor_interval = seconds_to_duration(*f.monitor_interval, "monitor_interval");

@@ -18,8 +18,8 @@ int failures = 0;
 
 void report(Accelerator& acc, const std::string& check, bool passed, const std::string& details) {
   if (!passed) ++failures;
-  std::cout << rank_prefix(acc.process_index(), acc.num_processes()) << (passed ? "PASS " : "FAIL ")
-            << check << (passed ? "" : ": " + details) << std::endl;
+  std::cout << rank_prefix(acc.rank(), acc.world_size()) << (passed ? "PASS " : "FAIL ") << check
+            << (passed ? "" : ": " + details) << std::endl;
 }
 
 torch::nn::Sequential tiny_mlp() {
@@ -36,8 +36,8 @@ torch::Tensor flat_parameters(torch::nn::Sequential& model) {
 
 // The sum of 1..N over the processes.
 void check_all_reduce(Accelerator& acc) {
-  const int n = acc.num_processes();
-  const int r = acc.process_index();
+  const int n = acc.world_size();
+  const int r = acc.rank();
   auto sum = acc.reduce(torch::tensor({r + 1.0}), ReduceOp::kSum).item<double>();
   report(
       acc, "all_reduce", sum == n * (n + 1) / 2.0,
@@ -46,12 +46,12 @@ void check_all_reduce(Accelerator& acc) {
 
 // Several chunks of the shared-memory path (or Gloo's), every element checked.
 void check_large_all_reduce(Accelerator& acc) {
-  const int n = acc.num_processes();
-  const int r = acc.process_index();
+  const int n = acc.world_size();
+  const int r = acc.rank();
   auto& comm = ProcessState::get().communicator();
   if (acc.is_main_process())
-    std::cout << rank_prefix(0, acc.num_processes())
-              << "all-reduce path: " << comm.all_reduce_path() << std::endl;
+    std::cout << rank_prefix(0, acc.world_size()) << "all-reduce path: " << comm.all_reduce_path()
+              << std::endl;
   auto big = torch::full({1 << 20}, static_cast<float>(r + 1));
   comm.all_reduce_(big);
   const auto wrong = (big != static_cast<float>(n * (n + 1) / 2)).sum().item<int64_t>();
@@ -91,8 +91,8 @@ void check_fused_adamw(Accelerator& acc) {
 
 // Process r contributes r + 1 copies of r: the gather must put them end to end in rank order.
 void check_gather(Accelerator& acc) {
-  const int n = acc.num_processes();
-  const int r = acc.process_index();
+  const int n = acc.world_size();
+  const int r = acc.rank();
   auto gathered = acc.gather(torch::full({r + 1}, static_cast<double>(r)));
   bool gather_ok = gathered.size(0) == n * (n + 1) / 2;
   for (int k = 0, at = 0; gather_ok && k < n; at += ++k) {
@@ -104,7 +104,7 @@ void check_gather(Accelerator& acc) {
 
 // Data-parallel steps against the same steps on the whole batch in this process alone.
 void check_data_parallel_training(Accelerator& acc) {
-  const int n = acc.num_processes();
+  const int n = acc.world_size();
   const int64_t per_rank = 4, steps = 5;
   torch::manual_seed(1);
   auto x = torch::randn({steps * per_rank * n, 8});
@@ -135,7 +135,7 @@ void check_data_parallel_training(Accelerator& acc) {
 // Runs inside each worker.
 int run_checks() {
   Accelerator acc;
-  const int n = acc.num_processes();
+  const int n = acc.world_size();
   check_all_reduce(acc);
   if (n > 1) check_large_all_reduce(acc);
   check_fused_adamw(acc);
