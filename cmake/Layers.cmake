@@ -112,7 +112,7 @@ function(accelerant_add_layer layer)
       # ACCELERANT_CUDA_GRAPHS: GraphStep captures CUDA graphs (ATen/cuda/CUDAGraph.h).
       target_compile_definitions(accelerant_${layer}_objects PRIVATE USE_C10D_NCCL ACCELERANT_CUDA_GRAPHS)
     endif()
-    accelerant_use_pch(accelerant_${layer}_objects)
+    accelerant_use_pch(accelerant_${layer}_objects ${ACCELERANT_LIBRARY_PCH_TARGET})
     list(APPEND made accelerant_${layer}_objects)
   endif()
   foreach(target IN LISTS made)

@@ -1,1 +1,2 @@
-// Anchors the shared precompiled header (src/pch.h); intentionally empty.
+// Anchors a precompiled header target (accelerant_pch, accelerant_library_pch in
+// src/CMakeLists.txt); intentionally empty.

@@ -10,6 +10,11 @@
 // copy-on-write. Under a launcher (accelerant launch, torchrun, srun, mpirun: the environment
 // says so) the program trains directly in the process it was started as.
 #include <accelerant/accelerant.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
+#include <torch/utils.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>

@@ -1,6 +1,6 @@
 #include "accelerant/data_sharding.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "accelerant/error.h"
 #include "base/text.h"

@@ -1,5 +1,7 @@
 #include "accelerant/weight_decay.h"
 
+// instancenorm.h uses torch::nn::functional's instance_norm without including it (LibTorch 1.13).
+#include <torch/nn/functional/instancenorm.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/instancenorm.h>
