@@ -6,6 +6,7 @@
 #include <sched.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <torch/cuda.h>
 
 #include <cerrno>
 #include <fstream>

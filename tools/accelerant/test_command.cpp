@@ -4,6 +4,9 @@
 // collectives and a few data-parallel training steps against the same steps in one process.
 #include <accelerant/accelerant.h>
 #include <limits.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/linear.h>
 #include <unistd.h>
 
 #include <iostream>
