@@ -2,6 +2,7 @@
 #include <accelerant/accelerant.h>
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -60,4 +61,27 @@ TEST(ProcessState, WorkersKnowTheirPlace) {
       LaunchOptions().processes_per_node(2).verbose(false));
   EXPECT_TRUE(torch::equal(places[0], torch::tensor({0, 2, 0, 2, 0, 1, 1, 0})));
   EXPECT_TRUE(torch::equal(places[1], torch::tensor({1, 2, 1, 2, 0, 1, 0, 1})));
+}
+
+// A peer that dies mid-collective must fail the survivors' collective with an error naming it,
+// not end them by SIGPIPE (Gloo writes to its sockets without MSG_NOSIGNAL; ShmAllReduce's
+// ALeaderThatDies... saw a survivor die of "signal 13"). A worker ignores SIGPIPE once it joins a
+// group, and a program that chose its own handling keeps it.
+namespace {
+void program_handles_broken_pipes(int) {}
+}  // namespace
+
+TEST(ProcessState, AWorkerInAGroupIgnoresSigpipeUnlessItsProgramHandlesIt) {
+  auto dispositions = launch(
+      [](int index) {
+        if (index == 1) ::signal(SIGPIPE, program_handles_broken_pipes);
+        ProcessState::get();
+        struct sigaction now {};
+        ::sigaction(SIGPIPE, nullptr, &now);
+        return torch::tensor({static_cast<int>(now.sa_handler == SIG_IGN),
+                              static_cast<int>(now.sa_handler == program_handles_broken_pipes)});
+      },
+      LaunchOptions().processes_per_node(2).verbose(false));
+  EXPECT_TRUE(torch::equal(dispositions[0], torch::tensor({1, 0}))) << "rank 0 ignores SIGPIPE";
+  EXPECT_TRUE(torch::equal(dispositions[1], torch::tensor({0, 1}))) << "rank 1 keeps its handler";
 }

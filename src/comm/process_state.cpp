@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <sstream>
 #include <thread>
@@ -25,6 +26,19 @@
 
 namespace accelerant {
 namespace {
+
+// Gloo writes to its sockets without MSG_NOSIGNAL: when a peer dies, the next write raises
+// SIGPIPE, whose default action ends this process at once (the launcher reports "signal 13")
+// instead of failing the collective with an error that names the dead rank. Python ignores SIGPIPE
+// for PyTorch's users; a process does so here when it joins a group, unless its program has chosen
+// what SIGPIPE does.
+void ignore_broken_pipes() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && !(current.sa_flags & SA_SIGINFO) &&
+      current.sa_handler == SIG_DFL) {
+    ::signal(SIGPIPE, SIG_IGN);
+  }
+}
 
 std::mutex& state_mutex() {
   static std::mutex m;
@@ -260,6 +274,7 @@ void ProcessState::Impl::rendezvous() {
   impl->error_file = env_.error_file;
   // Every rank has arrived: Gloo's own connection (held to the collective timeout, which it also
   // uses for every collective) starts together on all of them.
+  ignore_broken_pipes();
   auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout_);
   gloo_options->devices = gloo_devices(env_.master_addr);
   impl->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(
