@@ -40,7 +40,9 @@ package: configure
 docs: configure
 	cmake --build $(BUILD_DIR) --target docs
 
+# The benches are built here, not by make build (bench/CMakeLists.txt).
 bench: build
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target benches
 	bench/run $(BUILD_DIR)
 
 fuzz: deps
