@@ -70,11 +70,6 @@ int64_t newest_checkpoint_step(const std::string& project_dir) {
   return step;
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
 }  // namespace
 
 TEST(CheckpointEndToEnd, AKilledWorkerResumesMidEpochAndEndsBitIdentical) {

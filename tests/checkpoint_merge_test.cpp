@@ -99,11 +99,6 @@ std::pair<int, std::string> cli(const std::vector<std::string>& args) {
   return {status >= 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
 void copy_file(const std::string& from, const std::string& to) {
   const std::string bytes = slurp(from);
   std::ofstream(to, std::ios::binary | std::ios::trunc).write(bytes.data(), bytes.size());

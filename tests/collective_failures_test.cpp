@@ -13,15 +13,8 @@
 #include "test_support.h"
 
 using namespace accelerant;
+using accelerant::testing::contains;
 using Clock = std::chrono::steady_clock;
-
-namespace {
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-}  // namespace
 
 TEST(CollectiveFailures, DebugModeMismatchListsEveryRanksShape) {
   auto messages = launch(

@@ -22,8 +22,8 @@ TEST(CpuSettings, DefaultThreadCount) {
       {8, 0, 0, 8},   // an unknown process count counts as one
   };
   for (const auto& c : cases) {
-    SCOPED_TRACE(testing::Message() << "usable " << c.usable << ", local processes "
-                                    << c.local_processes << ", -c " << c.cpus_per_process);
+    SCOPED_TRACE(::testing::Message() << "usable " << c.usable << ", local processes "
+                                      << c.local_processes << ", -c " << c.cpus_per_process);
     EXPECT_EQ(default_thread_count(c.usable, c.local_processes, c.cpus_per_process), c.expected);
   }
 }

@@ -11,15 +11,8 @@
 #include "test_support.h"
 
 using namespace accelerant;
+using accelerant::testing::contains;
 using accelerant::testing::env_of;
-
-namespace {
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-}  // namespace
 
 TEST(EnvironmentTable, EveryRowIsCompleteAndDeclaredOnce) {
   std::set<std::string> names;

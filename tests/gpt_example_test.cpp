@@ -98,11 +98,6 @@ std::string first_sample(const std::string& output) {
   return output.substr(begin + separator.size(), end - begin - separator.size());
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
 }  // namespace
 
 TEST(GptExample, TwoProcessesTrainToTheTextsEntropyFloorAndSampleItsWords) {

@@ -27,7 +27,7 @@ TEST(LaunchContract, NoVariablesMeansOneProcess) {
   EXPECT_FALSE(env.distributed());
 }
 
-struct GoodCase {
+struct LauncherCase {
   std::string name;
   std::map<std::string, std::string> vars;
   EnvSource source;
@@ -35,7 +35,7 @@ struct GoodCase {
 };
 
 TEST(LaunchContract, ReadsEachLauncher) {
-  const std::vector<GoodCase> cases = {
+  const std::vector<LauncherCase> cases = {
       {"torchrun",
        {{"RANK", "5"},
         {"WORLD_SIZE", "8"},
@@ -210,7 +210,7 @@ TEST(LaunchContract, UnchosenAcceleratorSettingsAreNotPassed) {
   EXPECT_FALSE(out.gradient_accumulation_steps.has_value());
 }
 
-struct BadCase {
+struct BadLauncherCase {
   std::map<std::string, std::string> vars;
   std::string variable;  // must be named, with its value
   std::string value;
@@ -223,7 +223,7 @@ TEST(LaunchContract, RejectsBadValuesNamingVariableValueAndFix) {
     extra.insert(ok.begin(), ok.end());
     return extra;
   };
-  const std::vector<BadCase> cases = {
+  const std::vector<BadLauncherCase> cases = {
       {with({{"RANK", "4"}, {"WORLD_SIZE", "4"}}), "RANK", "4", "not less than the world size 4"},
       {with({{"RANK", "abc"}, {"WORLD_SIZE", "4"}}), "RANK", "abc", "not an integer"},
       {with({{"RANK", "1"}, {"WORLD_SIZE", "2x"}}), "WORLD_SIZE", "2x", "not an integer"},

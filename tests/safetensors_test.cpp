@@ -21,11 +21,7 @@ namespace {
 
 using namespace accelerant;
 namespace t = accelerant::testing;
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
+using accelerant::testing::slurp;
 
 void spit(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc)

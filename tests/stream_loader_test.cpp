@@ -74,7 +74,7 @@ std::vector<int64_t> range(int64_t from, int64_t to, int64_t step = 1) {
   return r;
 }
 
-LaunchOptions ranks(int n) {
+LaunchOptions loader_ranks(int n) {
   return LaunchOptions()
       .processes_per_node(n)
       .collective_timeout(std::chrono::seconds(30))
@@ -232,7 +232,7 @@ TEST(StreamLoaderOnRanks, UnevenSharesEndTogetherAndSeeEveryRecordOnce) {
           out.insert(out.end(), real.begin(), real.end());
           return torch::tensor(out);
         },
-        ranks(2));
+        loader_ranks(2));
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     EXPECT_LT(seconds, 20) << "bounded time";
@@ -273,7 +273,7 @@ TEST(StreamLoaderOnRanks, AReaderErrorOnOneRankStopsEveryRank) {
                                                              .num_workers(workers)));
             for (auto& batch : loader) (void)batch;
           },
-          ranks(2));
+          loader_ranks(2));
     });
     EXPECT_TRUE(contains(message, "shard_1.jsonl:7") && contains(message, "not valid JSON"))
         << workers << " workers: " << message;
@@ -331,13 +331,13 @@ TEST(StreamLoaderOnRanks, KilledAndResumedRunEndsBitIdentical) {
   const auto paths = write_shards(dir.path, {13, 7, 22, 3});
   const std::string whole = dir.path + "/whole", killed = dir.path + "/killed";
   auto reference =
-      launch([&](int index) { return train_on_stream(paths, whole, 0, index); }, ranks(2));
+      launch([&](int index) { return train_on_stream(paths, whole, 0, index); }, loader_ranks(2));
   ASSERT_EQ(reference.size(), 2u);
   EXPECT_EQ(reference[0][-1].item<float>(), 18);
   EXPECT_TRUE(torch::equal(reference[0], reference[1]));
 
   auto message = error_message([&] {
-    launch([&](int index) { return train_on_stream(paths, killed, 8, index); }, ranks(2));
+    launch([&](int index) { return train_on_stream(paths, killed, 8, index); }, loader_ranks(2));
   });
   EXPECT_FALSE(message.empty()) << "rank 1 was killed, so the launch must fail";
   // The positions as another reader sees them (plain JSON, one file per rank): after step 8 rank
@@ -366,7 +366,7 @@ TEST(StreamLoaderOnRanks, KilledAndResumedRunEndsBitIdentical) {
   EXPECT_EQ(rank1.at("records_passed"), 10);
   EXPECT_EQ(rank1.at("rank"), 1);
   auto resumed =
-      launch([&](int index) { return train_on_stream(paths, killed, 0, index); }, ranks(2));
+      launch([&](int index) { return train_on_stream(paths, killed, 0, index); }, loader_ranks(2));
   ASSERT_EQ(resumed.size(), 2u);
   EXPECT_EQ(resumed[0][-1].item<float>(), 10) << "resumed after step 8 of 18";
   for (int r = 0; r < 2; ++r) {
@@ -397,7 +397,7 @@ TEST(StreamLoaderOnRanks, APositionSavedOnTwoProcessesIsRefusedOnOneWithTheFix) 
             break;
           }
         },
-        ranks(processes));
+        loader_ranks(processes));
   };
   run(2);
   auto message = error_message([&] { run(1); });

@@ -204,6 +204,11 @@ bool contains(const std::string& text, const std::string& what) {
   return text.find(what) != std::string::npos;
 }
 
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
 torch::Tensor flat_parameters(const torch::nn::Module& module) {
   std::vector<torch::Tensor> parts;
   for (const auto& p : module.parameters())

@@ -77,6 +77,9 @@ std::string error_message(const std::function<void()>& f);
 /// Whether `text` contains `what`.
 bool contains(const std::string& text, const std::string& what);
 
+/// The whole file at `path`, as bytes ("" when it cannot be read).
+std::string slurp(const std::string& path);
+
 /// Every parameter of `module`, flattened and concatenated into one CPU copy: two trainings
 /// compare as one tensor.
 torch::Tensor flat_parameters(const torch::nn::Module& module);

@@ -24,13 +24,9 @@
 
 using namespace accelerant;
 namespace t = accelerant::testing;
+using accelerant::testing::slurp;
 
 namespace {
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 std::vector<std::string> event_files(const std::string& dir) {
   std::vector<std::string> files;

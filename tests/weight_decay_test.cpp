@@ -132,7 +132,7 @@ struct TrainingRun {
 };
 
 constexpr int kSteps = 10;
-constexpr double kLr = 1e-2, kDecay = 0.1;
+constexpr double kAdamLr = 1e-2, kDecay = 0.1;
 
 // Trains for kSteps on the process's half of a fixed global batch; returns the parameters.
 torch::Tensor train(int rank, const TrainingRun& run) {
@@ -142,7 +142,7 @@ torch::Tensor train(int rank, const TrainingRun& run) {
                       .fused_optimizers(run.fused || run.stage > 0)
                       .bucket_cap_mb(1));
   auto net = make_net(false);
-  const auto options = torch::optim::AdamWOptions(kLr).weight_decay(kDecay);
+  const auto options = torch::optim::AdamWOptions(kAdamLr).weight_decay(kDecay);
   std::vector<torch::optim::OptimizerParamGroup> groups;
   if (run.decay_everything) {
     auto split = split_weight_decay(*net);
@@ -212,7 +212,7 @@ TEST(WeightDecayGroups, ZeroStages1And2AndTheFusedAdamWTrainAsStage0OnTwoProcess
 TEST(WeightDecayGroups, UnderZeroStage2OnlyTheDecayGroupDecays) {
   const auto start = flat_parameters(*make_net(false));
   const auto after = train_on_two(TrainingRun{2, true, false, true})[0];
-  const double shrink = std::pow(1.0 - kLr * kDecay, kSteps);
+  const double shrink = std::pow(1.0 - kAdamLr * kDecay, kSteps);
   const auto split = split_weight_decay(*make_net(false));
   for (const auto& [offset, n] : spans_of(split.decay_names)) {
     EXPECT_TRUE(torch::allclose(after.narrow(0, offset, n), start.narrow(0, offset, n) * shrink,
