@@ -39,6 +39,7 @@
 #include "accelerant/progress_bar.h"
 #include "accelerant/safetensors.h"
 #include "accelerant/safetensors_header.h"
+#include "accelerant/sharded.h"
 #include "accelerant/static_shapes.h"
 #include "accelerant/stream_loader.h"
 #include "accelerant/tensor_tree.h"

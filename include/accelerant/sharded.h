@@ -1,0 +1,170 @@
+// ZeRO stage 3's unit: a block of a model whose parameters each process keeps only a share of
+// (as FSDP's fully_shard and DeepSpeed's stage 3 do), gathered whole only while the block runs.
+//
+//   // The model wraps each transformer block (the wrapper is a pass-through until sharded):
+//   blocks->push_back(accelerant::Sharded(Block(config)));
+//   ...
+//   auto& comm = accelerant::ProcessState::get().communicator();
+//   accelerant::shard_model(*model, comm);            // each block keeps its shares only
+//   accelerant::GradientReducer reducer(accelerant::replicated_parameters(*model), comm);
+//   torch::optim::AdamW adamw(accelerant::parameters_to_update(*model), options);
+//   // the training loop does not change: forward, backward, adamw.step(), zero_grad()
+//
+// What a sharded block does, each step:
+// - Forward: it all-gathers its parameters into their own tensors, runs the block, and frees
+//   their memory again (the tensors keep their shapes; their storage is emptied).
+// - Backward: a hook on the block's output gathers them again just before backward reaches the
+//   block (the tensors that autograd saved are the parameters themselves, so they read the
+//   gathered values). When every trainable parameter of the block has its gradient, the
+//   gradients are averaged and reduce-scattered into the shares' .grad (each process receives
+//   its share of the average), the whole gradients are released, and so are the parameters.
+//   The reduce-scatter overlaps the backward of the blocks before it; the end of backward waits.
+// - The optimizer updates the shares (parameters_to_update gives them in place of the blocks'
+//   parameters): elementwise updates (SGD, Adam, AdamW) are then exactly those of plain data
+//   parallelism, each process computing its share.
+//
+// Parameters outside every sharded block stay whole on every process, as FSDP keeps its root's:
+// a GradientReducer over replicated_parameters averages their gradients.
+//
+// Memory per process: the shares (1/N of each block's parameters, each padded to N equal
+// pieces), plus one block gathered whole at a time with its gradients during backward.
+//
+// Accelerator::prepare does all of this under zero_stage(3) (docs/zero.md, "Stage 3").
+//
+// Not yet: the prefetch of the next block's gather, checkpoints of the shares, a sharded start
+// (each process initialising only its share). Between steps the blocks' parameters hold no memory:
+// reading them there (printing, saving, model->to()) reads freed memory; GatheredParameters makes
+// them whole for that.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/pimpl.h>
+#include <torch/optim/optimizer.h>
+#include <torch/ordered_dict.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "accelerant/communicator.h"
+
+namespace accelerant {
+
+/// What a sharded block has done, for tests and benchmarks.
+struct ShardedStats {
+  /// All-gathers of the block's parameters (forward, backward, GatheredParameters).
+  int64_t gathers = 0;
+  /// Reduce-scatters of its gradients (synchronising backward passes).
+  int64_t reduce_scatters = 0;
+  /// Elements of this process's shares (padding included).
+  int64_t share_elements = 0;
+  /// Elements of the block's parameters, whole.
+  int64_t parameter_elements = 0;
+};
+
+/// A block whose parameters are sharded across processes once shard() is called (see the file
+/// comment); before that, a pass-through that runs the block. Its parameters are registered
+/// under the submodule "block", so state dicts read `<name>.block.<parameter>` whether or not it
+/// is sharded.
+class ShardedImpl : public torch::nn::Module {
+ public:
+  /// Wraps `block`, any module whose forward takes and returns one tensor.
+  explicit ShardedImpl(torch::nn::AnyModule block);
+  /// Wraps a Sequential (which AnyModule cannot hold: its forward is a template).
+  explicit ShardedImpl(torch::nn::Sequential block);
+  /// Wraps a module or TORCH_MODULE holder: Sharded(Block(config)).
+  template <class Block, class = std::enable_if_t<
+                             !std::is_same<std::decay_t<Block>, torch::nn::AnyModule>::value &&
+                             !std::is_same<std::decay_t<Block>, torch::nn::Sequential>::value>>
+  explicit ShardedImpl(Block block) : ShardedImpl(torch::nn::AnyModule(std::move(block))) {}
+  ~ShardedImpl() override;
+
+  /// The block's output. Sharded: gathers the parameters, runs the block and frees them, and
+  /// with grad mode on arranges for backward to gather them again (see the file comment).
+  torch::Tensor forward(torch::Tensor input);
+
+  /// Keeps this process's share of each parameter of the block and frees the rest: a collective
+  /// of `communicator`'s processes, which must all shard the same block (the same model, built
+  /// alike; the values come from each process's own copy, so build it from the same seed or
+  /// broadcast first). `communicator` must outlive the block. With one process nothing is
+  /// sharded. Throws Error, changing nothing, for parameters that are not dense fp32 tensors
+  /// with storage of their own, or when already sharded.
+  void shard(Communicator& communicator);
+  /// Whether shard() sharded the block (false with one process).
+  bool sharded() const;
+  /// This process's share of each of the block's parameters, in the order of its parameters():
+  /// 1-D fp32 leaf tensors of equal length on every process (the last pieces padded with zeros),
+  /// requiring grad where the parameter does. A synchronising backward leaves the share of the
+  /// averaged gradient in their .grad (added to it, as autograd accumulates). Empty unless
+  /// sharded.
+  const std::vector<torch::Tensor>& shares() const;
+  /// With sync off, backward keeps the block's whole gradients in the parameters' .grad
+  /// (gradient accumulation: memory for the whole block's gradients); the next backward with sync
+  /// on reduce-scatters everything accumulated. True when made.
+  void set_sync(bool enabled);
+  /// What the block has done so far (a copy).
+  ShardedStats stats() const;
+  /// Whether the parameters hold their values now (always, unless sharded).
+  bool gathered() const;
+
+  /// The wrapped block.
+  const std::shared_ptr<torch::nn::Module>& block() const;
+
+  /// Sharded: all-gathers the parameters into their tensors. A collective. Nested calls count:
+  /// the parameters stay whole until as many release() calls. GatheredParameters is the safe
+  /// form; forward and backward call these themselves.
+  void gather();
+  /// Sharded: frees the parameters' memory after the matching gather(); their shares stay.
+  void release();
+
+ private:
+  struct State;  // src/train/sharded.cpp: the block, its layout, shares and pass in progress
+  ShardedImpl(std::shared_ptr<torch::nn::Module> block,
+              std::function<torch::Tensor(torch::Tensor)> forward);
+  std::shared_ptr<State> state_;
+};
+TORCH_MODULE(Sharded);
+
+/// Shards every Sharded block inside `model` (shard() on each, in the order of
+/// model.modules()); returns them. A collective: every process calls it on its copy of the model.
+std::vector<std::shared_ptr<ShardedImpl>> shard_model(torch::nn::Module& model,
+                                                      Communicator& communicator);
+
+/// The Sharded blocks inside `model`, in the order of model.modules().
+std::vector<std::shared_ptr<ShardedImpl>> sharded_blocks(const torch::nn::Module& model);
+
+/// What an optimizer over `model` updates: each sharded block's shares in place of its
+/// parameters, and every other trainable parameter itself.
+std::vector<torch::Tensor> parameters_to_update(torch::nn::Module& model);
+
+/// For an optimizer built over `model`'s parameters before it was sharded: replaces, in its
+/// parameter groups, each parameter of a sharded block by its share (groups and their options
+/// stay). Throws Error, changing nothing, when the optimizer holds state already (it is kept per
+/// parameter, and the shares are new tensors).
+void optimize_shares(torch::optim::Optimizer& optimizer, torch::nn::Module& model);
+
+/// `model`'s named parameters outside every sharded block (those a GradientReducer averages
+/// whole); all of them when nothing is sharded.
+torch::OrderedDict<std::string, torch::Tensor> replicated_parameters(torch::nn::Module& model);
+
+/// While it lives, every sharded block of a model holds its whole parameters (a collective on
+/// construction and destruction): for reading, printing or saving them between steps. Writes
+/// to the parameters are not kept (the shares are the values). Not copyable.
+class GatheredParameters {
+ public:
+  explicit GatheredParameters(const torch::nn::Module& model);
+  ~GatheredParameters();
+  GatheredParameters(const GatheredParameters&) = delete;
+  GatheredParameters& operator=(const GatheredParameters&) = delete;
+
+ private:
+  std::vector<std::shared_ptr<ShardedImpl>> blocks_;
+};
+
+}  // namespace accelerant

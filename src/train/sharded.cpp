@@ -1,0 +1,523 @@
+// ZeRO stage 3's sharded block (accelerant/sharded.h): its parameters' shares, the all-gather
+// that makes them whole around forward and backward, and the reduce-scatter of their gradients.
+//
+// Layout: parameter p of a block is cut into N pieces of chunk[p] elements (its element count
+// divided by N, rounded up to 16 elements so that each piece starts on a 64-byte line); process
+// r keeps piece r, padded with zeros past the parameter's end. A process's pieces of all the
+// block's parameters lie one after another in a buffer of S elements (piece p at offset[p]), so
+// one all-gather of S elements per process, into N * S, gathers the whole block, and one
+// reduce-scatter of N * S gradient elements gives each process its S.
+//
+// Freeing a parameter empties its storage (0 bytes) but keeps the storage object: the tensors
+// that autograd saved for backward are the parameters themselves, and read the values written
+// back into that storage when backward gathers again. Those values are written through a tensor
+// of their own (storage_alias), so that the write does not count as an in-place change of a
+// tensor that autograd saved.
+#include "accelerant/sharded.h"
+
+#include <c10/core/StorageImpl.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "accelerant/error.h"
+#include "base/text.h"
+#include "comm/collective_label.h"
+#include "train/end_of_backward.h"
+
+namespace accelerant {
+
+namespace {
+
+constexpr int64_t kShareAlignment = 16;  // elements: 64 bytes of fp32
+
+// Gives the storage of `param` `bytes` bytes of new memory (0 frees it), keeping the storage
+// object that autograd's saved tensors point at.
+void resize_storage(const torch::Tensor& param, size_t bytes) {
+  c10::StorageImpl* storage = param.storage().unsafeGetStorageImpl();
+  c10::Allocator* allocator = storage->allocator();
+  if (allocator == nullptr) allocator = c10::GetAllocator(param.device().type());
+  storage->set_data_ptr_noswap(allocator->allocate(bytes));
+  storage->set_nbytes(bytes);
+}
+
+// A flat tensor over the storage of `param` with a version counter of its own (see the file
+// comment).
+torch::Tensor storage_alias(const torch::Tensor& param) {
+  torch::Tensor alias =
+      torch::empty({0}, torch::TensorOptions(param.dtype()).device(param.device()));
+  alias.set_(param.storage(), 0, {param.numel()}, {1});
+  return alias;
+}
+
+// Rows [N, chunk] of the gathered layout <-> a parameter's `numel` elements, flat: the full
+// rows, then what remains of the last one.
+template <class Copy>
+void for_each_row_run(int64_t numel, int64_t chunk, Copy copy) {
+  const int64_t full = numel / chunk, rest = numel - full * chunk;
+  if (full > 0) copy(0, full, int64_t{0});
+  if (rest > 0) copy(full, 1, rest);
+}
+
+}  // namespace
+
+struct ShardedImpl::State {
+  std::shared_ptr<torch::nn::Module> block;
+  std::function<torch::Tensor(torch::Tensor)> run_block;
+  Communicator* communicator = nullptr;
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> params;
+  std::vector<int64_t> numel, chunk, offset;
+  int64_t share_numel = 0;  // S
+  std::vector<torch::Tensor> shares;
+  std::vector<size_t> trainable;  // indices of the parameters that require grad
+
+  mutable std::mutex mutex;
+  int gather_depth = 0;                // gathers not yet released
+  bool gathered_for_backward = false;  // a backward pass holds one gather
+  bool sync = true;
+  bool in_pass = false;  // a backward pass has started on this block and not ended
+  std::vector<bool> ready;
+  size_t ready_count = 0;
+  bool scattering = false;
+  torch::Tensor scatter_in, scatter_out;
+  PendingCollective pending;
+  ShardedStats stats;
+  // Grad accumulators keep the post-hooks firing only while these references live.
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  std::weak_ptr<State> self;
+
+  int rank() const { return communicator->rank(); }
+  int world() const { return communicator->world_size(); }
+
+  void check_shardable(const std::vector<torch::Tensor>& candidates) const {
+    std::unordered_set<const c10::StorageImpl*> storages;
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      const torch::Tensor& p = candidates[i];
+      const bool own_storage = p.is_contiguous() && p.storage_offset() == 0 &&
+                               p.storage().nbytes() == static_cast<size_t>(p.numel()) * 4;
+      if (p.scalar_type() != torch::kFloat || p.is_sparse() || !own_storage ||
+          !storages.insert(p.storage().unsafeGetStorageImpl()).second) {
+        throw Error(detail::str(
+            "Sharded::shard: parameter '", names[i], "' (shape ", p.sizes(), ", ", p.toString(),
+            ") is not a dense fp32 tensor with storage of its own, which a sharded block frees "
+            "and gathers again. Likely cause: the model was cast to another dtype, or two "
+            "parameters share memory (tied weights). Fix: keep fp32 parameters (bf16 autocast "
+            "does), and keep tied weights outside sharded blocks."));
+      }
+    }
+  }
+
+  void lay_out() {
+    const int n = world();
+    for (const auto& p : params) {
+      const int64_t per = (p.numel() + n - 1) / n;
+      const int64_t c = std::max<int64_t>(
+          kShareAlignment, (per + kShareAlignment - 1) / kShareAlignment * kShareAlignment);
+      numel.push_back(p.numel());
+      chunk.push_back(c);
+      offset.push_back(share_numel);
+      share_numel += c;
+      stats.parameter_elements += p.numel();
+    }
+    stats.share_elements = share_numel;
+  }
+
+  // Share r of each parameter, as a leaf of its own.
+  void cut_shares() {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const torch::Tensor flat = params[i].detach().reshape({-1});
+      const int64_t begin = std::min(numel[i], rank() * chunk[i]);
+      const int64_t length = std::min(chunk[i], numel[i] - begin);
+      torch::Tensor share = torch::zeros({chunk[i]}, flat.options());
+      share.narrow(0, 0, length).copy_(flat.narrow(0, begin, length));
+      share.set_requires_grad(params[i].requires_grad());
+      shares.push_back(share);
+      if (params[i].requires_grad()) trainable.push_back(i);
+    }
+    ready.assign(params.size(), false);
+  }
+
+  void gather_locked() {
+    if (gather_depth > 0) {
+      ++gather_depth;
+      return;
+    }
+    torch::NoGradGuard no_grad;
+    detail::ScopedCollectiveLabel label("ZeRO-3 parameter all-gather");
+    const torch::Tensor out = torch::empty({world() * share_numel}, shares.front().options());
+    const torch::Tensor mine = out.narrow(0, rank() * share_numel, share_numel);
+    for (size_t i = 0; i < params.size(); ++i)
+      mine.narrow(0, offset[i], chunk[i]).copy_(shares[i].detach());
+    communicator->all_gather_(mine, out);
+    const torch::Tensor rows = out.view({world(), share_numel});
+    for (size_t i = 0; i < params.size(); ++i) {
+      resize_storage(params[i], static_cast<size_t>(numel[i]) * 4);
+      const torch::Tensor whole = storage_alias(params[i]);
+      const torch::Tensor pieces = rows.narrow(1, offset[i], chunk[i]);
+      for_each_row_run(numel[i], chunk[i], [&](int64_t row, int64_t count, int64_t rest) {
+        if (rest == 0) {
+          whole.narrow(0, row * chunk[i], count * chunk[i])
+              .view({count, chunk[i]})
+              .copy_(pieces.narrow(0, row, count));
+        } else {
+          whole.narrow(0, row * chunk[i], rest).copy_(pieces[row].narrow(0, 0, rest));
+        }
+      });
+    }
+    gather_depth = 1;
+    ++stats.gathers;
+  }
+
+  void release_locked() {
+    if (gather_depth == 0) {
+      throw Error(
+          "Sharded::release without a matching gather(). Fix: pair each gather() with one "
+          "release(), or use GatheredParameters.");
+    }
+    if (--gather_depth > 0) return;
+    for (const auto& p : params) resize_storage(p, 0);
+  }
+
+  // The whole gradients, averaged over the processes: each process's pieces into its row of
+  // N * S elements (zeros in the padding); the reduce-scatter then sums each row on its process.
+  void start_reduce_scatter() {
+    torch::NoGradGuard no_grad;
+    scatter_in = torch::zeros({world() * share_numel}, shares.front().options());
+    const torch::Tensor rows = scatter_in.view({world(), share_numel});
+    for (size_t i : trainable) {
+      torch::Tensor& grad = params[i].mutable_grad();
+      if (!grad.defined()) continue;  // unused in this pass (zeros)
+      const torch::Tensor flat = grad.reshape({-1});
+      const torch::Tensor pieces = rows.narrow(1, offset[i], chunk[i]);
+      for_each_row_run(numel[i], chunk[i], [&](int64_t row, int64_t count, int64_t rest) {
+        if (rest == 0) {
+          pieces.narrow(0, row, count)
+              .copy_(flat.narrow(0, row * chunk[i], count * chunk[i]).view({count, chunk[i]}));
+        } else {
+          pieces[row].narrow(0, 0, rest).copy_(flat.narrow(0, row * chunk[i], rest));
+        }
+      });
+      grad = torch::Tensor();  // only the share stays
+    }
+    scatter_in.div_(world());  // the average is the sum of (gradient / N)
+    scatter_out = torch::empty({share_numel}, scatter_in.options());
+    detail::ScopedCollectiveLabel label("ZeRO-3 gradient reduce-scatter");
+    pending = communicator->reduce_scatter_async_(scatter_in, scatter_out);
+    scattering = true;
+  }
+
+  // Every trainable parameter has its gradient for this pass: reduce-scatter them (when
+  // synchronising) and free the parameters, which backward no longer reads.
+  void block_backward_done() {
+    if (sync) start_reduce_scatter();
+    if (gathered_for_backward) {
+      gathered_for_backward = false;
+      release_locked();
+    }
+  }
+
+  void before_backward() {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (gathered_for_backward) return;
+    gathered_for_backward = true;
+    gather_locked();
+    std::weak_ptr<State> weak = self;
+    detail::queue_end_of_backward([weak] {
+      if (auto state = weak.lock()) state->end_of_backward();
+    });
+  }
+
+  void on_gradient(size_t i) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!in_pass) {
+      in_pass = true;
+      std::fill(ready.begin(), ready.end(), false);
+      ready_count = 0;
+    }
+    if (ready[i]) return;
+    ready[i] = true;
+    if (++ready_count == trainable.size()) block_backward_done();
+  }
+
+  void end_of_backward() {
+    std::lock_guard<std::mutex> lock(mutex);
+    std::vector<std::string> missing;
+    if (in_pass && ready_count < trainable.size()) {
+      for (size_t i : trainable) {
+        if (!ready[i]) missing.push_back(names[i]);
+      }
+      block_backward_done();  // the missing ones count as zeros, so the ranks stay in step
+    }
+    in_pass = false;
+    if (gathered_for_backward) {  // backward reached the block but none of its parameters
+      gathered_for_backward = false;
+      release_locked();
+    }
+    if (scattering) {
+      scattering = false;
+      pending.wait();
+      torch::NoGradGuard no_grad;
+      for (size_t i : trainable) {
+        const torch::Tensor piece = scatter_out.narrow(0, offset[i], chunk[i]);
+        torch::Tensor& grad = shares[i].mutable_grad();
+        if (grad.defined()) {
+          grad.add_(piece);
+        } else {
+          grad = piece.clone();
+        }
+      }
+      scatter_in = scatter_out = torch::Tensor();
+      ++stats.reduce_scatters;
+    }
+    if (!missing.empty()) {
+      throw Error(detail::str(
+          rank_prefix(rank(), world()), missing.size(), " of ", trainable.size(),
+          " trainable parameters of a sharded block got no gradient in this backward pass: ",
+          detail::join(missing, ", "),
+          ". They were reduced as zeros. Likely cause: the block's forward did not use them. "
+          "Fix: freeze them before sharding (requires_grad false), or make forward use them."));
+    }
+  }
+
+  // A post-hook on each trainable parameter's gradient accumulator says when its gradient for
+  // this pass is complete; it holds the state weakly.
+  void hook_gradient_accumulators() {
+    for (size_t i : trainable) {
+      auto accumulator = torch::autograd::impl::grad_accumulator(params[i]);
+      if (!accumulator) {
+        throw Error(detail::str("Sharded::shard: parameter '", names[i],
+                                "' requires grad but is not a leaf tensor. Fix: register "
+                                "parameters with register_parameter (leaf tensors)."));
+      }
+      std::weak_ptr<State> weak = self;
+      accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [weak, i](const torch::autograd::variable_list& outputs,
+                    const torch::autograd::variable_list&) {
+            if (auto state = weak.lock()) state->on_gradient(i);
+            return outputs;
+          }));
+      accumulators.push_back(std::move(accumulator));
+    }
+  }
+};
+
+ShardedImpl::ShardedImpl(std::shared_ptr<torch::nn::Module> block,
+                         std::function<torch::Tensor(torch::Tensor)> forward)
+    : state_(std::make_shared<State>()) {
+  state_->block = std::move(block);
+  state_->run_block = std::move(forward);
+  state_->self = state_;
+  register_module("block", state_->block);
+}
+
+namespace {
+
+torch::nn::AnyModule non_empty(torch::nn::AnyModule block) {
+  if (block.is_empty()) {
+    throw Error("Sharded got an empty module. Fix: pass the block to wrap, e.g. Sharded(Block()).");
+  }
+  return block;
+}
+
+torch::nn::Sequential non_empty(torch::nn::Sequential block) {
+  if (block.is_empty()) {
+    throw Error(
+        "Sharded got an empty Sequential holder. Fix: pass the block to wrap, e.g. "
+        "Sharded(torch::nn::Sequential(...)).");
+  }
+  return block;
+}
+
+}  // namespace
+
+ShardedImpl::ShardedImpl(torch::nn::AnyModule block)
+    : ShardedImpl(non_empty(block).ptr(),
+                  [block](torch::Tensor x) mutable { return block.forward(std::move(x)); }) {}
+
+ShardedImpl::ShardedImpl(torch::nn::Sequential block)
+    : ShardedImpl(non_empty(block).ptr(),
+                  [block](torch::Tensor x) mutable { return block->forward(std::move(x)); }) {}
+
+ShardedImpl::~ShardedImpl() = default;
+
+torch::Tensor ShardedImpl::forward(torch::Tensor input) {
+  if (!sharded()) return state_->run_block(std::move(input));
+  gather();
+  torch::Tensor output;
+  try {
+    output = state_->run_block(std::move(input));
+  } catch (...) {
+    release();
+    throw;
+  }
+  release();
+  if (torch::GradMode::is_enabled() && output.requires_grad()) {
+    std::weak_ptr<State> weak = state_;
+    output.register_hook([weak](const torch::Tensor&) {
+      if (auto state = weak.lock()) state->before_backward();
+    });
+  }
+  return output;
+}
+
+void ShardedImpl::shard(Communicator& communicator) {
+  State& s = *state_;
+  if (sharded()) {
+    throw Error(
+        "Sharded::shard: this block is sharded already. Fix: shard each block once "
+        "(shard_model shards every block of a model).");
+  }
+  if (communicator.world_size() == 1) return;  // one process keeps everything
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> params;
+  for (const auto& item : s.block->named_parameters()) {
+    names.push_back(item.key());
+    params.push_back(item.value());
+  }
+  if (params.empty()) return;  // nothing to shard
+  s.names = std::move(names);
+  s.check_shardable(params);
+  s.params = std::move(params);
+  s.communicator = &communicator;
+  s.lay_out();
+  s.cut_shares();
+  s.hook_gradient_accumulators();
+  torch::NoGradGuard no_grad;
+  for (auto& p : s.params) {
+    p.mutable_grad() = torch::Tensor();
+    resize_storage(p, 0);
+  }
+}
+
+bool ShardedImpl::sharded() const { return state_->communicator != nullptr; }
+
+const std::vector<torch::Tensor>& ShardedImpl::shares() const { return state_->shares; }
+
+void ShardedImpl::set_sync(bool enabled) {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->sync = enabled;
+}
+
+ShardedStats ShardedImpl::stats() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->stats;
+}
+
+bool ShardedImpl::gathered() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return !sharded() || state_->gather_depth > 0;
+}
+
+const std::shared_ptr<torch::nn::Module>& ShardedImpl::block() const { return state_->block; }
+
+void ShardedImpl::gather() {
+  if (!sharded()) return;
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->gather_locked();
+}
+
+void ShardedImpl::release() {
+  if (!sharded()) return;
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->release_locked();
+}
+
+std::vector<std::shared_ptr<ShardedImpl>> sharded_blocks(const torch::nn::Module& model) {
+  std::vector<std::shared_ptr<ShardedImpl>> blocks;
+  for (const auto& module : model.modules(/*include_self=*/true)) {
+    if (auto block = std::dynamic_pointer_cast<ShardedImpl>(module)) blocks.push_back(block);
+  }
+  return blocks;
+}
+
+std::vector<std::shared_ptr<ShardedImpl>> shard_model(torch::nn::Module& model,
+                                                      Communicator& communicator) {
+  auto blocks = sharded_blocks(model);
+  for (const auto& block : blocks) {
+    if (!sharded_blocks(*block->block()).empty()) {
+      throw Error(
+          "shard_model: a Sharded block holds another Sharded block; each parameter can be "
+          "sharded once. Fix: wrap the inner blocks only (as FSDP wraps each transformer "
+          "layer), or the outer one only.");
+    }
+  }
+  for (const auto& block : blocks) block->shard(communicator);
+  return blocks;
+}
+
+namespace {
+
+// Parameter identity -> (its sharded block, its index there), for the sharded blocks of `model`.
+std::unordered_map<const c10::TensorImpl*, std::pair<ShardedImpl*, size_t>> sharded_index(
+    torch::nn::Module& model) {
+  std::unordered_map<const c10::TensorImpl*, std::pair<ShardedImpl*, size_t>> index;
+  for (const auto& block : sharded_blocks(model)) {
+    if (!block->sharded()) continue;
+    const auto params = block->block()->parameters();
+    for (size_t i = 0; i < params.size(); ++i)
+      index[params[i].unsafeGetTensorImpl()] = {block.get(), i};
+  }
+  return index;
+}
+
+}  // namespace
+
+std::vector<torch::Tensor> parameters_to_update(torch::nn::Module& model) {
+  const auto index = sharded_index(model);
+  std::vector<torch::Tensor> out;
+  for (const auto& p : model.parameters()) {
+    if (!p.requires_grad()) continue;
+    auto found = index.find(p.unsafeGetTensorImpl());
+    out.push_back(found == index.end() ? p : found->second.first->shares()[found->second.second]);
+  }
+  return out;
+}
+
+void optimize_shares(torch::optim::Optimizer& optimizer, torch::nn::Module& model) {
+  const auto index = sharded_index(model);
+  if (index.empty()) return;
+  if (!optimizer.state().empty()) {
+    throw Error(detail::str(
+        "optimize_shares: the optimizer holds state for ", optimizer.state().size(),
+        " parameters already, kept per parameter, and the shares that replace them are new "
+        "tensors. Fix: shard (or prepare) before the first step, or load the state after."));
+  }
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& p : group.params()) {
+      auto found = index.find(p.unsafeGetTensorImpl());
+      if (found != index.end()) p = found->second.first->shares()[found->second.second];
+    }
+  }
+}
+
+torch::OrderedDict<std::string, torch::Tensor> replicated_parameters(torch::nn::Module& model) {
+  const auto index = sharded_index(model);
+  torch::OrderedDict<std::string, torch::Tensor> out;
+  for (const auto& item : model.named_parameters()) {
+    if (!index.count(item.value().unsafeGetTensorImpl())) out.insert(item.key(), item.value());
+  }
+  return out;
+}
+
+GatheredParameters::GatheredParameters(const torch::nn::Module& model)
+    : blocks_(sharded_blocks(model)) {
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    try {
+      blocks_[b]->gather();
+    } catch (...) {
+      while (b-- > 0) blocks_[b]->release();  // the destructor will not run
+      throw;
+    }
+  }
+}
+
+GatheredParameters::~GatheredParameters() {
+  for (const auto& block : blocks_) block->release();
+}
+
+}  // namespace accelerant

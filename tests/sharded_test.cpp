@@ -1,0 +1,277 @@
+// ZeRO stage 3's sharded blocks (accelerant/sharded.h), on real processes: a model whose blocks
+// are sharded must train exactly as plain data parallelism does (on 2 and 4 processes, also with
+// gradient accumulation), each process holding only its shares; a block's parameters must hold
+// memory only while its forward and its backward run (observed in the storage, not assumed); and
+// misuse must be refused with the fix.
+#include <accelerant/accelerant.h>
+#include <gtest/gtest.h>
+
+#include "test_support.h"
+
+using namespace accelerant;
+using namespace accelerant::testing;
+
+namespace {
+
+constexpr int kShardedGlobalBatch = 8;
+
+// A replicated first layer and head (the root, as FSDP keeps it) around two sharded blocks whose
+// parameters have odd sizes, so that the pieces cut through rows and the last ones are padded.
+torch::nn::Sequential blocks_model() {
+  torch::manual_seed(5);
+  return torch::nn::Sequential(
+      torch::nn::Linear(16, 37), torch::nn::Tanh(),
+      Sharded(torch::nn::Sequential(torch::nn::Linear(37, 101), torch::nn::Tanh(),
+                                    torch::nn::Linear(101, 37))),
+      Sharded(torch::nn::Sequential(torch::nn::Linear(37, 53), torch::nn::Tanh())),
+      torch::nn::Linear(53, 5));
+}
+
+std::pair<torch::Tensor, torch::Tensor> sharded_batch(int step) {
+  torch::manual_seed(2000 + step);
+  return {torch::randn({kShardedGlobalBatch, 16}), torch::randn({kShardedGlobalBatch, 5})};
+}
+
+struct BlocksRun {
+  bool sharded = false;
+  bool accumulate = false;  // two micro-steps of half the batch per optimizer step
+  int steps = 30;
+};
+
+// Trains and returns the whole parameters, then this process's share elements and the first
+// block's all-gathers and reduce-scatters.
+torch::Tensor train_blocks(int rank, int world, const BlocksRun& run) {
+  Communicator& comm = ProcessState::get().communicator();
+  auto model = blocks_model();
+  std::vector<std::shared_ptr<ShardedImpl>> blocks;
+  if (run.sharded) blocks = shard_model(*model, comm);
+  GradientReducer reducer(replicated_parameters(*model), comm);
+  torch::optim::AdamW adamw(parameters_to_update(*model),
+                            torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
+  const int per_rank = kShardedGlobalBatch / world;
+  const int micro = run.accumulate ? 2 : 1;
+  for (int step = 0; step < run.steps; ++step) {
+    auto [x, y] = sharded_batch(step);
+    x = x.narrow(0, rank * per_rank, per_rank), y = y.narrow(0, rank * per_rank, per_rank);
+    const int64_t rows = per_rank / micro;
+    for (int k = 0; k < micro; ++k) {
+      const bool sync = k == micro - 1;
+      reducer.set_sync(sync);
+      for (const auto& block : blocks) block->set_sync(sync);
+      auto out = model->forward(x.narrow(0, k * rows, rows));
+      ((out - y.narrow(0, k * rows, rows)).pow(2).mean() / micro).backward();
+    }
+    adamw.step();
+    adamw.zero_grad();
+  }
+  int64_t share_elements = 0;
+  for (const auto& block : blocks) share_elements += block->stats().share_elements;
+  const ShardedStats first = blocks.empty() ? ShardedStats{} : blocks.front()->stats();
+  GatheredParameters whole(*model);
+  return torch::cat(
+      {flat_parameters(*model),
+       torch::tensor({static_cast<float>(share_elements), static_cast<float>(first.gathers),
+                      static_cast<float>(first.reduce_scatters)})});
+}
+
+std::vector<torch::Tensor> train_blocks_on(int world, const BlocksRun& run) {
+  auto options = LaunchOptions()
+                     .processes_per_node(world)
+                     .collective_timeout(std::chrono::seconds(60))
+                     .verbose(false);
+  return launch([run, world](int rank) { return train_blocks(rank, world, run); }, options);
+}
+
+torch::Tensor whole_parameters(const torch::Tensor& result) {
+  return result.narrow(0, 0, result.numel() - 3);
+}
+
+int64_t tail_value(const torch::Tensor& result, int from_end) {
+  return static_cast<int64_t>(result[result.numel() - from_end].item<float>());
+}
+
+// The elements of the parameters inside the two sharded blocks.
+int64_t block_parameter_elements() {
+  auto model = blocks_model();
+  int64_t n = 0;
+  for (const auto& block : sharded_blocks(*model)) {
+    for (const auto& p : block->parameters()) n += p.numel();
+  }
+  return n;
+}
+
+class ShardedBlocks : public ::testing::TestWithParam<int> {};
+
+TEST_P(ShardedBlocks, TrainAsDataParallelismAndKeepOnlyTheirShares) {
+  const int world = GetParam();
+  const auto base = train_blocks_on(world, BlocksRun{});
+  const torch::Tensor start = flat_parameters(*blocks_model());
+  ASSERT_GT((whole_parameters(base[0]) - start).abs().max().item<double>(), 1e-3)
+      << "nothing trained";
+  BlocksRun run;
+  run.sharded = true;
+  const auto sharded = train_blocks_on(world, run);
+  const int64_t block_elements = block_parameter_elements();
+  for (int r = 0; r < world; ++r) {
+    const double worst =
+        (whole_parameters(sharded[r]) - whole_parameters(base[0])).abs().max().item<double>();
+    EXPECT_LT(worst, 2e-5) << "rank " << r << ": largest difference from stage 0";
+    // Its shares: 1/N of the blocks' elements plus the padding (at most 16 elements per
+    // parameter: 6 of them).
+    const int64_t shares = tail_value(sharded[r], 3);
+    EXPECT_GE(shares * world, block_elements) << "rank " << r;
+    EXPECT_LE(shares, block_elements / world + 16 * 6) << "rank " << r;
+    // Each step gathers the block for forward and again for backward, and reduce-scatters once.
+    EXPECT_EQ(tail_value(sharded[r], 2), 2 * run.steps) << "rank " << r << ": all-gathers";
+    EXPECT_EQ(tail_value(sharded[r], 1), run.steps) << "rank " << r << ": reduce-scatters";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TwoAndFour, ShardedBlocks, ::testing::Values(2, 4));
+
+// With sync off the blocks keep their whole gradients in .grad; the synchronising micro-step
+// reduce-scatters their sum, as the reducer all-reduces it.
+TEST(Sharded, GradientAccumulationTrainsAsDataParallelism) {
+  BlocksRun run;
+  run.accumulate = true;
+  run.steps = 15;
+  const auto base = train_blocks_on(2, run);
+  run.sharded = true;
+  const auto sharded = train_blocks_on(2, run);
+  for (int r = 0; r < 2; ++r) {
+    const double worst =
+        (whole_parameters(sharded[r]) - whole_parameters(base[0])).abs().max().item<double>();
+    EXPECT_LT(worst, 2e-5) << "rank " << r;
+    EXPECT_EQ(tail_value(sharded[r], 1), run.steps) << "one reduce-scatter per optimizer step";
+  }
+}
+
+// A block that records, at each moment, the bytes its weight's storage holds: in its forward,
+// and in its backward (a hook on an activation inside it runs while backward is in the block).
+struct StorageProbeImpl : torch::nn::Module {
+  StorageProbeImpl() : fc(register_module("fc", torch::nn::Linear(64, 64))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    seen.push_back(static_cast<double>(fc->weight.storage().nbytes()));
+    auto inner = fc->forward(x);
+    if (inner.requires_grad()) {
+      inner.register_hook([this](const torch::Tensor&) {
+        seen.push_back(static_cast<double>(fc->weight.storage().nbytes()));
+      });
+    }
+    return torch::tanh(inner);
+  }
+  torch::nn::Linear fc;
+  std::vector<double> seen;
+};
+TORCH_MODULE(StorageProbe);
+
+// [after shard, in forward, after forward, in backward, after backward, after the step,
+// inside GatheredParameters, after it], in bytes.
+torch::Tensor observe_block_memory() {
+  Communicator& comm = ProcessState::get().communicator();
+  torch::manual_seed(7);
+  StorageProbe probe;
+  auto model = torch::nn::Sequential(Sharded(probe), torch::nn::Linear(64, 1));
+  shard_model(*model, comm);
+  GradientReducer reducer(replicated_parameters(*model), comm);
+  torch::optim::SGD sgd(parameters_to_update(*model), torch::optim::SGDOptions(0.1));
+  auto bytes = [&] { return static_cast<double>(probe->fc->weight.storage().nbytes()); };
+  std::vector<double> seen{bytes()};
+  auto loss = model->forward(torch::randn({4, 64})).pow(2).mean();
+  seen.push_back(probe->seen.at(0));
+  seen.push_back(bytes());
+  loss.backward();
+  seen.push_back(probe->seen.at(1));
+  seen.push_back(bytes());
+  sgd.step();
+  sgd.zero_grad();
+  seen.push_back(bytes());
+  {
+    GatheredParameters whole(*model);
+    seen.push_back(bytes());
+  }
+  seen.push_back(bytes());
+  return torch::tensor(seen, torch::kDouble);
+}
+
+TEST(Sharded, ABlocksParametersHoldMemoryOnlyWhileItsForwardAndBackwardRun) {
+  const auto results = launch([](int) { return observe_block_memory(); },
+                              LaunchOptions().processes_per_node(2).verbose(false));
+  const double whole = 64 * 64 * 4;
+  const std::vector<double> expected{0, whole, 0, whole, 0, 0, whole, 0};
+  const char* moments[] = {
+      "after shard",    "in forward",     "after forward",         "in backward",
+      "after backward", "after the step", "in GatheredParameters", "after GatheredParameters"};
+  for (size_t r = 0; r < results.size(); ++r) {
+    ASSERT_EQ(results[r].numel(), static_cast<int64_t>(expected.size()));
+    for (size_t k = 0; k < expected.size(); ++k) {
+      EXPECT_EQ(results[r][k].item<double>(), expected[k])
+          << "rank " << r << ", " << moments[k] << ": bytes held by the block's weight";
+    }
+  }
+}
+
+// Each misuse, on 2 processes: 1 when the error names the cause and the fix.
+torch::Tensor refusals() {
+  Communicator& comm = ProcessState::get().communicator();
+  auto refused = [](const std::function<void()>& f, const std::string& cause) {
+    const std::string message = error_message(f);
+    return contains(message, cause) && contains(message, "Fix:") ? 1.0 : 0.0;
+  };
+  std::vector<double> out;
+  auto bf16 = Sharded(torch::nn::Linear(8, 8));
+  bf16->to(torch::kBFloat16);
+  out.push_back(refused([&] { bf16->shard(comm); }, "not a dense fp32 tensor"));
+  auto twice = Sharded(torch::nn::Linear(8, 8));
+  twice->shard(comm);
+  out.push_back(refused([&] { twice->shard(comm); }, "sharded already"));
+  auto nested =
+      torch::nn::Sequential(Sharded(torch::nn::Sequential(Sharded(torch::nn::Linear(8, 8)))));
+  out.push_back(refused([&] { shard_model(*nested, comm); }, "holds another Sharded block"));
+  auto unpaired = Sharded(torch::nn::Linear(8, 8));
+  unpaired->shard(comm);
+  out.push_back(refused([&] { unpaired->release(); }, "without a matching gather"));
+  // A block whose forward leaves a trainable parameter unused: named after backward.
+  struct HalfUsedImpl : torch::nn::Module {
+    HalfUsedImpl()
+        : used(register_module("used", torch::nn::Linear(8, 8))),
+          unused(register_module("unused", torch::nn::Linear(8, 8))) {}
+    torch::Tensor forward(torch::Tensor x) { return used->forward(x); }
+    torch::nn::Linear used, unused;
+  };
+  auto half = Sharded(std::make_shared<HalfUsedImpl>());
+  half->shard(comm);
+  out.push_back(refused(
+      [&] {
+        half->forward(torch::randn({2, 8})).sum().backward();
+      },
+      "unused.weight"));
+  return torch::tensor(out, torch::kDouble);
+}
+
+TEST(Sharded, MisuseIsRefusedWithTheFix) {
+  const auto results =
+      launch([](int) { return refusals(); }, LaunchOptions().processes_per_node(2).verbose(false));
+  const char* cases[] = {"a bf16 block", "sharding twice", "a nested block", "an unpaired release",
+                         "an unused parameter"};
+  for (size_t r = 0; r < results.size(); ++r) {
+    for (int64_t k = 0; k < results[r].numel(); ++k) {
+      EXPECT_EQ(results[r][k].item<double>(), 1.0) << "rank " << r << ": " << cases[k];
+    }
+  }
+}
+
+// One process: the wrapper runs its block unchanged, and nothing is sharded.
+TEST(Sharded, OnOneProcessItIsThePlainBlock) {
+  torch::manual_seed(1);
+  torch::nn::Linear inner(8, 3);
+  auto block = Sharded(inner);
+  const auto x = torch::randn({2, 8});
+  EXPECT_TRUE(torch::equal(block->forward(x), inner->forward(x)));
+  EXPECT_FALSE(block->sharded());
+  EXPECT_TRUE(block->gathered());
+  EXPECT_EQ(block->named_parameters().size(), 2u);
+  EXPECT_TRUE(block->named_parameters().contains("block.weight"));
+}
+
+}  // namespace
