@@ -1,8 +1,10 @@
-// ZeRO (AcceleratorOptions::zero_stage): stages 1 and 2 must train exactly as plain data
+// ZeRO (AcceleratorOptions::zero_stage): stages 1, 2 and 3 must train exactly as plain data
 // parallelism does (stage 0), on 2 and 4 real processes, also with gradient accumulation,
-// clipping and bf16 autocast; each process must hold only its share of the optimizer state; a
-// sharded checkpoint must resume bit for bit on the same number of processes and load on
-// another; and misuse must be refused with the fix.
+// clipping and bf16 autocast; each process must hold only its share of the optimizer state (and
+// under stage 3 of the sharded blocks' parameters); a sharded checkpoint must resume bit for bit
+// on the same number of processes and load on another; stage 3's save_model must write the whole
+// weights; and misuse must be refused with the fix. The sharded blocks themselves are tested in
+// sharded_test.cpp.
 #include <accelerant/accelerant.h>
 #include <gtest/gtest.h>
 #include <malloc.h>
@@ -40,12 +42,18 @@ struct TrainingRun {
 };
 
 // Two gradient buckets of 1 MiB at most (and a first one of less), parameters of odd sizes, so
-// that the shares cut through parameters.
-torch::nn::Sequential zero_model() {
+// that the shares cut through parameters. With `sharded_blocks` (for stage 3) the first two
+// layers are Sharded blocks and the head stays replicated; the values are the same either way.
+torch::nn::Sequential zero_model(bool sharded_blocks = false) {
   torch::manual_seed(3);
-  return torch::nn::Sequential(torch::nn::Linear(64, 1023), torch::nn::Tanh(),
-                               torch::nn::Linear(1023, 257), torch::nn::Tanh(),
-                               torch::nn::Linear(257, 10));
+  torch::nn::Linear first(64, 1023);
+  torch::nn::Linear middle(1023, 257);
+  torch::nn::Linear head(257, 10);
+  if (!sharded_blocks) {
+    return torch::nn::Sequential(first, torch::nn::Tanh(), middle, torch::nn::Tanh(), head);
+  }
+  return torch::nn::Sequential(Sharded(torch::nn::Sequential(first, torch::nn::Tanh())),
+                               Sharded(torch::nn::Sequential(middle, torch::nn::Tanh())), head);
 }
 
 // Every step uses the same global batch whatever the number of processes, each process taking
@@ -69,7 +77,7 @@ torch::Tensor train(int rank, int world, const TrainingRun& run) {
     acc.state()->scaler =
         std::make_shared<GradScaler>(GradScalerOptions().init_scale(1024), torch::kCPU);
   }
-  auto model = zero_model();
+  auto model = zero_model(run.stage == 3);
   torch::optim::AdamW adamw(model->parameters(),
                             torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
   auto [m, opt] = acc.prepare(model, adamw);
@@ -129,6 +137,7 @@ torch::Tensor train(int rank, int world, const TrainingRun& run) {
   } else {
     state_elements = opt.fused_updater() ? opt.fused_updater()->numel() : -1;
   }
+  GatheredParameters whole(*m);  // stage 3: the sharded blocks' parameters, whole for a moment
   return torch::cat(
       {flat_parameters(*m), torch::tensor({static_cast<float>(state_elements),
                                            static_cast<float>(acc.state()->optimizer_steps)})});
@@ -197,9 +206,36 @@ TEST_P(ZeroStages, Stages1And2TrainAsStage0AndHoldTheirShareOfTheState) {
   }
 }
 
+// Stage 3 through the Accelerator: the sharded blocks keep a share of their parameters on each
+// process and the optimizer (fused) updates those shares and the replicated head.
+TEST_P(ZeroStages, Stage3TrainsAsStage0AndHoldsOnlyItsSharesOfTheBlocks) {
+  const int world = GetParam();
+  const auto base = train_on(world, TrainingRun{});
+  TrainingRun run;
+  run.stage = 3;
+  const auto sharded = train_on(world, run);
+  int64_t block_elements = 0;
+  auto model = zero_model(true);
+  for (const auto& block : sharded_blocks(*model)) {
+    for (const auto& p : block->parameters()) block_elements += p.numel();
+  }
+  const int64_t head_elements = parameter_count() - block_elements;
+  for (int r = 0; r < world; ++r) {
+    const std::string what = "stage 3, rank " + std::to_string(r);
+    expect_same_training(parameters_of(sharded[r]), parameters_of(base[0]), what);
+    EXPECT_TRUE(torch::equal(parameters_of(sharded[r]), parameters_of(sharded[0])))
+        << what << ": the ranks' parameters differ";
+    // What the fused update holds: this process's shares (1/N of the blocks' elements, padded
+    // to 16 per parameter) and the whole head.
+    const int64_t own = state_elements_of(sharded[r]);
+    EXPECT_GE(own, block_elements / world + head_elements) << what;
+    EXPECT_LE(own, block_elements / world + 16 * 4 + head_elements) << what;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(TwoAndFour, ZeroStages, ::testing::Values(2, 4));
 
-TEST(Zero, AccumulationClippingAndBf16TrainAsStage0) {
+TEST(Zero, AccumulationClippingAndBf16TrainAsStage0UnderEveryStage) {
   for (int variant = 0; variant < 3; ++variant) {
     TrainingRun run;
     run.steps = 20;
@@ -208,7 +244,7 @@ TEST(Zero, AccumulationClippingAndBf16TrainAsStage0) {
     run.bf16 = variant == 2;
     const char* name = variant == 0 ? "accumulation" : variant == 1 ? "clipping" : "bf16";
     const auto base = train_on(2, run);
-    for (int stage : {1, 2}) {
+    for (int stage : {1, 2, 3}) {
       run.stage = stage;
       const auto sharded = train_on(2, run);
       for (int r = 0; r < 2; ++r) {
@@ -410,7 +446,7 @@ TEST(Zero, MisuseIsRefusedWithTheFix) {
   auto messages = launch(
       [](int) -> std::string {
         std::string out;
-        out += error_message([] { Accelerator acc(AcceleratorOptions().cpu(true).zero_stage(3)); });
+        out += error_message([] { Accelerator acc(AcceleratorOptions().cpu(true).zero_stage(4)); });
         out += "\n";
         out += error_message([] {
           Accelerator acc(AcceleratorOptions().cpu(true).zero_stage(1));
@@ -460,12 +496,79 @@ TEST(Zero, MisuseIsRefusedWithTheFix) {
           .collective_timeout(std::chrono::seconds(60))
           .verbose(false));
   const std::string& m = messages[0];
-  EXPECT_TRUE(contains(m, "zero_stage is 3")) << m;
+  EXPECT_TRUE(contains(m, "zero_stage is 4")) << m;
   EXPECT_TRUE(contains(m, "is not a trainable parameter of the prepared model")) << m;
   EXPECT_TRUE(contains(m, "no model is prepared yet")) << m;
   EXPECT_TRUE(contains(m, "none of the optimizer's 2 parameters")) << m;
   EXPECT_TRUE(contains(m, "unscale_shares_ inside a graph step")) << m;
   EXPECT_TRUE(contains(m, "Fix:")) << m;
+}
+
+// save_model under stage 3 gathers each sharded block while rank 0 writes it: the file holds the
+// whole trained weights, under the names the model gives them. What stage 3 cannot do yet is
+// refused on every process with the fix.
+torch::Tensor stage3_save_and_refusals(const std::string& dir) {
+  Accelerator acc(AcceleratorOptions().cpu(true).zero_stage(3));
+  auto model = zero_model(true);
+  torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  auto [m, opt] = acc.prepare(model, adamw);
+  for (int step = 0; step < 3; ++step) {
+    acc.backward(m->forward(torch::randn({4, 64})).pow(2).mean());
+    opt.step();
+    opt.zero_grad();
+  }
+  acc.save_model(m, dir);
+  std::vector<double> out;
+  {
+    GatheredParameters whole(*m);
+    const auto saved = read_model_safetensors(dir);
+    bool same = saved.size() == m->named_parameters().size();
+    for (const auto& p : m->named_parameters()) {
+      same = same && saved.count(p.key()) && torch::equal(saved.at(p.key()), p.value());
+    }
+    out.push_back(same ? 1.0 : 0.0);
+  }
+  auto refused = [](const std::function<void()>& f, const std::string& cause) {
+    const std::string message = error_message(f);
+    return contains(message, cause) && contains(message, "Fix:") ? 1.0 : 0.0;
+  };
+  out.push_back(refused([&] { acc.save_state(dir + "/state"); }, "save_state under ZeRO stage 3"));
+  out.push_back(refused([&] { acc.load_state(dir + "/state"); }, "load_state under ZeRO stage 3"));
+  out.push_back(refused([&] { acc.load_model(m, dir); }, "load_model under ZeRO stage 3"));
+  out.push_back(refused([&] { acc.save(m, dir + "/model.pt"); }, "save_module of a model with"));
+  out.push_back(refused(
+      [&] {
+        acc.compile([](const GraphStep::Inputs&) { return GraphStep::Outputs{}; },
+                    GraphStepOptions().emulate_replays(true));
+      },
+      "compile under ZeRO stage 3"));
+  acc.state()->scaler = std::make_shared<GradScaler>(GradScalerOptions(), torch::kCPU);
+  out.push_back(refused(
+      [&] {
+        acc.backward(m->forward(torch::randn({4, 64})).pow(2).mean());
+        opt.step();
+      },
+      "fp16's loss scaler"));
+  return torch::tensor(out, torch::kDouble);
+}
+
+TEST(Zero, Stage3SavesTheWholeModelAndRefusesWhatItCannotDoYet) {
+  const std::string dir = make_temp_dir();
+  const auto results = launch([dir](int) { return stage3_save_and_refusals(dir); },
+                              LaunchOptions().processes_per_node(2).verbose(false));
+  const char* cases[] = {"save_model writes the whole weights",
+                         "save_state refused",
+                         "load_state refused",
+                         "load_model refused",
+                         "save refused",
+                         "compile refused",
+                         "fp16 loss scaler refused"};
+  for (size_t r = 0; r < results.size(); ++r) {
+    ASSERT_EQ(results[r].numel(), 7);
+    for (int64_t k = 0; k < results[r].numel(); ++k) {
+      EXPECT_EQ(results[r][k].item<double>(), 1.0) << "rank " << r << ": " << cases[k];
+    }
+  }
 }
 
 TEST(Zero, WithOneProcessEveryStageIsPlainTraining) {

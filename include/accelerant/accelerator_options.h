@@ -73,7 +73,11 @@ struct AcceleratorOptions {
   /// each process (each updates its share of every gradient bucket, then the parameters are
   /// all-gathered); 2 also reduce-scatters the gradients during backward instead of all-reducing
   /// them, so that each process receives only the share it updates. Implies the fused update
-  /// (fused_optimizers), whose limits apply. 0 is plain data parallelism; with one process every
+  /// (fused_optimizers), whose limits apply. 3 shards the parameters of the model's Sharded
+  /// blocks (accelerant/sharded.h): prepare keeps each process's share of them, the optimizer
+  /// updates the shares, and the rest of the model is trained as with 0; eager steps only, no
+  /// fp16 loss scaler, no save_state, load_state or load_model yet (save_model writes the whole
+  /// weights; docs/zero.md, "Stage 3"). 0 is plain data parallelism; with one process every
   /// stage is. Default: 0.
   ACCELERANT_OPTION(int, zero_stage) = 0;
   /// Where automatic checkpoints go: save_state() without a directory writes

@@ -18,6 +18,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -89,6 +90,9 @@ class GradientReducer {
   void set_sync(bool enabled);
   /// Whether backward averages gradients now (set_sync); true when the reducer is made.
   bool sync() const;
+  /// Calls `follower(enabled)` on every later set_sync, so that what reduces the rest of the same
+  /// model follows its sync (ZeRO stage 3: the model's Sharded blocks, accelerant/sharded.h).
+  void add_sync_follower(std::function<void(bool)> follower);
 
   /// What the reducer has done so far (a copy).
   GradientReducerStats stats() const;

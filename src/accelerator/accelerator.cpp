@@ -270,10 +270,11 @@ Accelerator::Accelerator(AcceleratorOptions options)
 
 void Accelerator::check_zero_stage() const {
   const int stage = impl_->options_.zero_stage();
-  if (stage < 0 || stage > 2) {
+  if (stage < 0 || stage > 3) {
     throw Error(detail::str(impl_->rank_prefix_, "AcceleratorOptions::zero_stage is ", stage,
-                            "; ZeRO has stages 0 (off), 1 (optimizer state sharded) and 2 (also ",
-                            "gradients reduce-scattered). Fix: zero_stage(0), (1) or (2)."));
+                            "; ZeRO has stages 0 (off), 1 (optimizer state sharded), 2 (also ",
+                            "gradients reduce-scattered) and 3 (also the parameters of the ",
+                            "model's Sharded blocks). Fix: zero_stage(0), (1), (2) or (3)."));
   }
 }
 
@@ -354,15 +355,33 @@ void Accelerator::prepare_model(const std::shared_ptr<torch::nn::Module>& model)
     check_same_model_everywhere(comm, *model, impl_->rank_prefix_);
     broadcast_from_main(comm, *model);
   }
+  // Stage 3 shards the parameters of the model's Sharded blocks (each process now has the same
+  // values, from rank 0); the reducer averages the rest whole, as stage 0 does.
+  const bool stage3 = impl_->sharding_parameters();
+  std::vector<std::shared_ptr<ShardedImpl>> sharded;
+  if (stage3) sharded = shard_model(*model, comm);
+  if (stage3 && sharded.empty()) {
+    print_line(detail::str(
+        impl_->rank_prefix_,
+        "warning: zero_stage 3, but the model has no Sharded blocks, so every "
+        "parameter stays whole on every process (stage 0). Fix: wrap its blocks, e.g. "
+        "blocks->push_back(accelerant::Sharded(Block(...))) (docs/zero.md, \"Stage 3\")."));
+  }
   const int64_t cap = impl_->options_.bucket_cap_mb() * 1024 * 1024;
   auto reducer = std::make_unique<GradientReducer>(
-      model->named_parameters(), comm,
+      stage3 ? replicated_parameters(*model) : model->named_parameters(), comm,
       GradientReducerOptions()
           .bucket_cap_bytes(cap)
           .first_bucket_cap_bytes(std::min<int64_t>(cap, 1024 * 1024))
           .allow_unused_parameters(impl_->options_.allow_unused_parameters())
-          .zero_stage(impl_->options_.zero_stage()));
-  impl_->models_.push_back({model, std::move(reducer)});
+          .zero_stage(stage3 ? 0 : impl_->options_.zero_stage()));
+  for (const auto& block : sharded) {
+    std::weak_ptr<ShardedImpl> weak = block;
+    reducer->add_sync_follower([weak](bool on) {
+      if (auto b = weak.lock()) b->set_sync(on);
+    });
+  }
+  impl_->models_.push_back({model, std::move(reducer), std::move(sharded)});
   impl_->checkpointed_->models.push_back(model);
 }
 
@@ -371,9 +390,15 @@ PreparedOptimizer Accelerator::prepare_optimizer(torch::optim::Optimizer& optimi
   auto prepared = std::find_if(optimizers.begin(), optimizers.end(),
                                [&](const auto& o) { return o.optimizer == &optimizer; });
   if (prepared == optimizers.end()) {
+    // Stage 3: the optimizer updates the shares of the sharded blocks' parameters instead.
+    if (impl_->sharding_parameters()) {
+      for (const auto& prepared_model : impl_->models_)
+        optimize_shares(optimizer, *prepared_model.module);
+    }
     // A fused type already steps fused; a torch::optim one gets an updater bound to it. ZeRO
-    // shards the fused update, so it binds one whatever fused_optimizers says.
-    const bool zero = impl_->options_.zero_stage() > 0 && communicator().world_size() > 1;
+    // stages 1 and 2 shard the fused update, so they bind one whatever fused_optimizers says.
+    const bool zero = (impl_->options_.zero_stage() == 1 || impl_->options_.zero_stage() == 2) &&
+                      communicator().world_size() > 1;
     const bool wrap =
         (impl_->options_.fused_optimizers() || zero) && fused_updater_of(optimizer) == nullptr;
     optimizers.push_back({&optimizer, wrap ? std::make_shared<FusedUpdater>(optimizer) : nullptr});
@@ -385,6 +410,20 @@ PreparedOptimizer Accelerator::prepare_optimizer(torch::optim::Optimizer& optimi
     }
   }
   GradientReducer* reducer = prepared->zero_reducer;
+  if (impl_->sharding_parameters()) {
+    // Each process checks only its shares for an overflow: the processes would have to agree
+    // (as stage 2's unscale_shares_ makes them), which stage 3 does not do yet.
+    PreparedOptimizer::Hooks hooks;
+    hooks.before_update = [state = impl_->state_, prefix = impl_->rank_prefix_] {
+      if (state->scaler && state->scaler->enabled()) {
+        throw Error(prefix +
+                    "ZeRO stage 3 with fp16's loss scaler: each process would skip or take the "
+                    "step on its own shares' overflow. Fix: bf16 (mixed_precision bf16), or "
+                    "zero_stage(2).");
+      }
+    };
+    return PreparedOptimizer(optimizer, impl_->state_, prepared->fused, std::move(hooks));
+  }
   if (!reducer) return PreparedOptimizer(optimizer, impl_->state_, prepared->fused);
   // Preparing it again (another handle) keeps the same all-gather and gradient release.
   PreparedOptimizer::Hooks hooks;
@@ -566,7 +605,7 @@ double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters
         "clips on the device and returns the norm as a tensor (read it in a step closure).");
   }
   // The sharded norm is a collective: clip_grad_norm_tensor has it (and unscales itself).
-  if (gradients_sharded())
+  if (gradients_sharded() || impl_->sharding_parameters())
     return clip_grad_norm_tensor(parameters, max_norm, norm_type).item<double>();
   if (impl_->state_->scaler && impl_->state_->sync_gradients)
     impl_->state_->scaler->unscale_(parameters);
@@ -582,52 +621,43 @@ bool Accelerator::gradients_sharded() const {
 torch::Tensor Accelerator::clip_grad_norm_tensor(const std::vector<torch::Tensor>& parameters,
                                                  double max_norm, double norm_type) {
   const bool unscale = impl_->state_->scaler && impl_->state_->sync_gradients;
+  if (unscale && impl_->sharding_parameters()) {
+    throw Error(impl_->rank_prefix_ +
+                "clip_grad_norm under ZeRO stage 3 with fp16's loss scaler, which stage 3 does "
+                "not support yet. Fix: bf16 (mixed_precision bf16), or zero_stage(2).");
+  }
   if (unscale && !gradients_sharded()) impl_->state_->scaler->unscale_(parameters);
   torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> grads;
+  // What clipping scales, and what counts in this process's part of the norm.
+  std::vector<torch::Tensor> grads, counted;
+  const bool across_processes = gradients_sharded() || impl_->sharding_parameters();
   if (gradients_sharded()) {
-    // Stage 2: the gradients are the shares of the reducers of the models these parameters are
-    // (every trainable parameter of a model, or none: a share cuts across parameters).
-    std::unordered_set<const c10::TensorImpl*> given;
-    for (const auto& p : parameters) given.insert(p.unsafeGetTensorImpl());
-    for (const auto& prepared : impl_->models_) {
-      size_t in = 0, trainable = 0;
-      for (const auto& p : prepared.module->parameters()) {
-        if (!p.requires_grad()) continue;
-        ++trainable;
-        in += given.count(p.unsafeGetTensorImpl());
-      }
-      if (in == 0) continue;
-      if (in != trainable) {
-        throw Error(detail::str(
-            impl_->rank_prefix_, "clip_grad_norm under ZeRO stage 2 got ", in, " of a model's ",
-            trainable, " trainable parameters. Its gradients are shares of its buckets, which ",
-            "cut across parameters, so only a whole model can be clipped. Fix: pass the model "
-            "(or all of its parameters), or zero_stage(1)."));
-      }
-      for (const auto& share : prepared.reducer->gradient_shares()) grads.push_back(share);
-    }
+    grads = impl_->stage2_gradient_shares(parameters);
     if (unscale) impl_->state_->scaler->unscale_shares_(grads, communicator());
+    counted = grads;
+  } else if (impl_->sharding_parameters()) {
+    impl_->stage3_gradients(parameters, grads, counted);
   } else {
     for (const auto& p : parameters) {
       if (p.grad().defined()) grads.push_back(p.grad());
     }
+    counted = grads;
   }
   std::vector<torch::Tensor> norms;
-  for (const auto& g : grads) {
+  for (const auto& g : counted) {
     norms.push_back(std::isinf(norm_type) ? g.abs().max().to(torch::kFloat)
                                           : g.norm(norm_type).to(torch::kFloat));
   }
   const torch::Tensor none =
       torch::zeros({}, torch::TensorOptions(torch::kFloat).device(impl_->device_));
-  if (grads.empty() && !gradients_sharded()) return none;
+  if (grads.empty() && !across_processes) return none;
   torch::Tensor total = none;
   if (!norms.empty()) {
     const torch::Tensor all = torch::stack(norms);
     total = std::isinf(norm_type) ? all.max() : all.norm(norm_type);
   }
-  if (gradients_sharded()) {
-    // The norm of the shares on every process: max of maxima, or (sum of |g|^p)^(1/p).
+  if (across_processes) {
+    // Each process holds part of the gradients: max of maxima, or (sum of |g|^p)^(1/p).
     if (std::isinf(norm_type)) {
       total = communicator().all_reduce(total, ReduceOp::kMax);
     } else {
@@ -641,6 +671,12 @@ torch::Tensor Accelerator::clip_grad_norm_tensor(const std::vector<torch::Tensor
 }
 
 GraphStep Accelerator::compile(GraphStep::Function step, GraphStepOptions options) {
+  if (impl_->sharding_parameters()) {
+    throw Error(impl_->rank_prefix_ +
+                "Accelerator::compile under ZeRO stage 3: each sharded block all-gathers its "
+                "parameters on the host in forward and backward, which a captured step cannot "
+                "hold. Fix: train stage 3 with eager steps, or compile with zero_stage(2).");
+  }
   if (options.phase()) {
     throw Error(
         "Accelerator::compile sets GraphStepOptions::phase itself (the accumulation phase). Fix: "
@@ -733,6 +769,13 @@ void Accelerator::save(const std::vector<torch::Tensor>& tensors, const std::str
 }
 
 void Accelerator::save_module(const torch::nn::Module& module, const std::string& path) const {
+  for (const auto& block : sharded_blocks(module)) {
+    if (!block->sharded()) continue;
+    throw Error(impl_->rank_prefix_ +
+                "save_module of a model with sharded blocks (ZeRO stage 3): only rank 0 writes "
+                "here, and the blocks' parameters are whole only inside a collective. Fix: "
+                "save_model(model, dir), which every process calls and which gathers them.");
+  }
   if (!is_main_process()) return;
   torch::serialize::OutputArchive archive;
   write_module_on_cpu(module, archive);

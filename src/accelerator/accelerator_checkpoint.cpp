@@ -26,7 +26,22 @@ void Accelerator::register_checkpoint_object(
   impl_->checkpointed_->objects.push_back({std::move(save), std::move(load)});
 }
 
+void Accelerator::Impl::refuse_sharded_parameters_in(const char* what) const {
+  for (const auto& prepared : models_) {
+    if (prepared.sharded.empty()) continue;
+    throw Error(detail::str(
+        rank_prefix_, what,
+        " under ZeRO stage 3: the sharded blocks' parameters (and their "
+        "optimizer state) live as one share per process, which ",
+        what,
+        " does not read or "
+        "write yet. Fix: zero_stage(2) for runs that must save and load their state; save_model "
+        "writes the whole weights of a stage-3 model."));
+  }
+}
+
 std::string Accelerator::save_state(const std::string& dir) {
+  impl_->refuse_sharded_parameters_in("save_state");
   detail::ScopedCollectiveLabel label("save_state");
   detail::TraceSpan span("save_state", "checkpoint");
   // A save before the first batch under auto_resume saves the resumed state, not the fresh one.
@@ -37,6 +52,7 @@ std::string Accelerator::save_state(const std::string& dir) {
 }
 
 std::string Accelerator::load_state(const std::string& dir) {
+  impl_->refuse_sharded_parameters_in("load_state");
   detail::ScopedCollectiveLabel label("load_state");
   detail::TraceSpan span("load_state", "checkpoint");
   impl_->resume_hook_->disarm();  // an explicit load replaces auto_resume's
@@ -91,12 +107,15 @@ void Accelerator::save_model_module(const torch::nn::Module& module, const std::
   detail::ScopedCollectiveLabel label("save_model");
   const int64_t max_bytes =
       parse_byte_size(max_shard_size);  // same text on every rank: throws on all
+  // ZeRO stage 3: every process gathers the sharded blocks whole while rank 0 writes them.
+  GatheredParameters whole(module);
   detail::on_every_process(checkpoint_ranks(), "save_model into " + dir, [&] {
     if (is_main_process()) save_model_safetensors(module, dir, max_bytes);
   });
 }
 
 void Accelerator::load_model_module(torch::nn::Module& module, const std::string& dir) {
+  impl_->refuse_sharded_parameters_in("load_model");
   detail::ScopedCollectiveLabel label("load_model");
   detail::on_every_process(checkpoint_ranks(), "load_model from " + dir,
                            [&] { load_model_safetensors(module, dir); });

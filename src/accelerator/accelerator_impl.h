@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "accelerant/accelerator.h"
+#include "accelerant/sharded.h"
 #include "accelerator/step_breakdown.h"
 #include "checkpoint/training_checkpoint.h"
 #include "train/resume_hook.h"
@@ -19,7 +20,11 @@ struct Accelerator::Impl {
 
   struct PreparedModel {
     std::shared_ptr<torch::nn::Module> module;
+    // Averages the gradients of the parameters outside every sharded block (all of them below
+    // ZeRO stage 3).
     std::unique_ptr<GradientReducer> reducer;
+    // ZeRO stage 3: the model's Sharded blocks, sharded by prepare (accelerant/sharded.h).
+    std::vector<std::shared_ptr<ShardedImpl>> sharded;
   };
 
   AcceleratorOptions options_;
@@ -34,6 +39,20 @@ struct Accelerator::Impl {
   bool ended_ = false;
   std::shared_ptr<TrainingState> state_ = std::make_shared<TrainingState>();
   std::vector<PreparedModel> models_;
+
+  /// ZeRO stage 3 on several processes: the Sharded blocks of the prepared models are sharded.
+  bool sharding_parameters() const { return options_.zero_stage() == 3 && world_size_ > 1; }
+  /// Throws Error when a prepared model has sharded blocks (stage 3): `what` cannot save or load
+  /// them yet.
+  void refuse_sharded_parameters_in(const char* what) const;
+  /// Stage 2: the reducer shares that hold the gradients of `parameters` (whole models only).
+  std::vector<torch::Tensor> stage2_gradient_shares(
+      const std::vector<torch::Tensor>& parameters) const;
+  /// Stage 3: the gradients of `parameters` that clipping scales (`grads`: a sharded block's
+  /// parameter's share, the others' own), and those this process counts in the global norm.
+  void stage3_gradients(const std::vector<torch::Tensor>& parameters,
+                        std::vector<torch::Tensor>& grads,
+                        std::vector<torch::Tensor>& counted) const;
   /// What prepare gave it (optimizers, schedulers, loaders, registered objects): what a
   /// checkpoint holds (checkpoint/training_checkpoint.h).
   std::unique_ptr<detail::CheckpointedState> checkpointed_ =

@@ -54,6 +54,7 @@ struct GradientReducer::State {
 
   mutable std::mutex mutex;
   bool sync = true;
+  std::vector<std::function<void(bool)>> sync_followers;
   bool in_backward = false;      // a backward pass has started reducing and not finished
   std::vector<bool> ready;       // per parameter, this pass
   std::vector<int64_t> waiting;  // per bucket: gradients still to come this pass
@@ -433,8 +434,18 @@ GradientReducer::GradientReducer(
 GradientReducer::~GradientReducer() = default;
 
 void GradientReducer::set_sync(bool enabled) {
+  std::vector<std::function<void(bool)>> followers;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->sync = enabled;
+    followers = state_->sync_followers;
+  }
+  for (const auto& follow : followers) follow(enabled);
+}
+
+void GradientReducer::add_sync_follower(std::function<void(bool)> follower) {
   std::lock_guard<std::mutex> lock(state_->mutex);
-  state_->sync = enabled;
+  state_->sync_followers.push_back(std::move(follower));
 }
 
 bool GradientReducer::sync() const {
