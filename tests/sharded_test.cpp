@@ -270,8 +270,24 @@ TEST(Sharded, OnOneProcessItIsThePlainBlock) {
   EXPECT_TRUE(torch::equal(block->forward(x), inner->forward(x)));
   EXPECT_FALSE(block->sharded());
   EXPECT_TRUE(block->gathered());
-  EXPECT_EQ(block->named_parameters().size(), 2u);
-  EXPECT_TRUE(block->named_parameters().contains("block.weight"));
+}
+
+// The wrapper adds no name: a model's parameters are named as without it, so weights saved from
+// one load into the other.
+TEST(Sharded, AWrappedModelKeepsItsParameterNames) {
+  // ModuleList: a Sequential cannot hold another Sequential directly.
+  torch::nn::ModuleList plain, wrapped;
+  plain->push_back(torch::nn::Linear(4, 8));
+  plain->push_back(torch::nn::Sequential(torch::nn::Linear(8, 8), torch::nn::Tanh()));
+  wrapped->push_back(Sharded(torch::nn::Linear(4, 8)));
+  wrapped->push_back(Sharded(torch::nn::Sequential(torch::nn::Linear(8, 8), torch::nn::Tanh())));
+  EXPECT_EQ(wrapped->named_parameters().keys(), plain->named_parameters().keys());
+  EXPECT_EQ(plain->named_parameters().keys(),
+            (std::vector<std::string>{"0.weight", "0.bias", "1.0.weight", "1.0.bias"}));
+  // They are the block's own tensors.
+  auto inner = torch::nn::Linear(4, 8);
+  auto block = Sharded(inner);
+  EXPECT_TRUE(block->named_parameters()["weight"].is_same(inner->weight));
 }
 
 }  // namespace

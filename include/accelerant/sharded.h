@@ -69,9 +69,10 @@ struct ShardedStats {
 };
 
 /// A block whose parameters are sharded across processes once shard() is called (see the file
-/// comment); before that, a pass-through that runs the block. Its parameters are registered
-/// under the submodule "block", so state dicts read `<name>.block.<parameter>` whether or not it
-/// is sharded.
+/// comment); before that, a pass-through that runs the block. It registers the block's children,
+/// parameters and buffers under their own names (not the block itself), so a model's names are
+/// the same with and without the wrapper, sharded or not: weights saved from one load into the
+/// other.
 class ShardedImpl : public torch::nn::Module {
  public:
   /// Wraps `block`, any module whose forward takes and returns one tensor.
@@ -122,6 +123,10 @@ class ShardedImpl : public torch::nn::Module {
   void gather();
   /// Sharded: frees the parameters' memory after the matching gather(); their shares stay.
   void release();
+  /// Sharded and gathered: keeps what was written into the whole parameters (a load) by copying
+  /// this process's piece of each into its share, in place. Not a collective, so every process
+  /// must have written the same values. Throws Error when the parameters are not gathered.
+  void store_gathered();
 
  private:
   struct State;  // src/train/sharded.cpp: the block, its layout, shares and pass in progress
@@ -129,6 +134,7 @@ class ShardedImpl : public torch::nn::Module {
               std::function<torch::Tensor(torch::Tensor)> forward);
   std::shared_ptr<State> state_;
 };
+/// The module holder of ShardedImpl: Sharded(block) makes one, as torch::nn::Linear(...) does.
 TORCH_MODULE(Sharded);
 
 /// Shards every Sharded block inside `model` (shard() on each, in the order of
@@ -154,12 +160,19 @@ void optimize_shares(torch::optim::Optimizer& optimizer, torch::nn::Module& mode
 torch::OrderedDict<std::string, torch::Tensor> replicated_parameters(torch::nn::Module& model);
 
 /// While it lives, every sharded block of a model holds its whole parameters (a collective on
-/// construction and destruction): for reading, printing or saving them between steps. Writes
-/// to the parameters are not kept (the shares are the values). Not copyable.
+/// construction): for reading, printing or saving them between steps. Writes
+/// to the parameters are not kept (the shares are the values) unless store() is called. Not
+/// copyable.
 class GatheredParameters {
  public:
+  /// Gathers every sharded block of `model` (none sharded: nothing to do); throws Error, having
+  /// released what it gathered, when a gather fails.
   explicit GatheredParameters(const torch::nn::Module& model);
+  /// Frees the gathered parameters again (their shares stay).
   ~GatheredParameters();
+  /// Keeps the values now in the gathered parameters (store_gathered on each block): after
+  /// loading weights into them, on every process alike.
+  void store();
   GatheredParameters(const GatheredParameters&) = delete;
   GatheredParameters& operator=(const GatheredParameters&) = delete;
 

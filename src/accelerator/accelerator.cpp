@@ -403,6 +403,7 @@ PreparedOptimizer Accelerator::prepare_optimizer(torch::optim::Optimizer& optimi
         (impl_->options_.fused_optimizers() || zero) && fused_updater_of(optimizer) == nullptr;
     optimizers.push_back({&optimizer, wrap ? std::make_shared<FusedUpdater>(optimizer) : nullptr});
     prepared = std::prev(optimizers.end());
+    prepared->updates_shares = impl_->sharding_parameters();
     if (zero) {
       FusedUpdater& updater = wrap ? *prepared->fused : *fused_updater_of(optimizer);
       prepared->zero_reducer = &zero_reducer_for(optimizer);

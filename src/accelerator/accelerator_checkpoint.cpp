@@ -26,24 +26,22 @@ void Accelerator::register_checkpoint_object(
   impl_->checkpointed_->objects.push_back({std::move(save), std::move(load)});
 }
 
-void Accelerator::Impl::refuse_sharded_parameters_in(const char* what) const {
+std::vector<std::unique_ptr<GatheredParameters>> Accelerator::Impl::gather_sharded_models() const {
+  std::vector<std::unique_ptr<GatheredParameters>> whole;
+  if (!sharding_parameters()) return whole;
   for (const auto& prepared : models_) {
-    if (prepared.sharded.empty()) continue;
-    throw Error(detail::str(
-        rank_prefix_, what,
-        " under ZeRO stage 3: the sharded blocks' parameters (and their "
-        "optimizer state) live as one share per process, which ",
-        what,
-        " does not read or "
-        "write yet. Fix: zero_stage(2) for runs that must save and load their state; save_model "
-        "writes the whole weights of a stage-3 model."));
+    if (!prepared.sharded.empty())
+      whole.push_back(std::make_unique<GatheredParameters>(*prepared.module));
   }
+  return whole;
 }
 
 std::string Accelerator::save_state(const std::string& dir) {
-  impl_->refuse_sharded_parameters_in("save_state");
   detail::ScopedCollectiveLabel label("save_state");
   detail::TraceSpan span("save_state", "checkpoint");
+  // ZeRO stage 3: the main process writes the weights whole while every process holds them
+  // gathered; each process writes its optimizer's state of its shares.
+  const auto whole = impl_->gather_sharded_models();
   // A save before the first batch under auto_resume saves the resumed state, not the fresh one.
   impl_->resume_hook_->fire();
   return detail::save_training_state(
@@ -52,12 +50,16 @@ std::string Accelerator::save_state(const std::string& dir) {
 }
 
 std::string Accelerator::load_state(const std::string& dir) {
-  impl_->refuse_sharded_parameters_in("load_state");
   detail::ScopedCollectiveLabel label("load_state");
   detail::TraceSpan span("load_state", "checkpoint");
   impl_->resume_hook_->disarm();  // an explicit load replaces auto_resume's
-  return detail::load_training_state(*impl_->checkpointed_, checkpoint_ranks(), dir,
-                                     checkpoints_dir());
+  // ZeRO stage 3: the whole weights load into the gathered parameters, and each process keeps
+  // its pieces of them in its shares (a failed load changed nothing, so nothing is kept).
+  const auto whole = impl_->gather_sharded_models();
+  const std::string loaded = detail::load_training_state(*impl_->checkpointed_, checkpoint_ranks(),
+                                                         dir, checkpoints_dir());
+  for (const auto& gathered : whole) gathered->store();
+  return loaded;
 }
 
 void Accelerator::auto_resume_now() {
@@ -115,10 +117,11 @@ void Accelerator::save_model_module(const torch::nn::Module& module, const std::
 }
 
 void Accelerator::load_model_module(torch::nn::Module& module, const std::string& dir) {
-  impl_->refuse_sharded_parameters_in("load_model");
   detail::ScopedCollectiveLabel label("load_model");
+  GatheredParameters whole(module);  // ZeRO stage 3: loaded whole, kept as each process's shares
   detail::on_every_process(checkpoint_ranks(), "load_model from " + dir,
                            [&] { load_model_safetensors(module, dir); });
+  whole.store();
 }
 
 }  // namespace accelerant

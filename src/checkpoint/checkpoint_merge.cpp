@@ -166,6 +166,14 @@ std::string merged_optimizer_bytes(const std::string& dir, const CheckpointManif
   for (int r = 0; r < m.world_size; ++r) {
     const std::string path = dir + "/" + layout::optimizer_shard_file(r, i);
     archives[r] = detail::archive_from_bytes(read_whole(path), path);
+    torch::Tensor processes;
+    if (archives[r].try_read(detail::kSharesOfProcesses, processes)) {
+      throw CheckpointError(
+          str(path, " is the optimizer state of one process's shares under ZeRO stage 3, which ",
+              "merging into one whole state does not support yet. Fix: merge without ",
+              "--optimizer (the weights are whole in the checkpoint). Nothing was written."),
+          path);
+    }
     const bool nested = archives[r].try_read(detail::kFusedUpdater, updaters[r]);
     if (r == 0) prepare_bound = nested;
     if (nested != prepare_bound) {

@@ -179,6 +179,38 @@ std::vector<StreamPosition> read_stream_positions(const LoadedCheckpoint& loaded
   return positions;
 }
 
+// ZeRO stage 3's optimizer state is each process's own (that of its shares): it loads only where
+// every process has the shares it had, a stage-3 run on as many processes. Re-cutting the shares
+// for another number of processes or stage is not written yet.
+void check_shares_fit(const LoadedCheckpoint& loaded, size_t i, const CheckpointedOptimizer& o,
+                      const CheckpointRanks& ranks) {
+  const auto& shards = loaded.optimizer_shards[i];
+  const std::string file =
+      shards.empty() ? layout::optimizer_file(i) : layout::optimizer_shard_file(0, i);
+  const int saved = shards.empty() ? 0 : shares_of_processes(shards[0], loaded.dir + "/" + file);
+  if (o.updates_shares && saved == ranks.world_size) return;
+  if (!o.updates_shares && saved == 0) return;
+  const std::string saved_as =
+      saved > 0 ? str("under ZeRO stage 3 by ", saved, " process(es)")
+                : "without ZeRO stage 3 (the optimizer's state is whole, or a stage 1-2 shard)";
+  const std::string this_run =
+      o.updates_shares ? str("updates stage-3 shares on ", ranks.world_size, " process(es)")
+                       : "is not under ZeRO stage 3";
+  const std::string fix = saved > 0 ? str("resume with zero_stage(3) on ", saved,
+                                          " process(es), as the run that saved it")
+                                    : "resume with the stage the run that saved it had";
+  throw CheckpointError(
+      str(loaded.dir, ": optimizer ", i, " was saved ", saved_as, ", and this run's optimizer ",
+          this_run,
+          ". Under stage 3 each process's optimizer state is that of its own shares, "
+          "which another number of processes or another stage cuts differently; converting it is "
+          "not supported yet. Fix: ",
+          fix,
+          " (the weights alone load anywhere: accelerant "
+          "checkpoint merge, then load_model)."),
+      loaded.dir + "/" + file);
+}
+
 // Reads and checks everything this process will apply; nothing changes yet.
 LoadedCheckpoint read_and_check(const std::string& dir, const CheckpointedState& s,
                                 const CheckpointRanks& ranks) {
@@ -210,6 +242,7 @@ LoadedCheckpoint read_and_check(const std::string& dir, const CheckpointedState&
     } else {
       loaded.optimizers.push_back(read(layout::optimizer_file(i)));
     }
+    check_shares_fit(loaded, i, s.optimizers[i], ranks);
   }
   for (size_t i = 0; i < s.objects.size(); ++i)
     loaded.custom_objects.push_back(read(layout::custom_file(i)));
@@ -258,7 +291,12 @@ void apply(const LoadedCheckpoint& loaded, CheckpointedState& s, int rank) {
   }
   for (size_t i = 0; i < s.optimizers.size(); ++i) {
     // A rollback snapshot holds this rank's own shard, which its sharded update takes back.
-    if (i < loaded.optimizer_shards.size() && !loaded.optimizer_shards[i].empty()) {
+    const bool shards = i < loaded.optimizer_shards.size() && !loaded.optimizer_shards[i].empty();
+    if (shards && s.optimizers[i].updates_shares) {
+      load_optimizer_state(*s.optimizers[i].optimizer, loaded.optimizer_shards[i][rank],
+                           loaded.dir + "/" + layout::optimizer_shard_file(rank, i),
+                           s.optimizers[i].fused.get());
+    } else if (shards) {
       load_sharded_optimizer_state(*s.optimizers[i].optimizer, loaded.optimizer_shards[i],
                                    loaded.dir + "/" + layout::optimizer_shard_file(0, i),
                                    s.optimizers[i].fused.get());

@@ -89,12 +89,18 @@ std::vector<CheckpointFileEntry> write_own_part(const CheckpointedState& s,
               {stream.position(), ranks.rank, ranks.world_size, stream.shards().size()}),
           str("stream loader ", i, "'s position"));
   }
-  // Under ZeRO each rank holds a shard of the optimizer state: each writes its own.
+  // Under ZeRO each rank holds a shard of the optimizer state (stage 3: the state of its
+  // shares): each writes its own.
   for (size_t i = 0; i < s.optimizers.size(); ++i) {
     const CheckpointedOptimizer& o = s.optimizers[i];
-    if (!optimizer_sharded(*o.optimizer, o.fused.get())) continue;
-    write(layout::optimizer_shard_file(ranks.rank, i),
-          optimizer_state_bytes(*o.optimizer, o.fused.get()), str("optimizer ", i, "'s shard"));
+    if (o.updates_shares) {
+      write(layout::optimizer_shard_file(ranks.rank, i),
+            share_optimizer_state_bytes(*o.optimizer, o.fused.get(), ranks.world_size),
+            str("optimizer ", i, "'s state of this process's shares"));
+    } else if (optimizer_sharded(*o.optimizer, o.fused.get())) {
+      write(layout::optimizer_shard_file(ranks.rank, i),
+            optimizer_state_bytes(*o.optimizer, o.fused.get()), str("optimizer ", i, "'s shard"));
+    }
   }
   sync_directory(rank_dir);
   if (!ranks.is_main()) return written;
@@ -102,9 +108,9 @@ std::vector<CheckpointFileEntry> write_own_part(const CheckpointedState& s,
     write(layout::model_file(i), module_state_bytes(*s.models[i]), str("model ", i));
   }
   for (size_t i = 0; i < s.optimizers.size(); ++i) {
-    if (optimizer_sharded(*s.optimizers[i].optimizer, s.optimizers[i].fused.get())) continue;
-    write(layout::optimizer_file(i),
-          optimizer_state_bytes(*s.optimizers[i].optimizer, s.optimizers[i].fused.get()),
+    const CheckpointedOptimizer& o = s.optimizers[i];
+    if (o.updates_shares || optimizer_sharded(*o.optimizer, o.fused.get())) continue;
+    write(layout::optimizer_file(i), optimizer_state_bytes(*o.optimizer, o.fused.get()),
           str("optimizer ", i));
   }
   if (s.state->scaler) {

@@ -187,6 +187,7 @@ void load_gradients(const std::vector<std::shared_ptr<torch::nn::Module>>& model
 const char* kGroupOptions = "accelerant_param_group_options";
 
 const char* kFusedUpdater = "accelerant_fused_updater";
+const char* kSharesOfProcesses = "accelerant_zero3_shares_of_processes";
 
 namespace {
 // The parameter groups' options (learning rate, momentum, ...) saved beside the state, when there.
@@ -202,23 +203,46 @@ void restore_group_options(torch::optim::Optimizer& optimizer,
 }
 }  // namespace
 
+namespace {
+void write_optimizer_state(torch::serialize::OutputArchive& archive,
+                           const torch::optim::Optimizer& optimizer, const FusedUpdater* fused) {
+  optimizer.save(archive);
+  if (fused) {
+    torch::serialize::OutputArchive state;
+    fused->save(state);
+    archive.write(kFusedUpdater, state);
+  }
+  torch::serialize::OutputArchive groups;
+  for (size_t i = 0; i < optimizer.param_groups().size(); ++i) {
+    torch::serialize::OutputArchive options;
+    optimizer.param_groups()[i].options().serialize(options);
+    groups.write(std::to_string(i), options);
+  }
+  archive.write(kGroupOptions, groups);
+}
+}  // namespace
+
 std::string optimizer_state_bytes(const torch::optim::Optimizer& optimizer,
                                   const FusedUpdater* fused) {
   return archive_to_bytes([&](torch::serialize::OutputArchive& archive) {
-    optimizer.save(archive);
-    if (fused) {
-      torch::serialize::OutputArchive state;
-      fused->save(state);
-      archive.write(kFusedUpdater, state);
-    }
-    torch::serialize::OutputArchive groups;
-    for (size_t i = 0; i < optimizer.param_groups().size(); ++i) {
-      torch::serialize::OutputArchive options;
-      optimizer.param_groups()[i].options().serialize(options);
-      groups.write(std::to_string(i), options);
-    }
-    archive.write(kGroupOptions, groups);
+    write_optimizer_state(archive, optimizer, fused);
   });
+}
+
+std::string share_optimizer_state_bytes(const torch::optim::Optimizer& optimizer,
+                                        const FusedUpdater* fused, int processes) {
+  return archive_to_bytes([&](torch::serialize::OutputArchive& archive) {
+    write_optimizer_state(archive, optimizer, fused);
+    archive.write(kSharesOfProcesses, torch::tensor(static_cast<int64_t>(processes)));
+  });
+}
+
+int shares_of_processes(const std::string& bytes, const std::string& what) {
+  auto archive = archive_from_bytes(bytes, what);
+  torch::Tensor processes;
+  return archive.try_read(kSharesOfProcesses, processes)
+             ? static_cast<int>(processes.item<int64_t>())
+             : 0;
 }
 
 void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::string& bytes,

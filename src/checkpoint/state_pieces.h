@@ -22,6 +22,10 @@ namespace accelerant::detail {
 /// state (a fused type, FusedAdamW..., saves that state at the top level instead).
 extern const char* kGroupOptions;
 extern const char* kFusedUpdater;
+/// Key of the number of processes written beside the optimizer's state under ZeRO stage 3, where
+/// each process's optimizer updates its own shares of the sharded blocks: that state is the
+/// process's, not a piece of a whole one (share_optimizer_state_bytes).
+extern const char* kSharesOfProcesses;
 
 /// An archive built by `fill`, as bytes.
 std::string archive_to_bytes(const std::function<void(torch::serialize::OutputArchive&)>& fill);
@@ -70,6 +74,12 @@ std::string optimizer_state_bytes(const torch::optim::Optimizer& optimizer,
                                   const FusedUpdater* fused = nullptr);
 void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::string& bytes,
                           const std::string& what, FusedUpdater* fused = nullptr);
+/// ZeRO stage 3: optimizer_state_bytes of an optimizer over this process's shares (of a run of
+/// `processes`), marked as such (kSharesOfProcesses).
+std::string share_optimizer_state_bytes(const torch::optim::Optimizer& optimizer,
+                                        const FusedUpdater* fused, int processes);
+/// The number of processes a stage-3 optimizer state was saved by; 0 for any other state.
+int shares_of_processes(const std::string& bytes, const std::string& what);
 /// Whether `optimizer`'s fused update (`fused`, or the optimizer's own) is sharded (ZeRO): each
 /// rank then saves its own optimizer_state_bytes, a shard.
 bool optimizer_sharded(torch::optim::Optimizer& optimizer, const FusedUpdater* fused);

@@ -48,6 +48,10 @@ struct CheckpointedOptimizer {
   // Under ZeRO: the reducer whose shares the fused update is restricted to (not saved; kept so
   // that preparing the optimizer again gets the same all-gather).
   GradientReducer* zero_reducer = nullptr;
+  // ZeRO stage 3: the optimizer updates this process's shares of the sharded blocks (and the
+  // replicated parameters), so each process saves its whole state, which only a stage-3 run on
+  // as many processes can load.
+  bool updates_shares = false;
 };
 
 /// Everything a checkpoint holds, in prepare order; the objects behind the pointers outlive

@@ -128,18 +128,26 @@ struct ShardedImpl::State {
 
   // Share r of each parameter, as a leaf of its own.
   void cut_shares() {
-    torch::NoGradGuard no_grad;
     for (size_t i = 0; i < params.size(); ++i) {
-      const torch::Tensor flat = params[i].detach().reshape({-1});
-      const int64_t begin = std::min(numel[i], rank() * chunk[i]);
-      const int64_t length = std::min(chunk[i], numel[i] - begin);
-      torch::Tensor share = torch::zeros({chunk[i]}, flat.options());
-      share.narrow(0, 0, length).copy_(flat.narrow(0, begin, length));
+      torch::Tensor share = torch::zeros({chunk[i]}, params[i].options());
       share.set_requires_grad(params[i].requires_grad());
       shares.push_back(share);
       if (params[i].requires_grad()) trainable.push_back(i);
     }
     ready.assign(params.size(), false);
+    copy_parameters_into_shares();
+  }
+
+  // This process's piece of each (whole) parameter into its share, in place: the shares stay
+  // the tensors the optimizer holds.
+  void copy_parameters_into_shares() {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const torch::Tensor flat = params[i].detach().reshape({-1});
+      const int64_t begin = std::min(numel[i], rank() * chunk[i]);
+      const int64_t length = std::min(chunk[i], numel[i] - begin);
+      shares[i].detach().narrow(0, 0, length).copy_(flat.narrow(0, begin, length));
+    }
   }
 
   void gather_locked() {
@@ -312,7 +320,14 @@ ShardedImpl::ShardedImpl(std::shared_ptr<torch::nn::Module> block,
   state_->block = std::move(block);
   state_->run_block = std::move(forward);
   state_->self = state_;
-  register_module("block", state_->block);
+  // The block's own children, parameters and buffers, under their own names: a model reads the
+  // same names (state dicts, safetensors, checkpoints) whether or not its blocks are wrapped, as
+  // FSDP keeps a module's names. The tensors are the block's, so the block runs on them.
+  Module& inner = *state_->block;
+  for (const auto& child : inner.named_children()) register_module(child.key(), child.value());
+  for (const auto& p : inner.named_parameters(/*recurse=*/false))
+    register_parameter(p.key(), p.value(), p.value().requires_grad());
+  for (const auto& b : inner.named_buffers(/*recurse=*/false)) register_buffer(b.key(), b.value());
 }
 
 namespace {
@@ -421,6 +436,18 @@ void ShardedImpl::gather() {
   state_->gather_locked();
 }
 
+void ShardedImpl::store_gathered() {
+  if (!sharded()) return;
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  if (state_->gather_depth == 0) {
+    throw Error(
+        "Sharded::store_gathered: the block's parameters are not gathered, so there are no "
+        "whole values to keep. Fix: call it inside GatheredParameters (or between gather() and "
+        "release()), after writing the parameters.");
+  }
+  state_->copy_parameters_into_shares();
+}
+
 void ShardedImpl::release() {
   if (!sharded()) return;
   std::lock_guard<std::mutex> lock(state_->mutex);
@@ -514,6 +541,10 @@ GatheredParameters::GatheredParameters(const torch::nn::Module& model)
       throw;
     }
   }
+}
+
+void GatheredParameters::store() {
+  for (const auto& block : blocks_) block->store_gathered();
 }
 
 GatheredParameters::~GatheredParameters() {
