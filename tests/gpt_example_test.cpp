@@ -222,6 +222,38 @@ TEST(GptExample, TorchrunAndTheForkLauncherTrainAlikeAndOneProcessTrains) {
                                                                   << forked;
 }
 
+// --zero_stage 3: each block's parameters sharded over the 2 processes. The evaluations follow
+// stage 0's (up to the rounding of another reduction order), the run resumes from its own
+// checkpoint (each process's optimizer state of its shares), and the best weights it saved load
+// into an unsharded model for --sample (the wrapper adds no name).
+TEST(GptExample, ZeroStage3TrainsAsStage0ResumesAndItsWeightsSample) {
+  ScratchDir scratch;
+  const auto input = write_word_text(scratch.path + "/words.txt");
+  auto argv = [&](const std::string& out_dir, const std::string& stage, const std::string& iters) {
+    std::vector<std::string> args{gpt_path(), "--world_size", "2", "--zero_stage", stage};
+    for (auto& a : tiny_gpt(input, scratch.path + "/" + out_dir)) args.push_back(a);
+    for (size_t i = 0; i + 1 < args.size(); ++i) {
+      if (args[i] == "--max_iters") args[i + 1] = iters;
+      if (args[i] == "--eval_interval") args[i + 1] = "20";
+    }
+    return args;
+  };
+  std::string stage0, stage3, resumed;
+  ASSERT_EQ(run(argv("stage0", "0", "60"), stage0), 0) << stage0;
+  ASSERT_EQ(run(argv("stage3", "3", "40"), stage3), 0) << stage3;
+  ASSERT_EQ(run(argv("stage3", "3", "60"), resumed), 0) << resumed;
+  EXPECT_TRUE(contains(resumed, "resumed at iteration 40")) << resumed;
+  ASSERT_EQ(evaluation_lines(stage0).size(), 4u) << stage0;    // steps 0, 20, 40, 60
+  ASSERT_EQ(evaluation_lines(resumed).size(), 2u) << resumed;  // 40 again, then 60
+  EXPECT_NEAR(whole_split_loss(resumed), whole_split_loss(stage0), 1e-3) << stage0 << resumed;
+  std::string sampled;
+  ASSERT_EQ(run({gpt_path(), "--sample", "--out_dir", scratch.path + "/stage3", "--start", "the ",
+                 "--max_new_tokens", "50"},
+                sampled),
+            0)
+      << sampled;
+}
+
 TEST(GptExample, BadSettingsAreRefusedWithTheFix) {
   std::string out;
   EXPECT_NE(run({gpt_path(), "--input", "/nonexistent/input.txt"}, out), 0);

@@ -1,5 +1,7 @@
 #include "model.h"
 
+#include <accelerant/sharded.h>
+
 #include <cmath>
 #include <limits>
 
@@ -102,7 +104,9 @@ GptImpl::GptImpl(const ModelConfig& c) : config(c) {
   }
   drop = register_module("drop", torch::nn::Dropout(c.dropout));
   blocks = register_module("blocks", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c.n_layer; ++i) blocks->push_back(Block(c));
+  // Each block wrapped for ZeRO stage 3, which gathers a block's parameters only while it runs
+  // (accelerant/sharded.h); below stage 3 the wrapper passes through, and it adds no name.
+  for (int64_t i = 0; i < c.n_layer; ++i) blocks->push_back(accelerant::Sharded(Block(c)));
   ln_f = register_module("ln_f", LayerNorm(c.n_embd, c.bias));
 }
 
@@ -113,7 +117,7 @@ torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
   auto positions = torch::arange(t, idx.options().dtype(torch::kLong));
   auto x = wte(idx) + wpe(positions);
   if (drop->options.p() > 0) x = drop(x);
-  for (const auto& block : *blocks) x = block->as<Block>()->forward(x);
+  for (const auto& block : *blocks) x = block->as<accelerant::Sharded>()->forward(x);
   // The tied head: the token embedding's matrix read backwards (no weight of its own, so the
   // optimizer, the checkpoint and the safetensors file hold it once).
   return torch::matmul(ln_f(x), wte->weight.t());

@@ -77,7 +77,7 @@ struct GptImpl : torch::nn::Module {
   ModelConfig config;
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};
   torch::nn::Dropout drop{nullptr};
-  torch::nn::ModuleList blocks{nullptr};
+  torch::nn::ModuleList blocks{nullptr};  ///< accelerant::Sharded(Block), n_layer of them
   LayerNorm ln_f{nullptr};
 };
 TORCH_MODULE(Gpt);

@@ -253,31 +253,39 @@ double train(const Settings& s, const Corpus& corpus) {
     progress->update(iter + 1, postfix);
   }
 
-  // The loss over the whole validation split (every window once, not 20 random batches): each
-  // process takes a contiguous share of the windows, and the means are weighted by tokens.
-  const int64_t windows_total = val_eval.contiguous_windows();
-  const int64_t first = windows_total * acc.rank() / acc.world_size();
-  const int64_t last = windows_total * (acc.rank() + 1) / acc.world_size();
-  auto whole = acc.evaluate(net, [&](accelerant::MeanMetrics& metrics) {
-    for (int64_t w = first; w < last; w += 64) {
-      auto batch = val_eval.contiguous_batch(w, std::min<int64_t>(64, last - w));
-      auto autocast = acc.autocast();
-      metrics.add("val/loss", loss_of(net, batch), static_cast<double>(batch.target.numel()));
+  double whole_val_loss = 0;
+  {
+    // ZeRO stage 3: what follows runs the blocks a different number of times on each process (the
+    // last share of windows may be one batch longer; only the main process samples), so their
+    // parameters are gathered once for all of it instead of per block and call. Below stage 3
+    // this does nothing.
+    accelerant::GatheredParameters whole_blocks(*net);
+    // The loss over the whole validation split (every window once, not 20 random batches): each
+    // process takes a contiguous share of the windows, and the means are weighted by tokens.
+    const int64_t windows_total = val_eval.contiguous_windows();
+    const int64_t first = windows_total * acc.rank() / acc.world_size();
+    const int64_t last = windows_total * (acc.rank() + 1) / acc.world_size();
+    auto whole = acc.evaluate(net, [&](accelerant::MeanMetrics& metrics) {
+      for (int64_t w = first; w < last; w += 64) {
+        auto batch = val_eval.contiguous_batch(w, std::min<int64_t>(64, last - w));
+        auto autocast = acc.autocast();
+        metrics.add("val/loss", loss_of(net, batch), static_cast<double>(batch.target.numel()));
+      }
+    });
+    whole_val_loss = whole.at("val/loss");
+    acc.print("val loss over the whole validation split: ", [&] {
+      char text[16];
+      std::snprintf(text, sizeof text, "%.4f", whole_val_loss);
+      return std::string(text);
+    }());
+    if (!s.log_with.empty()) acc.log({{"val/loss_whole_split", whole_val_loss}}, loop.iter);
+    if (acc.is_main_process() && s.num_samples > 0 && s.max_new_tokens > 0) {
+      for (const auto& text : sample_texts(*net, corpus.vocabulary, s)) {
+        std::printf("---------------\n%s\n", text.c_str());
+      }
+      std::printf("---------------\n");
+      std::fflush(stdout);
     }
-  });
-  const double whole_val_loss = whole.at("val/loss");
-  acc.print("val loss over the whole validation split: ", [&] {
-    char text[16];
-    std::snprintf(text, sizeof text, "%.4f", whole_val_loss);
-    return std::string(text);
-  }());
-  if (!s.log_with.empty()) acc.log({{"val/loss_whole_split", whole_val_loss}}, loop.iter);
-  if (acc.is_main_process() && s.num_samples > 0 && s.max_new_tokens > 0) {
-    for (const auto& text : sample_texts(*net, corpus.vocabulary, s)) {
-      std::printf("---------------\n%s\n", text.c_str());
-    }
-    std::printf("---------------\n");
-    std::fflush(stdout);
   }
   acc.print("done: ", loop.iter, " iterations");
   acc.end_training();
