@@ -107,21 +107,16 @@ std::vector<int64_t> parse_world_sizes(const std::string& text) {
 }
 
 std::vector<int> parse_zero_stages(const std::string& text) {
-  if (lower(text) == "all") return {0, 1, 2};
+  if (lower(text) == "all") return {0, 1, 2, 3};
   std::vector<int> stages;
   for (const std::string& part : split_commas(text)) {
-    if (part == "3") {
-      throw Error("--zero_stage " + text +
-                  ": stage 3 (parameters sharded too) is not estimated; Accelerant plans stages "
-                  "1 and 2. Fix: --zero_stage 0,1,2 or all.");
-    }
-    if (part != "0" && part != "1" && part != "2") {
+    if (part != "0" && part != "1" && part != "2" && part != "3") {
       throw Error("--zero_stage " + text + ": " + part +
-                  " is not a ZeRO stage. Fix: 0, 1, 2, a list such as 0,2, or all.");
+                  " is not a ZeRO stage. Fix: 0, 1, 2, 3, a list such as 0,2, or all.");
     }
     stages.push_back(part[0] - '0');
   }
-  if (stages.empty()) throw Error("--zero_stage is empty. Fix: 0, 1, 2, a list, or all.");
+  if (stages.empty()) throw Error("--zero_stage is empty. Fix: 0, 1, 2, 3, a list, or all.");
   std::sort(stages.begin(), stages.end());
   stages.erase(std::unique(stages.begin(), stages.end()), stages.end());
   return stages;

@@ -21,7 +21,7 @@ uint64_t checked_multiply(uint64_t a, uint64_t b, const std::string& what);
 
 /// "1,2,4,8": each a positive count of processes, sorted, duplicates dropped.
 std::vector<int64_t> parse_world_sizes(const std::string& text);
-/// "all", "2" or "0,2": stages 0-2 sorted; stage 3 and others refused.
+/// "all", "2" or "0,2": stages 0-3, sorted; anything else refused.
 std::vector<int> parse_zero_stages(const std::string& text);
 
 /// fp32 (or no), bf16, fp16.

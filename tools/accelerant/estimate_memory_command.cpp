@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -25,6 +26,7 @@ struct EstimateFlags {
   std::string params, file, world_sizes = "1,2,4,8", zero_stages = "all", precision = "fp32",
                             optimizer = "adamw";
   std::string batch_size, activation_bytes_per_sample, seq_len, hidden_size, num_layers;
+  std::string block_params;
   bool json = false;
 };
 
@@ -35,7 +37,26 @@ struct ModelSize {
   size_t tensors = 0, left_out = 0;
   std::string largest_tensor;
   uint64_t largest_tensor_elements = 0;
+  // Stage 3: the parameters of the largest block, gathered whole while it runs (0: not known),
+  // and where that came from ("--block_params 85M", or the file's largest numbered group).
+  uint64_t block_parameters = 0;
+  std::string block_source;
 };
+
+// "blocks.3.attn.c_attn.weight" -> "blocks.3": the name up to its first numbered component, the
+// unit a rule wraps (FSDP wraps each transformer layer); "" for a name without one.
+std::string numbered_group(const std::string& name) {
+  size_t begin = 0;
+  while (begin < name.size()) {
+    const size_t end = std::min(name.find('.', begin), name.size());
+    const std::string part = name.substr(begin, end - begin);
+    if (begin > 0 && !part.empty() && part.find_first_not_of("0123456789") == std::string::npos) {
+      return name.substr(0, end);
+    }
+    begin = end + 1;
+  }
+  return "";
+}
 
 // 1,300,000,000: a count the reader can check digit groups of.
 std::string grouped(uint64_t n) {
@@ -90,6 +111,7 @@ ModelSize model_from_file(const std::string& path) {
   }
   ModelSize size;
   size.source = path;
+  std::map<std::string, uint64_t> groups;
   for (const auto& t : tensors) {
     if (!is_trainable_dtype(t.dtype)) {
       ++size.left_out;
@@ -98,6 +120,8 @@ ModelSize model_from_file(const std::string& path) {
     ++size.tensors;
     const uint64_t n = elements(t);
     size.parameters += n;
+    const std::string group = numbered_group(t.name);
+    if (!group.empty()) groups[group] += n;
     if (n > size.largest_tensor_elements) {
       size.largest_tensor_elements = n;
       size.largest_tensor = t.name;
@@ -109,6 +133,9 @@ ModelSize model_from_file(const std::string& path) {
                 "model's weights, or --params.");
   }
   if (size.parameters > kMaxParameters) throw Error(path + " holds more than 10^15 parameters.");
+  for (const auto& [group, n] : groups) {
+    if (n > size.block_parameters) size.block_parameters = n, size.block_source = group;
+  }
   return size;
 }
 
@@ -170,10 +197,15 @@ void print_table(const Estimate& e) {
             << (mixed ? " + master " + std::to_string(e.bytes.master) + " B" : "")
             << " per parameter at stage 0;\n"
             << "           stage 1 divides optimizer" << (mixed ? " and master" : "")
-            << " by the world size, stage 2 gradients too\n\n";
+            << " by the world size, stage 2 gradients too,\n"
+            << "           stage 3 parameters too, plus one block gathered whole with its "
+               "gradients\n\n";
 
+  const bool stage3 = std::any_of(e.rows.begin(), e.rows.end(),
+                                  [](const RankMemory& r) { return r.zero_stage == 3; });
   std::vector<std::string> header = {"stage", "ranks", "B/param", "params", "grads", "optimizer"};
   if (mixed) header.push_back("master");
+  if (stage3) header.push_back("block");
   for (const char* h : {"total/rank", "vs stage 0", "largest buffer"}) header.push_back(h);
   if (e.activations) header.push_back("+ activations ~");
   std::vector<std::vector<std::string>> cells = {header};
@@ -186,6 +218,7 @@ void print_table(const Estimate& e) {
         std::to_string(r.zero_stage), std::to_string(r.world_size), per_param,
         human_bytes(r.parameters, 2), human_bytes(r.gradients, 2),  human_bytes(r.optimizer, 2)};
     if (mixed) row.push_back(human_bytes(r.master, 2));
+    if (stage3) row.push_back(r.zero_stage == 3 ? human_bytes(r.gathered_block, 2) : "-");
     row.push_back(human_bytes(r.total(), 2));
     row.push_back(percent(r.total(), e.stage0_totals[i]));
     row.push_back(human_bytes(r.largest_buffer, 2));
@@ -203,6 +236,19 @@ void print_table(const Estimate& e) {
                  "--activation_bytes_per_sample,\n"
                  "or with --seq_len, --hidden_size and --num_layers, for an order of magnitude.\n";
   }
+  if (stage3) {
+    if (e.model.block_parameters > 0) {
+      std::cout << "Stage 3's block: " << grouped(e.model.block_parameters) << " parameters ("
+                << e.model.block_source
+                << "),\n  whole with its gradients while its backward runs. Parameters outside "
+                   "every Sharded\n  block stay whole on every rank: this counts them as "
+                   "sharded.\n";
+    } else {
+      std::cout << "Stage 3's gathered block is not counted: its size is unknown. Pass "
+                   "--block_params\n  (the largest Sharded block's parameters, e.g. one "
+                   "transformer layer's).\n";
+    }
+  }
   std::cout << "Not included: the CUDA context, cached allocator blocks, gradient buckets in "
                "flight, temporaries.\n"
                "Accelerant's stage 2 adds about 3 buffers of the largest gradient bucket (25 MiB "
@@ -218,6 +264,12 @@ void print_json(const Estimate& e) {
     out["buffers_left_out"] = e.model.left_out;
     out["largest_tensor"] = {{"name", e.model.largest_tensor},
                              {"elements", e.model.largest_tensor_elements}};
+  }
+  if (e.model.block_parameters > 0) {
+    out["block_parameters"] = e.model.block_parameters;
+    out["block_source"] = e.model.block_source;
+  } else {
+    out["block_parameters"] = nullptr;
   }
   out["precision"] = precision_name(e.precision);
   out["optimizer"] = optimizer_name(e.optimizer);
@@ -240,6 +292,7 @@ void print_json(const Estimate& e) {
                                   {"gradients_bytes", r.gradients},
                                   {"optimizer_bytes", r.optimizer},
                                   {"master_bytes", r.master},
+                                  {"gathered_block_bytes", r.gathered_block},
                                   {"total_bytes", r.total()},
                                   {"stage0_total_bytes", e.stage0_totals[i]},
                                   {"largest_buffer_bytes", r.largest_buffer}};
@@ -269,10 +322,21 @@ int estimate(const EstimateFlags& flags) {
   e.activations =
       parse_activations(flags.batch_size, flags.activation_bytes_per_sample, flags.seq_len,
                         flags.hidden_size, flags.num_layers, e.precision);
+  if (!flags.block_params.empty()) {
+    e.model.block_parameters = parse_count(flags.block_params, "--block_params", kMaxParameters);
+    e.model.block_source = "--block_params " + flags.block_params;
+    if (e.model.block_parameters > e.model.parameters) {
+      throw Error("--block_params " + flags.block_params + " is more than the model's " +
+                  grouped(e.model.parameters) +
+                  " parameters. Fix: the parameters of the largest Sharded block (one "
+                  "transformer layer, say), a part of the model.");
+    }
+  }
   const std::vector<int64_t> world_sizes = parse_world_sizes(flags.world_sizes);
   for (int stage : parse_zero_stages(flags.zero_stages)) {
     for (int64_t n : world_sizes) {
-      e.rows.push_back(estimate_rank_memory(e.model.parameters, e.bytes, stage, n));
+      e.rows.push_back(
+          estimate_rank_memory(e.model.parameters, e.bytes, stage, n, e.model.block_parameters));
       e.stage0_totals.push_back(estimate_rank_memory(e.model.parameters, e.bytes, 0, n).total());
     }
   }
@@ -300,7 +364,7 @@ void add_estimate_memory_command(CLI::App& app, Action& action) {
   cmd->add_option("--world_size", flags->world_sizes,
                   "Numbers of processes (GPUs) to show, comma-separated (default: 1,2,4,8)");
   cmd->add_option("--zero_stage", flags->zero_stages,
-                  "ZeRO stages to show: 0, 1, 2, a list (0,2) or all (default: all)");
+                  "ZeRO stages to show: 0, 1, 2, 3, a list (0,2) or all (default: all)");
   cmd->add_option("--precision", flags->precision,
                   "The weights' training dtype: fp32, bf16 or fp16 (16-bit ones with an fp32 "
                   "master copy) (default: fp32)");
@@ -313,20 +377,28 @@ void add_estimate_memory_command(CLI::App& app, Action& action) {
   cmd->add_option("--seq_len", flags->seq_len, "Tokens per sample (transformer rule of thumb)");
   cmd->add_option("--hidden_size", flags->hidden_size, "Hidden size (transformer rule of thumb)");
   cmd->add_option("--num_layers", flags->num_layers, "Layers (transformer rule of thumb)");
+  cmd->add_option("--block_params", flags->block_params,
+                  "Stage 3: the parameters of the largest Sharded block, gathered whole while it "
+                  "runs (e.g. 85M); from a file, the largest group of tensors named up to a "
+                  "number (blocks.3.*) unless given");
   cmd->add_flag("--json", flags->json, "Print the exact bytes as JSON, for scripts");
   cmd->footer(
       "The model, per rank, with P parameters and N ranks (ceil(P/N) for a shard):\n"
-      "  parameters  P x 4 B (fp32), P x 2 B (bf16/fp16); replicated at every stage\n"
-      "  gradients   same dtype as the parameters; stage 2: /N\n"
-      "  optimizer   fp32: adamw/adam 8 B (two moments), sgd_momentum 4 B, sgd 0; stages 1-2: /N\n"
-      "  master      bf16/fp16 only: an fp32 copy, 4 B, that the optimizer updates; stages 1-2: "
+      "  parameters  P x 4 B (fp32), P x 2 B (bf16/fp16); stage 3: /N\n"
+      "  gradients   same dtype as the parameters; stages 2-3: /N\n"
+      "  optimizer   fp32: adamw/adam 8 B (two moments), sgd_momentum 4 B, sgd 0; stages 1-3: /N\n"
+      "  master      bf16/fp16 only: an fp32 copy, 4 B, that the optimizer updates; stages 1-3: "
       "/N\n"
+      "  block       stage 3 only: one block's parameters and gradients whole, B x (4 + 4) B at\n"
+      "              fp32 (B = --block_params), while its backward runs\n"
       "  Stage 0 is plain data parallelism (everything replicated). fp32 + adamw: 16 B/param at\n"
-      "  stage 0; stage 2 on 4 ranks: 4 + 4/4 + 8/4 = 7 B/param.\n"
+      "  stage 0; stage 2 on 4 ranks: 4 + 4/4 + 8/4 = 7 B/param; stage 3 on 4 ranks: 16/4 = 4\n"
+      "  B/param plus the block.\n"
       "Accelerant's ZeRO (AcceleratorOptions::zero_stage, docs/zero.md) gives each rank 1/N of\n"
       "the optimizer state (the padding that aligns a shard for vector loads, at most 16\n"
       "elements per bucket and rank, is left out); its stage 2 keeps each rank's 1/N of the\n"
-      "gradients plus about 3 buffers of the largest gradient bucket, which are not counted.\n"
+      "gradients plus about 3 buffers of the largest gradient bucket, which are not counted; its\n"
+      "stage 3 shards the parameters of the model's Sharded blocks (the rest stays whole).\n"
       "Accelerant's mixed_precision bf16/fp16 today is\n"
       "autocast, which keeps weights and gradients fp32: estimate it with --precision fp32.\n"
       "Activations are left out unless asked for: --batch_size B with\n"
