@@ -85,16 +85,38 @@ void broadcast_from_main(Communicator& communicator, torch::nn::Module& module) 
   };
   for (const auto& p : module.parameters()) add(p);
   for (const auto& b : module.buffers()) add(b);
-  for (auto& [key, tensors] : groups) {
+  // Small tensors travel together, in flat buckets of up to 64 MiB; a larger contiguous one in
+  // place. One flat copy of the whole model would double its memory while the model is still
+  // whole on every process (a model too large for that is what ZeRO stage 3 is for).
+  constexpr int64_t kBucketBytes = int64_t{64} << 20;
+  auto send = [&](std::vector<torch::Tensor>& bucket) {
+    if (bucket.empty()) return;
     std::vector<torch::Tensor> flat_parts;
-    for (const auto& t : tensors) flat_parts.push_back(t.reshape({-1}));
+    for (const auto& t : bucket) flat_parts.push_back(t.reshape({-1}));
     torch::Tensor flat = torch::cat(flat_parts);
     communicator.broadcast_(flat, 0);
     int64_t offset = 0;
-    for (auto& t : tensors) {
+    for (auto& t : bucket) {
       t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
       offset += t.numel();
     }
+    bucket.clear();
+  };
+  for (auto& [key, tensors] : groups) {
+    std::vector<torch::Tensor> bucket;
+    int64_t bucket_bytes = 0;
+    for (auto& t : tensors) {
+      const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
+      if (bytes >= kBucketBytes && t.is_contiguous()) {
+        torch::Tensor flat = t.view({-1});
+        communicator.broadcast_(flat, 0);
+        continue;
+      }
+      if (bucket_bytes + bytes > kBucketBytes) send(bucket), bucket_bytes = 0;
+      bucket.push_back(t);
+      bucket_bytes += bytes;
+    }
+    send(bucket);
   }
 }
 

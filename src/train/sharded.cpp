@@ -3,10 +3,11 @@
 //
 // Layout: parameter p of a block is cut into N pieces of chunk[p] elements (its element count
 // divided by N, rounded up to 16 elements so that each piece starts on a 64-byte line); process
-// r keeps piece r, padded with zeros past the parameter's end. A process's pieces of all the
-// block's parameters lie one after another in a buffer of S elements (piece p at offset[p]), so
-// one all-gather of S elements per process, into N * S, gathers the whole block, and one
-// reduce-scatter of N * S gradient elements gives each process its S.
+// r keeps piece r, padded with zeros past the parameter's end. Gathering a parameter is one
+// all-gather of its pieces straight into its own storage, padded to N pieces: piece r is its
+// elements [r * chunk, (r + 1) * chunk). For the gradients, a process's pieces of all the block's
+// parameters lie one after another in S elements (piece p at offset[p]), so one reduce-scatter of
+// N * S gradient elements gives each process its S.
 //
 // Freeing a parameter empties its storage (0 bytes) but keeps the storage object: the tensors
 // that autograd saved for backward are the parameters themselves, and read the values written
@@ -46,10 +47,10 @@ void resize_storage(const torch::Tensor& param, size_t bytes) {
 
 // A flat tensor over the storage of `param` with a version counter of its own (see the file
 // comment).
-torch::Tensor storage_alias(const torch::Tensor& param) {
+torch::Tensor storage_alias(const torch::Tensor& param, int64_t elements) {
   torch::Tensor alias =
       torch::empty({0}, torch::TensorOptions(param.dtype()).device(param.device()));
-  alias.set_(param.storage(), 0, {param.numel()}, {1});
+  alias.set_(param.storage(), 0, {elements}, {1});
   return alias;
 }
 
@@ -157,25 +158,17 @@ struct ShardedImpl::State {
     }
     torch::NoGradGuard no_grad;
     detail::ScopedCollectiveLabel label("ZeRO-3 parameter all-gather");
-    const torch::Tensor out = torch::empty({world() * share_numel}, shares.front().options());
-    const torch::Tensor mine = out.narrow(0, rank() * share_numel, share_numel);
-    for (size_t i = 0; i < params.size(); ++i)
-      mine.narrow(0, offset[i], chunk[i]).copy_(shares[i].detach());
-    communicator->all_gather_(mine, out);
-    const torch::Tensor rows = out.view({world(), share_numel});
+    // Each parameter's storage, padded to its N pieces, is the all-gather's output: process r's
+    // piece is elements [r * chunk, (r + 1) * chunk) of the parameter, so the gathered pieces
+    // lie in the parameter's own order and no second buffer or copy is needed (one collective
+    // per parameter instead of one per block: a block's worth of memory less while it runs).
     for (size_t i = 0; i < params.size(); ++i) {
-      resize_storage(params[i], static_cast<size_t>(numel[i]) * 4);
-      const torch::Tensor whole = storage_alias(params[i]);
-      const torch::Tensor pieces = rows.narrow(1, offset[i], chunk[i]);
-      for_each_row_run(numel[i], chunk[i], [&](int64_t row, int64_t count, int64_t rest) {
-        if (rest == 0) {
-          whole.narrow(0, row * chunk[i], count * chunk[i])
-              .view({count, chunk[i]})
-              .copy_(pieces.narrow(0, row, count));
-        } else {
-          whole.narrow(0, row * chunk[i], rest).copy_(pieces[row].narrow(0, 0, rest));
-        }
-      });
+      const int64_t padded = world() * chunk[i];
+      resize_storage(params[i], static_cast<size_t>(padded) * 4);
+      const torch::Tensor whole = storage_alias(params[i], padded);
+      const torch::Tensor mine = whole.narrow(0, rank() * chunk[i], chunk[i]);
+      mine.copy_(shares[i].detach());
+      communicator->all_gather_(mine, whole);
     }
     gather_depth = 1;
     ++stats.gathers;
