@@ -2,7 +2,7 @@
 // are sharded must train exactly as plain data parallelism does (on 2 and 4 processes, also with
 // gradient accumulation), each process holding only its shares; a block's parameters must hold
 // memory only while its forward and its backward run (observed in the storage, not assumed); and
-// misuse must be refused with the fix.
+// misuse (a module changed after shard among it) must be refused with the fix.
 #include <accelerant/accelerant.h>
 #include <gtest/gtest.h>
 
@@ -246,15 +246,30 @@ torch::Tensor refusals() {
         half->forward(torch::randn({2, 8})).sum().backward();
       },
       "unused.weight"));
+  // A module changed after shard: a parameter given other memory, a parameter added.
+  auto moved = Sharded(torch::nn::Linear(8, 8));
+  moved->shard(comm);
+  moved->block()->named_parameters()["weight"].set_data(torch::zeros({8, 8}));
+  out.push_back(refused([&] { moved->forward(torch::randn({2, 8})); }, "was given other memory"));
+  auto grown = Sharded(torch::nn::Linear(8, 8));
+  grown->shard(comm);
+  grown->block()->register_parameter("extra", torch::zeros({2}));
+  out.push_back(refused(
+      [&] {
+        grown->forward(torch::randn({2, 8}));
+      },
+      "it has 3 parameters, 2 when sharded"));
   return torch::tensor(out, torch::kDouble);
 }
 
 TEST(Sharded, MisuseIsRefusedWithTheFix) {
   const auto results =
       launch([](int) { return refusals(); }, LaunchOptions().processes_per_node(2).verbose(false));
-  const char* cases[] = {"a bf16 block", "sharding twice", "a nested block", "an unpaired release",
-                         "an unused parameter"};
+  const char* cases[] = {"a bf16 block",        "sharding twice",      "a nested block",
+                         "an unpaired release", "an unused parameter", "a parameter moved",
+                         "a parameter added"};
   for (size_t r = 0; r < results.size(); ++r) {
+    ASSERT_EQ(results[r].numel(), 7);
     for (int64_t k = 0; k < results[r].numel(); ++k) {
       EXPECT_EQ(results[r][k].item<double>(), 1.0) << "rank " << r << ": " << cases[k];
     }

@@ -119,7 +119,8 @@ class ShardedImpl : public torch::nn::Module {
 
   /// Sharded: all-gathers the parameters into their tensors. A collective. Nested calls count:
   /// the parameters stay whole until as many release() calls. GatheredParameters is the safe
-  /// form; forward and backward call these themselves.
+  /// form; forward and backward call these themselves. Throws Error, before communicating, when
+  /// the block's parameters changed since shard() (replaced, added, given other memory, cast).
   void gather();
   /// Sharded: frees the parameters' memory after the matching gather(); their shares stay.
   void release();

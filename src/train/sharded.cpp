@@ -74,7 +74,8 @@ struct ShardedImpl::State {
   std::vector<int64_t> numel, chunk, offset;
   int64_t share_numel = 0;  // S
   std::vector<torch::Tensor> shares;
-  std::vector<size_t> trainable;  // indices of the parameters that require grad
+  std::vector<size_t> trainable;                  // indices of the parameters that require grad
+  std::vector<const c10::StorageImpl*> storages;  // each parameter's, which gather refills
 
   mutable std::mutex mutex;
   int gather_depth = 0;                // gathers not yet released
@@ -110,6 +111,35 @@ struct ShardedImpl::State {
             "does), and keep tied weights outside sharded blocks."));
       }
     }
+  }
+
+  // The parameters shard() laid out must still be the block's, fp32, where they were, and with
+  // the storage this block manages: a module changed after shard (moved, cast, a parameter
+  // replaced or added) would gather into tensors the block no longer runs on, or not at all.
+  void check_unchanged() const {
+    const auto now = block->named_parameters();
+    std::string change;
+    if (now.size() != params.size()) {
+      change = detail::str("it has ", now.size(), " parameters, ", params.size(), " when sharded");
+    }
+    for (size_t i = 0; change.empty() && i < params.size(); ++i) {
+      const torch::Tensor& p = now[i].value();
+      if (!p.is_same(params[i]) || now[i].key() != names[i]) {
+        change =
+            detail::str("parameter '", now[i].key(), "' is another tensor than the one sharded");
+      } else if (p.scalar_type() != torch::kFloat || p.device() != shares[i].device()) {
+        change = detail::str("parameter '", names[i], "' is now ", p.toString(), " on ", p.device(),
+                             ", sharded as fp32 on ", shares[i].device());
+      } else if (p.storage().unsafeGetStorageImpl() != storages[i]) {
+        change = detail::str("parameter '", names[i], "' was given other memory (set_data, to())");
+      }
+    }
+    if (change.empty()) return;
+    throw Error(detail::str(
+        "Sharded block: the module changed after it was sharded: ", change,
+        ". The block's values live in its shares, laid out for the parameters it had then. Fix: "
+        "build, move and cast the model before shard (before Accelerator::prepare), and change "
+        "its parameters only through the optimizer."));
   }
 
   void lay_out() {
@@ -156,6 +186,7 @@ struct ShardedImpl::State {
       ++gather_depth;
       return;
     }
+    check_unchanged();  // on every process alike (the same model), before any collective
     torch::NoGradGuard no_grad;
     detail::ScopedCollectiveLabel label("ZeRO-3 parameter all-gather");
     // Each parameter's storage, padded to its N pieces, is the all-gather's output: process r's
@@ -392,6 +423,7 @@ void ShardedImpl::shard(Communicator& communicator) {
   s.check_shardable(params);
   s.params = std::move(params);
   s.communicator = &communicator;
+  for (const auto& p : s.params) s.storages.push_back(p.storage().unsafeGetStorageImpl());
   s.lay_out();
   s.cut_shares();
   s.hook_gradient_accumulators();
