@@ -557,6 +557,14 @@ TEST(Zero, MisuseIsRefusedWithTheFix) {
               GraphStepOptions().emulate_replays(true));
           step({torch::ones({4, 64})});
         });
+        out += "\n";
+        out += error_message([] {  // stage 3: an optimizer over Sharded blocks before its model
+          Accelerator acc(AcceleratorOptions().cpu(true).zero_stage(3));
+          auto model = zero_model(true);
+          torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-3));
+          auto opt = acc.prepare(adamw);
+          auto m = acc.prepare(model);
+        });
         return out;
       },
       LaunchOptions()
@@ -569,6 +577,7 @@ TEST(Zero, MisuseIsRefusedWithTheFix) {
   EXPECT_TRUE(contains(m, "no model is prepared yet")) << m;
   EXPECT_TRUE(contains(m, "none of the optimizer's 2 parameters")) << m;
   EXPECT_TRUE(contains(m, "unscale_shares_ inside a graph step")) << m;
+  EXPECT_TRUE(contains(m, "was prepared before the model")) << m;
   EXPECT_TRUE(contains(m, "Fix:")) << m;
 }
 
@@ -643,9 +652,11 @@ TEST(Zero, WithOneProcessEveryStageIsPlainTraining) {
   TrainingRun run;
   run.steps = 10;
   const auto base = train_on(1, run);
-  run.stage = 2;
-  const auto zero = train_on(1, run);
-  EXPECT_TRUE(torch::equal(base[0], zero[0]));
+  for (int stage : {2, 3}) {  // stage 3 with its Sharded blocks, which pass through
+    run.stage = stage;
+    const auto zero = train_on(1, run);
+    EXPECT_TRUE(torch::equal(base[0], zero[0])) << "stage " << stage;
+  }
 }
 
 }  // namespace

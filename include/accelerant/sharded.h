@@ -27,14 +27,20 @@
 // a GradientReducer over replicated_parameters averages their gradients.
 //
 // Memory per process: the shares (1/N of each block's parameters, each padded to N equal
-// pieces), plus one block gathered whole at a time with its gradients during backward.
+// pieces), plus one block gathered whole at a time with its gradients during backward, and one
+// block's flat reduce-scatter buffer (about the block's size) in flight: starting a block's
+// reduce-scatter collects the one before it.
+//
+// Every process must run each block as many times (each run is a collective): an evaluation that
+// takes more batches on one process, or inference on one process only, hangs unless it runs
+// inside GatheredParameters.
 //
 // Accelerator::prepare does all of this under zero_stage(3) (docs/zero.md, "Stage 3").
 //
-// Not yet: the prefetch of the next block's gather, checkpoints of the shares, a sharded start
-// (each process initialising only its share). Between steps the blocks' parameters hold no memory:
-// reading them there (printing, saving, model->to()) reads freed memory; GatheredParameters makes
-// them whole for that.
+// Not yet: the prefetch of the next block's gather, checkpoints that load on another number of
+// processes or stage, a sharded start (each process initialising only its share). Between steps the
+// blocks' parameters hold no memory: reading them there (printing, saving, model->to()) reads freed
+// memory; GatheredParameters makes them whole for that.
 #pragma once
 
 #include <torch/nn/module.h>

@@ -77,6 +77,29 @@ torch::Tensor fp32_if_bf16(const torch::Tensor& t) {
 }
 
 // Rank 0's parameters and buffers on every rank: one broadcast per dtype of a flat copy.
+// ZeRO stage 3 points an optimizer at the shares when the optimizer is prepared after its model;
+// one prepared before would keep updating the blocks' parameters, which sharding frees.
+void refuse_optimizers_of_blocks(const std::vector<detail::CheckpointedOptimizer>& optimizers,
+                                 const torch::nn::Module& model, const std::string& rank_prefix) {
+  std::unordered_set<const c10::TensorImpl*> block_parameters;
+  for (const auto& block : sharded_blocks(model)) {
+    for (const auto& p : block->block()->parameters())
+      block_parameters.insert(p.unsafeGetTensorImpl());
+  }
+  for (const auto& o : optimizers) {
+    for (const auto& group : o.optimizer->param_groups()) {
+      for (const auto& p : group.params()) {
+        if (!block_parameters.count(p.unsafeGetTensorImpl())) continue;
+        throw Error(rank_prefix +
+                    "ZeRO stage 3: an optimizer over this model's Sharded blocks was prepared "
+                    "before the model, so it would keep updating the parameters that sharding "
+                    "frees instead of their shares. Fix: prepare the model first, e.g. "
+                    "acc.prepare(model, optimizer).");
+      }
+    }
+  }
+}
+
 void broadcast_from_main(Communicator& communicator, torch::nn::Module& module) {
   torch::NoGradGuard no_grad;
   std::map<std::pair<torch::ScalarType, std::string>, std::vector<torch::Tensor>> groups;
@@ -380,6 +403,8 @@ void Accelerator::prepare_model(const std::shared_ptr<torch::nn::Module>& model)
   // Stage 3 shards the parameters of the model's Sharded blocks (each process now has the same
   // values, from rank 0); the reducer averages the rest whole, as stage 0 does.
   const bool stage3 = impl_->sharding_parameters();
+  if (stage3)
+    refuse_optimizers_of_blocks(impl_->checkpointed_->optimizers, *model, impl_->rank_prefix_);
   std::vector<std::shared_ptr<ShardedImpl>> sharded;
   if (stage3) sharded = shard_model(*model, comm);
   if (stage3 && sharded.empty()) {
@@ -396,7 +421,9 @@ void Accelerator::prepare_model(const std::shared_ptr<torch::nn::Module>& model)
           .bucket_cap_bytes(cap)
           .first_bucket_cap_bytes(std::min<int64_t>(cap, 1024 * 1024))
           .allow_unused_parameters(impl_->options_.allow_unused_parameters())
-          .zero_stage(stage3 ? 0 : impl_->options_.zero_stage()));
+          // Stage 3 leaves the parameters outside the blocks whole (stage 0's reduction), also
+          // on one process, where nothing is sharded.
+          .zero_stage(impl_->options_.zero_stage() == 3 ? 0 : impl_->options_.zero_stage()));
   for (const auto& block : sharded) {
     std::weak_ptr<ShardedImpl> weak = block;
     reducer->add_sync_follower([weak](bool on) {

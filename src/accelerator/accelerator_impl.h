@@ -48,8 +48,9 @@ struct Accelerator::Impl {
   /// Stage 2: the reducer shares that hold the gradients of `parameters` (whole models only).
   std::vector<torch::Tensor> stage2_gradient_shares(
       const std::vector<torch::Tensor>& parameters) const;
-  /// Stage 3: the gradients of `parameters` that clipping scales (`grads`: a sharded block's
-  /// parameter's share, the others' own), and those this process counts in the global norm.
+  /// Stage 3: the gradients of `parameters` that clipping scales (`grads`: the share's for a
+  /// sharded block's parameter or a share itself, the others' own), and those this process counts
+  /// in the global norm.
   void stage3_gradients(const std::vector<torch::Tensor>& parameters,
                         std::vector<torch::Tensor>& grads,
                         std::vector<torch::Tensor>& counted) const;

@@ -45,9 +45,12 @@ void Accelerator::Impl::stage3_gradients(const std::vector<torch::Tensor>& param
   std::unordered_map<const c10::TensorImpl*, torch::Tensor> share_of;
   for (const auto& prepared : models_) {
     for (const auto& block : prepared.sharded) {
+      // A block's parameter, or the share itself (the optimizer's parameters), gives the share.
       const auto params = block->block()->parameters();
-      for (size_t i = 0; i < params.size(); ++i)
+      for (size_t i = 0; i < params.size(); ++i) {
         share_of[params[i].unsafeGetTensorImpl()] = block->shares()[i];
+        share_of[block->shares()[i].unsafeGetTensorImpl()] = block->shares()[i];
+      }
     }
   }
   for (const auto& p : parameters) {

@@ -218,6 +218,7 @@ struct ShardedImpl::State {
   // The whole gradients, averaged over the processes: each process's pieces into its row of
   // N * S elements (zeros in the padding); the reduce-scatter then sums each row on its process.
   void start_reduce_scatter() {
+    collect_previous_scatter();  // before this block's buffers exist
     torch::NoGradGuard no_grad;
     scatter_in = torch::zeros({world() * share_numel}, shares.front().options());
     const torch::Tensor rows = scatter_in.view({world(), share_numel});
@@ -243,21 +244,62 @@ struct ShardedImpl::State {
     scattering = true;
   }
 
+  // One block's reduce-scatter in flight at a time: starting one first collects the one started
+  // before it (by another block), which has had this block's backward to run in. Without this,
+  // every block's flat buffers would stay until the end of backward: the whole model's
+  // gradients again. The blocks of one backward run on one thread (autograd's), so taking the
+  // previous block's lock while holding this one's cannot meet the opposite order.
+  void collect_previous_scatter() {
+    static std::mutex in_flight_mutex;
+    static std::weak_ptr<State> in_flight;
+    std::shared_ptr<State> previous;
+    {
+      std::lock_guard<std::mutex> lock(in_flight_mutex);
+      previous = in_flight.lock();
+      in_flight = self;
+    }
+    if (!previous || previous.get() == this) return;
+    std::lock_guard<std::mutex> lock(previous->mutex);
+    previous->collect_scatter_locked();
+  }
+
+  // Waits for this block's reduce-scatter, adds each share of the averaged gradients into the
+  // share's .grad (as autograd accumulates), and frees the buffers.
+  void collect_scatter_locked() {
+    if (!scattering) return;
+    scattering = false;
+    pending.wait();
+    torch::NoGradGuard no_grad;
+    for (size_t i : trainable) {
+      const torch::Tensor piece = scatter_out.narrow(0, offset[i], chunk[i]);
+      torch::Tensor& grad = shares[i].mutable_grad();
+      if (grad.defined()) {
+        grad.add_(piece);
+      } else {
+        grad = piece.clone();
+      }
+    }
+    scatter_in = scatter_out = torch::Tensor();
+    ++stats.reduce_scatters;
+  }
+
   // Every trainable parameter has its gradient for this pass: reduce-scatter them (when
   // synchronising) and free the parameters, which backward no longer reads.
   void block_backward_done() {
-    if (sync) start_reduce_scatter();
+    // Backward no longer reads the parameters: their memory goes before the reduce-scatter's
+    // buffer is made, so that the two are not held at once.
     if (gathered_for_backward) {
       gathered_for_backward = false;
       release_locked();
     }
+    if (sync) start_reduce_scatter();
   }
 
   void before_backward() {
     std::lock_guard<std::mutex> lock(mutex);
     if (gathered_for_backward) return;
+    gather_locked();  // a failed gather leaves nothing to release and no pass begun
     gathered_for_backward = true;
-    gather_locked();
     std::weak_ptr<State> weak = self;
     detail::queue_end_of_backward([weak] {
       if (auto state = weak.lock()) state->end_of_backward();
@@ -290,22 +332,7 @@ struct ShardedImpl::State {
       gathered_for_backward = false;
       release_locked();
     }
-    if (scattering) {
-      scattering = false;
-      pending.wait();
-      torch::NoGradGuard no_grad;
-      for (size_t i : trainable) {
-        const torch::Tensor piece = scatter_out.narrow(0, offset[i], chunk[i]);
-        torch::Tensor& grad = shares[i].mutable_grad();
-        if (grad.defined()) {
-          grad.add_(piece);
-        } else {
-          grad = piece.clone();
-        }
-      }
-      scatter_in = scatter_out = torch::Tensor();
-      ++stats.reduce_scatters;
-    }
+    collect_scatter_locked();
     if (!missing.empty()) {
       throw Error(detail::str(
           rank_prefix(rank(), world()), missing.size(), " of ", trainable.size(),
