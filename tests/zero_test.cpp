@@ -584,7 +584,7 @@ TEST(Zero, MisuseIsRefusedWithTheFix) {
 // save_model under stage 3 gathers each sharded block while rank 0 writes it: the file holds the
 // whole trained weights, under the names the model gives them; load_model puts them back into
 // the shares (two steps later). What stage 3 cannot do yet is refused on every process with the
-// fix.
+// fix; end_training leaves the model whole, for one process to use alone.
 torch::Tensor stage3_weights_and_refusals(const std::string& dir) {
   Accelerator acc(AcceleratorOptions().cpu(true).zero_stage(3));
   auto model = zero_model(true);
@@ -626,10 +626,21 @@ torch::Tensor stage3_weights_and_refusals(const std::string& dir) {
       "compile under ZeRO stage 3"));
   acc.state()->scaler = std::make_shared<GradScaler>(GradScalerOptions(), torch::kCPU);
   out.push_back(refused([&] { train_steps(1); }, "fp16's loss scaler"));
+  // end_training makes the blocks whole again: the model is usable by one process alone after.
+  const int rank = acc.rank();
+  acc.end_training();
+  bool whole = true;
+  for (const auto& block : sharded_blocks(*m)) whole = whole && !block->sharded();
+  out.push_back(whole ? same_as_saved() : 0.0);
+  if (rank == 0) {
+    out.push_back(m->forward(torch::ones({1, 64})).isfinite().all().item<bool>() ? 1.0 : 0.0);
+  } else {
+    out.push_back(1.0);
+  }
   return torch::tensor(out, torch::kDouble);
 }
 
-TEST(Zero, Stage3SavesAndLoadsTheWholeWeightsAndRefusesWhatItCannotDoYet) {
+TEST(Zero, Stage3SavesAndLoadsTheWholeWeightsEndsWholeAndRefusesWhatItCannotDoYet) {
   const std::string dir = make_temp_dir();
   const auto results = launch([dir](int) { return stage3_weights_and_refusals(dir); },
                               LaunchOptions().processes_per_node(2).verbose(false));
@@ -638,9 +649,11 @@ TEST(Zero, Stage3SavesAndLoadsTheWholeWeightsAndRefusesWhatItCannotDoYet) {
                          "load_model puts them back",
                          "save refused",
                          "compile refused",
-                         "fp16 loss scaler refused"};
+                         "fp16 loss scaler refused",
+                         "end_training leaves the weights whole",
+                         "one process alone runs the model after end_training"};
   for (size_t r = 0; r < results.size(); ++r) {
-    ASSERT_EQ(results[r].numel(), 6);
+    ASSERT_EQ(results[r].numel(), 8);
     for (int64_t k = 0; k < results[r].numel(); ++k) {
       EXPECT_EQ(results[r][k].item<double>(), 1.0) << "rank " << r << ": " << cases[k];
     }

@@ -355,6 +355,8 @@ class Accelerator {
 
   /// Waits for every process and leaves the process group; the Accelerator is done afterwards.
   /// Flushes and closes the trackers first (as the destructor does when this is not called).
+  /// Under ZeRO stage 3 it first makes every sharded block whole again on every process
+  /// (ShardedImpl::unshard), so that the model can be used after it, by any one process.
   void end_training();
 
   // ---- trackers (docs/observability.md) -------------------------------------------------------

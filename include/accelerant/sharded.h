@@ -130,6 +130,11 @@ class ShardedImpl : public torch::nn::Module {
   void gather();
   /// Sharded: frees the parameters' memory after the matching gather(); their shares stay.
   void release();
+  /// Sharded: gathers the parameters (a collective) and stops sharding the block: from then on it
+  /// is the plain block again, its parameters whole, and its shares are dropped (an optimizer
+  /// over them no longer changes the block). Accelerator::end_training calls it, so that the
+  /// model can be used after the process group is gone.
+  void unshard();
   /// Sharded and gathered: keeps what was written into the whole parameters (a load) by copying
   /// this process's piece of each into its share, in place. Not a collective, so every process
   /// must have written the same values. Throws Error when the parameters are not gathered.

@@ -837,6 +837,10 @@ void Accelerator::end_training() {
   impl_->step_breakdown_.reset();  // its exchange is a collective: none after this point
   close_trackers();  // local files only: before the barrier, so a hang there loses no scalars
   detail::ScopedCollectiveLabel label("end_training");
+  // The blocks would gather through the communicator that shutdown() destroys.
+  for (const auto& prepared : impl_->models_) {
+    for (const auto& block : prepared.sharded) block->unshard();
+  }
   wait_for_everyone();
   std::fflush(stdout);
   impl_->ended_ = true;

@@ -76,6 +76,7 @@ struct ShardedImpl::State {
   std::vector<torch::Tensor> shares;
   std::vector<size_t> trainable;                  // indices of the parameters that require grad
   std::vector<const c10::StorageImpl*> storages;  // each parameter's, which gather refills
+  bool unsharded = false;                         // unshard() ended the sharding for good
 
   mutable std::mutex mutex;
   int gather_depth = 0;                // gathers not yet released
@@ -308,6 +309,7 @@ struct ShardedImpl::State {
 
   void on_gradient(size_t i) {
     std::lock_guard<std::mutex> lock(mutex);
+    if (communicator == nullptr) return;  // unsharded: the block's gradients stay whole
     if (!in_pass) {
       in_pass = true;
       std::fill(ready.begin(), ready.end(), false);
@@ -438,6 +440,11 @@ void ShardedImpl::shard(Communicator& communicator) {
         "Sharded::shard: this block is sharded already. Fix: shard each block once "
         "(shard_model shards every block of a model).");
   }
+  if (s.unsharded) {
+    throw Error(
+        "Sharded::shard: this block was unsharded (Accelerator::end_training does it), and its "
+        "hooks and layout are spent. Fix: build a new model to shard it again.");
+  }
   if (communicator.world_size() == 1) return;  // one process keeps everything
   std::vector<std::string> names;
   std::vector<torch::Tensor> params;
@@ -486,6 +493,20 @@ void ShardedImpl::gather() {
   if (!sharded()) return;
   std::lock_guard<std::mutex> lock(state_->mutex);
   state_->gather_locked();
+}
+
+void ShardedImpl::unshard() {
+  if (!sharded()) return;
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  State& s = *state_;
+  s.collect_scatter_locked();
+  if (s.gather_depth == 0) s.gather_locked();
+  s.gather_depth = 0;
+  s.gathered_for_backward = s.in_pass = false;
+  s.communicator = nullptr;  // sharded() is false from here: forward runs the block as it is
+  s.unsharded = true;
+  s.shares.clear();
+  s.stats.share_elements = 0;
 }
 
 void ShardedImpl::store_gathered() {
