@@ -1,8 +1,5 @@
 #include "accelerant/gradient_reducer.h"
 
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
-#include <torch/csrc/autograd/variable.h>
-
 #include <algorithm>
 #include <chrono>
 #include <mutex>
@@ -16,6 +13,7 @@
 #include "base/trace_events.h"
 #include "comm/collective_label.h"
 #include "train/end_of_backward.h"
+#include "train/gradient_ready_hook.h"
 
 namespace accelerant {
 
@@ -382,21 +380,11 @@ struct GradientReducer::State {
   void hook_gradient_accumulators() {
     for (size_t i = 0; i < params.size(); ++i) {
       if (bucket_of[i] < 0) continue;
-      auto accumulator = torch::autograd::impl::grad_accumulator(params[i]);
-      if (!accumulator) {
-        throw Error(
-            detail::str("Parameter '", names[i], "' requires grad but is not a leaf tensor, so ",
-                        "it has no gradient accumulator to hook. Fix: register parameters with ",
-                        "register_parameter (leaf tensors), or detach it first."));
-      }
       std::weak_ptr<State> weak = self;
-      accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-          [weak, i](const torch::autograd::variable_list& outputs,
-                    const torch::autograd::variable_list&) {
+      accumulators.push_back(
+          detail::on_gradient_ready(params[i], "Parameter '" + names[i] + "'", [weak, i] {
             if (auto state = weak.lock()) state->on_gradient(i);
-            return outputs;
           }));
-      accumulators.push_back(std::move(accumulator));
     }
   }
 

@@ -17,8 +17,6 @@
 #include "accelerant/sharded.h"
 
 #include <c10/core/StorageImpl.h>
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
-#include <torch/csrc/autograd/variable.h>
 
 #include <mutex>
 #include <unordered_map>
@@ -28,6 +26,7 @@
 #include "base/text.h"
 #include "comm/collective_label.h"
 #include "train/end_of_backward.h"
+#include "train/gradient_ready_hook.h"
 
 namespace accelerant {
 
@@ -349,20 +348,11 @@ struct ShardedImpl::State {
   // this pass is complete; it holds the state weakly.
   void hook_gradient_accumulators() {
     for (size_t i : trainable) {
-      auto accumulator = torch::autograd::impl::grad_accumulator(params[i]);
-      if (!accumulator) {
-        throw Error(detail::str("Sharded::shard: parameter '", names[i],
-                                "' requires grad but is not a leaf tensor. Fix: register "
-                                "parameters with register_parameter (leaf tensors)."));
-      }
       std::weak_ptr<State> weak = self;
-      accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-          [weak, i](const torch::autograd::variable_list& outputs,
-                    const torch::autograd::variable_list&) {
+      accumulators.push_back(detail::on_gradient_ready(
+          params[i], "Sharded::shard: parameter '" + names[i] + "'", [weak, i] {
             if (auto state = weak.lock()) state->on_gradient(i);
-            return outputs;
           }));
-      accumulators.push_back(std::move(accumulator));
     }
   }
 };
