@@ -177,6 +177,24 @@ void expect_same_training(const torch::Tensor& a, const torch::Tensor& b, const 
   EXPECT_LT(worst, 2e-5) << what << ": largest difference " << worst;
 }
 
+// `run`, which saved a checkpoint into save_dir, started again from that checkpoint.
+TrainingRun resumed_from_its_save(const TrainingRun& run) {
+  TrainingRun resumed = run;
+  resumed.load_dir = run.save_dir;
+  resumed.save_dir.clear();
+  return resumed;
+}
+
+// A resumed run ends with the uninterrupted one's parameters, bit for bit, on every rank.
+void expect_bit_for_bit(const std::vector<torch::Tensor>& resumed,
+                        const std::vector<torch::Tensor>& uninterrupted, const std::string& what) {
+  ASSERT_EQ(resumed.size(), uninterrupted.size()) << what;
+  for (size_t r = 0; r < resumed.size(); ++r) {
+    EXPECT_TRUE(torch::equal(parameters_of(resumed[r]), parameters_of(uninterrupted[r])))
+        << "rank " << r << ": the resumed " << what << " run differs from the uninterrupted one";
+  }
+}
+
 class ZeroStages : public ::testing::TestWithParam<int> {};
 
 TEST_P(ZeroStages, Stages1And2TrainAsStage0AndHoldTheirShareOfTheState) {
@@ -316,14 +334,8 @@ TEST(Zero, ASavedShardedRunResumesBitForBitAndLoadsOnAnotherNumberOfProcesses) {
   EXPECT_TRUE(std::ifstream(dir + "/ckpt/rank_1/optimizer_0.pt").good());
   EXPECT_FALSE(std::ifstream(dir + "/ckpt/optimizer_0.pt").good());
 
-  TrainingRun resumed = whole;
-  resumed.save_dir.clear();
-  resumed.load_dir = dir + "/ckpt";
-  const auto same = train_on(2, resumed);
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_TRUE(torch::equal(parameters_of(same[r]), parameters_of(uninterrupted[r])))
-        << "rank " << r << ": the resumed run differs from the uninterrupted one";
-  }
+  TrainingRun resumed = resumed_from_its_save(whole);
+  expect_bit_for_bit(train_on(2, resumed), uninterrupted, "stage-2");
   // On 4 processes (stage 1), and on 1 (no sharding): the same trajectory up to rounding.
   resumed.stage = 1;
   const auto four = train_on(4, resumed);
@@ -359,15 +371,9 @@ TEST(Zero, Stage3ResumesBitForBitAndRefusesAnotherLayoutWithTheFix) {
   EXPECT_TRUE(contains(merge_refused, "under ZeRO stage 3") && contains(merge_refused, "Fix:"))
       << merge_refused;
   EXPECT_FALSE(std::ifstream(dir + "/merged_optimizer").good());
-  TrainingRun resumed = run;
-  resumed.save_dir.clear();
-  resumed.load_dir = dir + "/zero3";
-  const auto same = train_on(2, resumed);
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_TRUE(torch::equal(parameters_of(same[r]), parameters_of(uninterrupted[r])))
-        << "rank " << r << ": the resumed stage-3 run differs from the uninterrupted one";
-    EXPECT_EQ(optimizer_steps_of(same[r]), run.steps) << "rank " << r;
-  }
+  const auto same = train_on(2, resumed_from_its_save(run));
+  expect_bit_for_bit(same, uninterrupted, "stage-3");
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(optimizer_steps_of(same[r]), run.steps) << "rank " << r;
   TrainingRun zero2;
   zero2.stage = 2;
   zero2.steps = 4;

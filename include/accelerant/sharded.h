@@ -189,7 +189,8 @@ class GatheredParameters {
   GatheredParameters& operator=(const GatheredParameters&) = delete;
 
  private:
-  std::vector<std::shared_ptr<ShardedImpl>> blocks_;
+  struct Blocks;  // src/train/sharded.cpp: the blocks it gathered
+  std::unique_ptr<Blocks> blocks_;
 };
 
 }  // namespace accelerant

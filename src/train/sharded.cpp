@@ -116,17 +116,19 @@ struct ShardedImpl::State {
   // The parameters shard() laid out must still be the block's, fp32, where they were, and with
   // the storage this block manages: a module changed after shard (moved, cast, a parameter
   // replaced or added) would gather into tensors the block no longer runs on, or not at all.
+  // Runs at every gather (twice per step): parameters(), not named_parameters(), so that no name
+  // is built unless something changed.
   void check_unchanged() const {
-    const auto now = block->named_parameters();
+    const auto now = block->parameters();
     std::string change;
     if (now.size() != params.size()) {
       change = detail::str("it has ", now.size(), " parameters, ", params.size(), " when sharded");
     }
     for (size_t i = 0; change.empty() && i < params.size(); ++i) {
-      const torch::Tensor& p = now[i].value();
-      if (!p.is_same(params[i]) || now[i].key() != names[i]) {
-        change =
-            detail::str("parameter '", now[i].key(), "' is another tensor than the one sharded");
+      const torch::Tensor& p = now[i];
+      if (!p.is_same(params[i])) {
+        change = detail::str("parameter '", block->named_parameters()[i].key(),
+                             "' is another tensor than the one sharded");
       } else if (p.scalar_type() != torch::kFloat || p.device() != shares[i].device()) {
         change = detail::str("parameter '", names[i], "' is now ", p.toString(), " on ", p.device(),
                              ", sharded as fp32 on ", shares[i].device());
@@ -594,24 +596,29 @@ torch::OrderedDict<std::string, torch::Tensor> replicated_parameters(torch::nn::
   return out;
 }
 
+struct GatheredParameters::Blocks {
+  std::vector<std::shared_ptr<ShardedImpl>> gathered;
+};
+
 GatheredParameters::GatheredParameters(const torch::nn::Module& model)
-    : blocks_(sharded_blocks(model)) {
-  for (size_t b = 0; b < blocks_.size(); ++b) {
+    : blocks_(std::make_unique<Blocks>(Blocks{sharded_blocks(model)})) {
+  auto& gathered = blocks_->gathered;
+  for (size_t b = 0; b < gathered.size(); ++b) {
     try {
-      blocks_[b]->gather();
+      gathered[b]->gather();
     } catch (...) {
-      while (b-- > 0) blocks_[b]->release();  // the destructor will not run
+      while (b-- > 0) gathered[b]->release();  // the destructor will not run
       throw;
     }
   }
 }
 
 void GatheredParameters::store() {
-  for (const auto& block : blocks_) block->store_gathered();
+  for (const auto& block : blocks_->gathered) block->store_gathered();
 }
 
 GatheredParameters::~GatheredParameters() {
-  for (const auto& block : blocks_) block->release();
+  for (const auto& block : blocks_->gathered) block->release();
 }
 
 }  // namespace accelerant
