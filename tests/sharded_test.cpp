@@ -7,6 +7,9 @@
 #include <gtest/gtest.h>
 
 #include "test_support.h"
+#include "train/fused_kernels.h"
+#include "train/fused_state_format.h"
+#include "train/share_state.h"
 
 using namespace accelerant;
 using namespace accelerant::testing;
@@ -306,3 +309,107 @@ TEST(Sharded, AWrappedModelKeepsItsParameterNames) {
 }
 
 }  // namespace
+
+namespace {
+
+// A fused AdamW state (note "Fused state form") over parameters of `sizes`, its values counting
+// up from `first`, each parameter having stepped `steps` times.
+std::string fused_state_bytes(const std::vector<int64_t>& sizes, float first, double steps) {
+  int64_t total = 0;
+  for (int64_t n : sizes) total += n;
+  torch::serialize::OutputArchive a;
+  a.write(accelerant::detail::kFusedKindKey,
+          torch::tensor(static_cast<int64_t>(accelerant::detail::FusedKind::kAdamW)));
+  a.write(accelerant::detail::kFusedNumelsKey, torch::tensor(sizes));
+  a.write(accelerant::detail::kFusedStepsKey,
+          torch::full({static_cast<int64_t>(sizes.size())}, steps, torch::kDouble));
+  a.write(accelerant::detail::kFusedState1Key, torch::arange(first, first + total, torch::kFloat));
+  a.write(accelerant::detail::kFusedState2Key,
+          torch::arange(first, first + total, torch::kFloat) * 2);
+  std::ostringstream out;
+  a.save_to(out);
+  return out.str();
+}
+
+torch::serialize::InputArchive archive_of(const std::string& bytes) {
+  torch::serialize::InputArchive a;
+  a.load_from(bytes.data(), bytes.size());
+  return a;
+}
+
+std::string bytes_of(const std::function<void(torch::serialize::OutputArchive&)>& fill) {
+  torch::serialize::OutputArchive a;
+  fill(a);
+  std::ostringstream out;
+  a.save_to(out);
+  return out.str();
+}
+
+torch::Tensor state1_of(const std::string& bytes) {
+  torch::Tensor t;
+  archive_of(bytes).read(accelerant::detail::kFusedState1Key, t);
+  return t;
+}
+
+// The slots of a parameter of 37 elements sharded among `world` processes (shares of 16-element
+// multiples, as the blocks cut them) and a replicated one of 5.
+std::vector<accelerant::detail::ShareSlot> slots_for(int world) {
+  const int64_t per = (37 + world - 1) / world;
+  return {{37, std::max<int64_t>(16, (per + 15) / 16 * 16)}, {5, 0}};
+}
+
+}  // namespace
+
+// The whole state cut for 3 processes and merged again is the whole state; cut for 2 from the
+// merge, each process holds the elements of its piece (zeros in the padding), and the replicated
+// parameter whole. Files that do not fit each other are refused.
+TEST(ShareState, CutAndMergeAreInverseOnAnyNumberOfProcesses) {
+  const std::string whole = fused_state_bytes({37, 5}, 1, 4);
+  std::vector<std::string> three;
+  for (int r = 0; r < 3; ++r) {
+    auto a = archive_of(whole);
+    three.push_back(
+        bytes_of([&](auto& out) { accelerant::detail::cut_share_state(a, slots_for(3), r, out); }));
+  }
+  std::vector<torch::serialize::InputArchive> archives;
+  for (const auto& b : three) archives.push_back(archive_of(b));
+  std::vector<torch::serialize::InputArchive*> pointers;
+  for (auto& a : archives) pointers.push_back(&a);
+  const std::string merged = bytes_of(
+      [&](auto& out) { accelerant::detail::merge_share_states(pointers, slots_for(3), out); });
+  EXPECT_TRUE(torch::equal(state1_of(merged), state1_of(whole)));
+
+  auto again = archive_of(merged);
+  const std::string rank1 = bytes_of(
+      [&](auto& out) { accelerant::detail::cut_share_state(again, slots_for(2), 1, out); });
+  // Slots of 32 elements on 2 processes: rank 1 holds elements 32..36 of the first parameter
+  // (values 33..37), 27 zeros, then the replicated parameter (values 38..42).
+  torch::Tensor expected = torch::zeros({32 + 5});
+  expected.narrow(0, 0, 5).copy_(torch::arange(33, 38, torch::kFloat));
+  expected.narrow(0, 32, 5).copy_(torch::arange(38, 43, torch::kFloat));
+  EXPECT_TRUE(torch::equal(state1_of(rank1), expected)) << state1_of(rank1);
+
+  // A rank missing, a rank of another save, and a whole state of other sizes.
+  std::vector<torch::serialize::InputArchive*> two(pointers.begin(), pointers.begin() + 2);
+  EXPECT_TRUE(contains(error_message([&] {
+                         torch::serialize::OutputArchive out;
+                         accelerant::detail::merge_share_states(two, slots_for(3), out);
+                       }),
+                       "a rank's state is missing"));
+  auto later = archive_of(bytes_of([&](auto& out) {
+    auto a = archive_of(fused_state_bytes({37, 5}, 1, 5));
+    accelerant::detail::cut_share_state(a, slots_for(3), 2, out);
+  }));
+  pointers[2] = &later;
+  EXPECT_TRUE(contains(error_message([&] {
+                         torch::serialize::OutputArchive out;
+                         accelerant::detail::merge_share_states(pointers, slots_for(3), out);
+                       }),
+                       "come from different saves"));
+  auto other = archive_of(fused_state_bytes({36, 5}, 1, 4));
+  EXPECT_TRUE(contains(error_message([&] {
+                         torch::serialize::OutputArchive out;
+                         accelerant::detail::cut_share_state(other, slots_for(2), 0, out);
+                       }),
+                       "sizes [36, 5]"));
+}

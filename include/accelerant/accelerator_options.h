@@ -76,9 +76,9 @@ struct AcceleratorOptions {
   /// (fused_optimizers), whose limits apply. 3 shards the parameters of the model's Sharded
   /// blocks (accelerant/sharded.h): prepare keeps each process's share of them, the optimizer
   /// updates the shares, and the rest of the model is trained as with 0; eager steps only, no
-  /// fp16 loss scaler, and its checkpoints resume only under stage 3 on as many processes
-  /// (docs/zero.md, "Stage 3"). 0 is plain data parallelism; with one process every stage is.
-  /// Default: 0.
+  /// fp16 loss scaler; implies the fused update too, and its checkpoints load on any number of
+  /// processes and under any stage (docs/zero.md, "Stage 3"). 0 is plain data parallelism; with one
+  /// process every stage is. Default: 0.
   ACCELERANT_OPTION(int, zero_stage) = 0;
   /// Where automatic checkpoints go: save_state() without a directory writes
   /// `<project_dir>/checkpoints/checkpoint_<n>`, and load_state() without one reads the newest.

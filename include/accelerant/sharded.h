@@ -37,8 +37,8 @@
 //
 // Accelerator::prepare does all of this under zero_stage(3) (docs/zero.md, "Stage 3").
 //
-// Not yet: the prefetch of the next block's gather, checkpoints that load on another number of
-// processes or stage, a sharded start (each process initialising only its share). Between steps the
+// Not yet: the prefetch of the next block's gather, a sharded start (each process initialising
+// only its share). Between steps the
 // blocks' parameters hold no memory: reading them there (printing, saving, model->to()) reads freed
 // memory; GatheredParameters makes them whole for that.
 #pragma once

@@ -445,14 +445,20 @@ PreparedOptimizer Accelerator::prepare_optimizer(torch::optim::Optimizer& optimi
         optimize_shares(optimizer, *prepared_model.module);
     }
     // A fused type already steps fused; a torch::optim one gets an updater bound to it. ZeRO
-    // stages 1 and 2 shard the fused update, so they bind one whatever fused_optimizers says.
+    // stages 1 and 2 shard the fused update, so they bind one whatever fused_optimizers says;
+    // stage 3 binds one so that its checkpoints hold the fused form, which another number of
+    // processes or stage re-cuts (train/share_state.h).
     const bool zero = (impl_->options_.zero_stage() == 1 || impl_->options_.zero_stage() == 2) &&
                       communicator().world_size() > 1;
     const bool wrap =
-        (impl_->options_.fused_optimizers() || zero) && fused_updater_of(optimizer) == nullptr;
+        (impl_->options_.fused_optimizers() || zero || impl_->sharding_parameters()) &&
+        fused_updater_of(optimizer) == nullptr;
     optimizers.push_back({&optimizer, wrap ? std::make_shared<FusedUpdater>(optimizer) : nullptr});
     prepared = std::prev(optimizers.end());
     prepared->updates_shares = impl_->sharding_parameters();
+    if (prepared->updates_shares) {
+      prepared->share_slots = detail::share_slots(optimizer, impl_->checkpointed_->models);
+    }
     if (zero) {
       FusedUpdater& updater = wrap ? *prepared->fused : *fused_updater_of(optimizer);
       prepared->zero_reducer = &zero_reducer_for(optimizer);

@@ -42,18 +42,10 @@ bool has_value(torch::serialize::InputArchive& archive, const char* key) {
   return archive.try_read(key, value);
 }
 
-// The fused state in an optimizer file: beside the optimizer's own (prepare's update), or at the
-// top (FusedAdamW and its kin); null when it has none (an optimizer that stepped by itself).
-torch::serialize::InputArchive* fused_state_of(torch::serialize::InputArchive& archive,
-                                               torch::serialize::InputArchive& beside) {
-  if (archive.try_read(detail::kFusedUpdater, beside)) return &beside;
-  return has_tensor(archive, detail::kFusedKindKey) ? &archive : nullptr;
-}
-
 // The most updates any parameter has had in this optimizer file, as far as it says.
 int64_t most_updates(torch::serialize::InputArchive& archive) {
   torch::serialize::InputArchive beside;
-  torch::serialize::InputArchive* fused = fused_state_of(archive, beside);
+  torch::serialize::InputArchive* fused = detail::fused_state_in(archive, beside);
   torch::Tensor steps;
   if (fused && fused->try_read(detail::kFusedStepsKey, steps) && steps.numel() > 0) {
     return static_cast<int64_t>(steps.max().item<double>());
@@ -115,7 +107,7 @@ CheckpointManifest verify_checkpoint_contents(const std::string& dir) {
     size_t k = 0;
     for (auto& [rank, bytes] : by_rank) {
       archives[k] = detail::archive_from_bytes(bytes, dir);
-      torch::serialize::InputArchive* fused = fused_state_of(archives[k], beside[k]);
+      torch::serialize::InputArchive* fused = detail::fused_state_in(archives[k], beside[k]);
       if (!fused) {
         refuse(dir, str("rank_", rank, "/optimizer_", index, ".pt"),
                "holds no fused optimizer state, which every ZeRO shard has");
@@ -124,8 +116,14 @@ CheckpointManifest verify_checkpoint_contents(const std::string& dir) {
       ++k;
     }
     try {
+      // Stage 3's files are each process's state of its shares; stages 1-2's are shards.
+      const detail::SavedShares saved = detail::saved_shares(archives[0], dir);
       torch::serialize::OutputArchive merged;
-      merge_optimizer_shards(pointers, merged);
+      if (saved.processes > 0) {
+        detail::merge_share_states(pointers, saved.slots, merged);
+      } else {
+        merge_optimizer_shards(pointers, merged);
+      }
     } catch (const Error& e) {
       refuse(dir, str("rank_<r>/optimizer_", index, ".pt"),
              str("(the shards of optimizer ", index, ") do not belong together: ", e.what()));

@@ -122,9 +122,9 @@ int64_t count_tensors(torch::serialize::InputArchive& archive) {
 // (torch::optim's state keyed as its param_groups list them) and the groups' options are
 // carried from rank 0's shard without knowing their layout.
 void copy_archive(torch::serialize::InputArchive& from, torch::serialize::OutputArchive& to,
-                  const std::string& except = "") {
+                  const std::vector<std::string>& except = {}) {
   for (const std::string& key : from.keys()) {
-    if (key == except) continue;
+    if (std::find(except.begin(), except.end(), key) != except.end()) continue;
     torch::serialize::InputArchive nested;
     torch::Tensor tensor;
     c10::IValue value;
@@ -163,17 +163,14 @@ std::string merged_optimizer_bytes(const std::string& dir, const CheckpointManif
   std::vector<torch::serialize::InputArchive> archives(m.world_size), updaters(m.world_size);
   std::vector<torch::serialize::InputArchive*> shards;
   bool prepare_bound = false;
+  // ZeRO stage 3: each process's state of its shares, laid out as these slots say (empty
+  // otherwise); merge_share_states makes them whole.
+  std::vector<detail::ShareSlot> share_slots;
   for (int r = 0; r < m.world_size; ++r) {
     const std::string path = dir + "/" + layout::optimizer_shard_file(r, i);
     archives[r] = detail::archive_from_bytes(read_whole(path), path);
-    torch::Tensor processes;
-    if (archives[r].try_read(detail::kSharesOfProcesses, processes)) {
-      throw CheckpointError(
-          str(path, " is the optimizer state of one process's shares under ZeRO stage 3, which ",
-              "merging into one whole state does not support yet. Fix: merge without ",
-              "--optimizer (the weights are whole in the checkpoint). Nothing was written."),
-          path);
-    }
+    const detail::SavedShares saved = detail::saved_shares(archives[r], path);
+    if (r == 0) share_slots = saved.slots;
     const bool nested = archives[r].try_read(detail::kFusedUpdater, updaters[r]);
     if (r == 0) prepare_bound = nested;
     if (nested != prepare_bound) {
@@ -188,19 +185,22 @@ std::string merged_optimizer_bytes(const std::string& dir, const CheckpointManif
   }
   try {
     return detail::archive_to_bytes([&](torch::serialize::OutputArchive& out) {
+      auto merge = [&](torch::serialize::OutputArchive& merged) {
+        if (share_slots.empty()) {
+          merge_optimizer_shards(shards, merged);
+        } else {
+          detail::merge_share_states(shards, share_slots, merged);
+        }
+      };
       if (prepare_bound) {
-        copy_archive(archives[0], out, detail::kFusedUpdater);
+        copy_archive(archives[0], out,
+                     {detail::kFusedUpdater, detail::kSharesOfProcesses, detail::kShareSlotsKey});
         torch::serialize::OutputArchive merged;
-        merge_optimizer_shards(shards, merged);
+        merge(merged);
         out.write(detail::kFusedUpdater, merged);
       } else {
-        merge_optimizer_shards(shards, out);
-        torch::serialize::InputArchive groups;
-        if (archives[0].try_read(detail::kGroupOptions, groups)) {
-          torch::serialize::OutputArchive copy;
-          copy_archive(groups, copy);
-          out.write(detail::kGroupOptions, copy);
-        }
+        merge(out);
+        detail::copy_group_options(archives[0], out);
       }
     });
   } catch (const CheckpointError&) {

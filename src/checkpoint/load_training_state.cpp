@@ -12,6 +12,7 @@
 #include "checkpoint/state_pieces.h"
 #include "checkpoint/stream_positions.h"
 #include "checkpoint/training_checkpoint.h"
+#include "train/fused_state_format.h"
 
 namespace accelerant::detail {
 namespace {
@@ -24,6 +25,10 @@ struct LoadedCheckpoint {
   std::vector<std::string> models, optimizers, custom_objects;  // archives, as bytes
   // Per optimizer: every rank's shard, when a ZeRO run saved it (then optimizers[i] is empty).
   std::vector<std::vector<std::string>> optimizer_shards;
+  // Per optimizer: the fused state this process's optimizer takes instead (load_fused_form), where
+  // ZeRO stage 3 is on one side only or its layouts differ (re-cut: train/share_state.h);
+  // empty where the saved state loads as it is.
+  std::vector<std::string> converted;
   std::string scaler;
   std::string rng;  // empty: this rank did not exist when it was saved
   // This rank's gradients; empty: none pending at the save (they are left as they are).
@@ -179,36 +184,96 @@ std::vector<StreamPosition> read_stream_positions(const LoadedCheckpoint& loaded
   return positions;
 }
 
-// ZeRO stage 3's optimizer state is each process's own (that of its shares): it loads only where
-// every process has the shares it had, a stage-3 run on as many processes. Re-cutting the shares
-// for another number of processes or stage is not written yet.
-void check_shares_fit(const LoadedCheckpoint& loaded, size_t i, const CheckpointedOptimizer& o,
-                      const CheckpointRanks& ranks) {
+// Optimizer `i`'s saved state as the whole fused form, with rank 0's group options: merged from
+// a stage-3 run's processes or a stage 1-2 run's shards, or a whole state as it is (its fused
+// form, or its per-parameter state converted).
+std::string whole_fused_state(const LoadedCheckpoint& loaded, size_t i,
+                              const CheckpointedOptimizer& o, const SavedShares& saved,
+                              const std::string& what) {
+  const auto& shards = loaded.optimizer_shards[i];
+  const std::vector<std::string> files =
+      shards.empty() ? std::vector<std::string>{loaded.optimizers[i]} : shards;
+  std::vector<torch::serialize::InputArchive> archives(files.size()), nested(files.size());
+  std::vector<torch::serialize::InputArchive*> states;
+  for (size_t r = 0; r < files.size(); ++r) {
+    archives[r] = archive_from_bytes(files[r], what);
+    states.push_back(fused_state_in(archives[r], nested[r]));
+    if (states.back() == nullptr && !shards.empty()) {
+      throw Error(str("rank ", r, "'s file holds no fused optimizer state"));
+    }
+  }
+  std::vector<int64_t> numels;  // of this run's optimizer's parameters, whole
+  if (o.updates_shares) {
+    for (const auto& slot : o.share_slots) numels.push_back(slot.numel);
+  } else {
+    for (const auto& group : o.optimizer->param_groups()) {
+      for (const auto& p : group.params()) numels.push_back(p.numel());
+    }
+  }
+  return archive_to_bytes([&](torch::serialize::OutputArchive& out) {
+    if (saved.processes > 0) {
+      merge_share_states(states, saved.slots, out);
+    } else if (!shards.empty()) {
+      merge_optimizer_shards(states, out);
+    } else if (states[0] != nullptr) {
+      for (const char* key :
+           {kFusedKindKey, kFusedNumelsKey, kFusedStepsKey, kFusedState1Key, kFusedState2Key}) {
+        torch::Tensor t;
+        if (states[0]->try_read(key, t)) out.write(key, t);
+      }
+    } else {
+      write_saved_state_as_fused(*o.optimizer, numels, archives[0], out);
+    }
+    copy_group_options(archives[0], out);
+  });
+}
+
+// Under ZeRO stage 3 each process's optimizer state is that of its own shares: it loads as it is
+// where every process has the shares it had (a stage-3 run on as many processes, the same
+// slots). Anywhere else the state is made whole and, for a stage-3 run, cut again into this
+// process's shares (loaded.converted), before anything changes.
+void plan_optimizer_load(LoadedCheckpoint& loaded, size_t i, const CheckpointedOptimizer& o,
+                         const CheckpointRanks& ranks) {
   const auto& shards = loaded.optimizer_shards[i];
   const std::string file =
       shards.empty() ? layout::optimizer_file(i) : layout::optimizer_shard_file(0, i);
-  const int saved = shards.empty() ? 0 : shares_of_processes(shards[0], loaded.dir + "/" + file);
-  if (o.updates_shares && saved == ranks.world_size) return;
-  if (!o.updates_shares && saved == 0) return;
-  const std::string saved_as =
-      saved > 0 ? str("under ZeRO stage 3 by ", saved, " process(es)")
-                : "without ZeRO stage 3 (the optimizer's state is whole, or a stage 1-2 shard)";
-  const std::string this_run =
-      o.updates_shares ? str("updates stage-3 shares on ", ranks.world_size, " process(es)")
-                       : "is not under ZeRO stage 3";
-  const std::string fix = saved > 0 ? str("resume with zero_stage(3) on ", saved,
-                                          " process(es), as the run that saved it")
-                                    : "resume with the stage the run that saved it had";
-  throw CheckpointError(
-      str(loaded.dir, ": optimizer ", i, " was saved ", saved_as, ", and this run's optimizer ",
-          this_run,
-          ". Under stage 3 each process's optimizer state is that of its own shares, "
-          "which another number of processes or another stage cuts differently; converting it is "
-          "not supported yet. Fix: ",
-          fix,
-          " (the weights alone load anywhere: accelerant "
-          "checkpoint merge, then load_model)."),
-      loaded.dir + "/" + file);
+  const std::string what = loaded.dir + "/" + file;
+  SavedShares saved;
+  {
+    auto first = archive_from_bytes(shards.empty() ? loaded.optimizers[i] : shards[0], what);
+    saved = saved_shares(first, what);
+  }
+  if (saved.processes == 0 && !o.updates_shares) return;  // stages 0-2 on both sides
+  if (o.updates_shares && saved.processes == ranks.world_size && saved.slots == o.share_slots) {
+    return;  // this process's own shares' state
+  }
+  try {
+    const std::string whole = whole_fused_state(loaded, i, o, saved, what);
+    if (!o.updates_shares) {
+      loaded.converted[i] = whole;
+      return;
+    }
+    auto archive = archive_from_bytes(whole, what);
+    loaded.converted[i] = archive_to_bytes([&](torch::serialize::OutputArchive& out) {
+      cut_share_state(archive, o.share_slots, ranks.rank, out);
+      copy_group_options(archive, out);
+    });
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const std::exception&) {
+    const std::string saved_as =
+        saved.processes > 0 ? str("under ZeRO stage 3 by ", saved.processes, " process(es)")
+                            : "without ZeRO stage 3";
+    const std::string this_run =
+        o.updates_shares ? str("updates stage-3 shares on ", ranks.world_size, " process(es)")
+                         : "is not under ZeRO stage 3";
+    throw CheckpointError(
+        str(what, ": optimizer ", i, " was saved ", saved_as, ", and this run's optimizer ",
+            this_run, "; re-cutting its state failed: ", exception_text(std::current_exception()),
+            ". Likely cause: another model or other parameter groups than the saved run's. Fix: "
+            "build the model and the optimizer as the run that saved it did."),
+        what);
+  }
 }
 
 // Reads and checks everything this process will apply; nothing changes yet.
@@ -234,6 +299,7 @@ LoadedCheckpoint read_and_check(const std::string& dir, const CheckpointedState&
     }
   }
   loaded.optimizer_shards.resize(s.optimizers.size());
+  loaded.converted.resize(s.optimizers.size());
   for (size_t i = 0; i < s.optimizers.size(); ++i) {
     if (lists_file(loaded.manifest, layout::optimizer_shard_file(0, i))) {
       for (int r = 0; r < loaded.manifest.world_size; ++r)
@@ -242,7 +308,7 @@ LoadedCheckpoint read_and_check(const std::string& dir, const CheckpointedState&
     } else {
       loaded.optimizers.push_back(read(layout::optimizer_file(i)));
     }
-    check_shares_fit(loaded, i, s.optimizers[i], ranks);
+    plan_optimizer_load(loaded, i, s.optimizers[i], ranks);
   }
   for (size_t i = 0; i < s.objects.size(); ++i)
     loaded.custom_objects.push_back(read(layout::custom_file(i)));
@@ -292,7 +358,12 @@ void apply(const LoadedCheckpoint& loaded, CheckpointedState& s, int rank) {
   for (size_t i = 0; i < s.optimizers.size(); ++i) {
     // A rollback snapshot holds this rank's own shard, which its sharded update takes back.
     const bool shards = i < loaded.optimizer_shards.size() && !loaded.optimizer_shards[i].empty();
-    if (shards && s.optimizers[i].updates_shares) {
+    if (i < loaded.converted.size() && !loaded.converted[i].empty()) {
+      load_fused_form(*s.optimizers[i].optimizer, loaded.converted[i],
+                      loaded.dir + "/" +
+                          (shards ? layout::optimizer_shard_file(0, i) : layout::optimizer_file(i)),
+                      s.optimizers[i].fused.get());
+    } else if (shards && s.optimizers[i].updates_shares) {
       load_optimizer_state(*s.optimizers[i].optimizer, loaded.optimizer_shards[i][rank],
                            loaded.dir + "/" + layout::optimizer_shard_file(rank, i),
                            s.optimizers[i].fused.get());

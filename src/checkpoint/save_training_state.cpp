@@ -94,9 +94,10 @@ std::vector<CheckpointFileEntry> write_own_part(const CheckpointedState& s,
   for (size_t i = 0; i < s.optimizers.size(); ++i) {
     const CheckpointedOptimizer& o = s.optimizers[i];
     if (o.updates_shares) {
-      write(layout::optimizer_shard_file(ranks.rank, i),
-            share_optimizer_state_bytes(*o.optimizer, o.fused.get(), ranks.world_size),
-            str("optimizer ", i, "'s state of this process's shares"));
+      write(
+          layout::optimizer_shard_file(ranks.rank, i),
+          share_optimizer_state_bytes(*o.optimizer, o.fused.get(), ranks.world_size, o.share_slots),
+          str("optimizer ", i, "'s state of this process's shares"));
     } else if (optimizer_sharded(*o.optimizer, o.fused.get())) {
       write(layout::optimizer_shard_file(ranks.rank, i),
             optimizer_state_bytes(*o.optimizer, o.fused.get()), str("optimizer ", i, "'s shard"));

@@ -201,7 +201,33 @@ void restore_group_options(torch::optim::Optimizer& optimizer,
     optimizer.param_groups()[i].options().serialize(options);
   }
 }
+
+// Where `optimizer`'s state belongs: beside its first parameter (archives load onto one device).
+torch::Device device_of(const torch::optim::Optimizer& optimizer) {
+  for (const auto& group : optimizer.param_groups()) {
+    if (!group.params().empty()) return group.params().front().device();
+  }
+  return torch::kCPU;
+}
 }  // namespace
+
+void copy_group_options(torch::serialize::InputArchive& from, torch::serialize::OutputArchive& to) {
+  torch::serialize::InputArchive groups;
+  if (!from.try_read(kGroupOptions, groups)) return;
+  torch::serialize::OutputArchive copy;
+  for (const std::string& key : groups.keys()) {
+    torch::serialize::InputArchive options;
+    groups.read(key, options);
+    torch::serialize::OutputArchive options_copy;
+    for (const std::string& name : options.keys()) {
+      c10::IValue value;
+      options.read(name, value);
+      options_copy.write(name, value);
+    }
+    copy.write(key, options_copy);
+  }
+  to.write(kGroupOptions, copy);
+}
 
 namespace {
 void write_optimizer_state(torch::serialize::OutputArchive& archive,
@@ -230,31 +256,44 @@ std::string optimizer_state_bytes(const torch::optim::Optimizer& optimizer,
 }
 
 std::string share_optimizer_state_bytes(const torch::optim::Optimizer& optimizer,
-                                        const FusedUpdater* fused, int processes) {
+                                        const FusedUpdater* fused, int processes,
+                                        const std::vector<ShareSlot>& slots) {
   return archive_to_bytes([&](torch::serialize::OutputArchive& archive) {
     write_optimizer_state(archive, optimizer, fused);
     archive.write(kSharesOfProcesses, torch::tensor(static_cast<int64_t>(processes)));
+    archive.write(kShareSlotsKey, share_slots_tensor(slots));
   });
 }
 
-int shares_of_processes(const std::string& bytes, const std::string& what) {
-  auto archive = archive_from_bytes(bytes, what);
-  torch::Tensor processes;
-  return archive.try_read(kSharesOfProcesses, processes)
-             ? static_cast<int>(processes.item<int64_t>())
-             : 0;
+SavedShares saved_shares(torch::serialize::InputArchive& archive, const std::string& what) {
+  SavedShares saved;
+  torch::Tensor processes, slots;
+  if (!archive.try_read(kSharesOfProcesses, processes)) return saved;
+  saved.processes = static_cast<int>(processes.item<int64_t>());
+  if (!archive.try_read(kShareSlotsKey, slots)) {
+    throw CheckpointError(str(what, " is a ZeRO stage-3 state without its share layout (",
+                              kShareSlotsKey, "): it was saved by an earlier development ",
+                              "version. Fix: resume with the version that saved it, or from ",
+                              "the weights alone (accelerant checkpoint merge, then load_model)."));
+  }
+  try {
+    saved.slots = share_slots_from_tensor(slots);
+  } catch (const Error& e) {
+    throw CheckpointError(str(what, ": ", e.what()));
+  }
+  return saved;
+}
+
+torch::serialize::InputArchive* fused_state_in(torch::serialize::InputArchive& archive,
+                                               torch::serialize::InputArchive& nested) {
+  if (archive.try_read(kFusedUpdater, nested)) return &nested;
+  torch::Tensor kind;
+  return archive.try_read(kFusedKindKey, kind) ? &archive : nullptr;
 }
 
 void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::string& bytes,
                           const std::string& what, FusedUpdater* fused) {
-  // The state tensors belong next to their parameters (archives load onto one device).
-  torch::Device device(torch::kCPU);
-  for (const auto& group : optimizer.param_groups()) {
-    if (!group.params().empty()) {
-      device = group.params().front().device();
-      break;
-    }
-  }
+  const torch::Device device = device_of(optimizer);
   auto archive = archive_from_bytes(bytes, what, device);
   try {
     // Parameters without saved state (no step yet when it was saved) must not keep today's.
@@ -293,19 +332,33 @@ bool optimizer_sharded(torch::optim::Optimizer& optimizer, const FusedUpdater* f
   return updater && updater->sharded();
 }
 
+void load_fused_form(torch::optim::Optimizer& optimizer, const std::string& bytes,
+                     const std::string& what, FusedUpdater* fused) {
+  // Null when this optimizer steps by itself (no ZeRO, fused_optimizers off, or one process):
+  // the state then becomes its per-parameter state.
+  FusedUpdater* updater = fused ? fused : fused_updater_of(optimizer);
+  auto whole = archive_from_bytes(bytes, what, device_of(optimizer));
+  try {
+    if (updater) {
+      if (fused) optimizer.state().clear();
+      updater->load(whole);
+    } else {
+      load_fused_state_into_optimizer(optimizer, whole);
+    }
+    restore_group_options(optimizer, whole);
+  } catch (const std::exception&) {
+    throw CheckpointError(
+        str(what, " does not fit this optimizer (", exception_text(std::current_exception()),
+            "). Likely cause: a different ",
+            "optimizer type or different parameter groups than when it was saved. Fix: build ",
+            "the optimizer as the saved run did."));
+  }
+}
+
 void load_sharded_optimizer_state(torch::optim::Optimizer& optimizer,
                                   const std::vector<std::string>& shards, const std::string& what,
                                   FusedUpdater* fused) {
-  // Null when this optimizer steps by itself (no ZeRO, fused_optimizers off, or one process):
-  // the merged state then becomes its per-parameter state.
-  FusedUpdater* updater = fused ? fused : fused_updater_of(optimizer);
-  torch::Device device(torch::kCPU);
-  for (const auto& group : optimizer.param_groups()) {
-    if (!group.params().empty()) {
-      device = group.params().front().device();
-      break;
-    }
-  }
+  std::string merged;
   try {
     std::vector<torch::serialize::InputArchive> archives(shards.size()), states(shards.size());
     std::vector<torch::serialize::InputArchive*> pointers;
@@ -313,27 +366,20 @@ void load_sharded_optimizer_state(torch::optim::Optimizer& optimizer,
       archives[r] = archive_from_bytes(shards[r], str(what, " (rank ", r, "'s shard)"));
       // A fused type saves its update's state at the top; prepare's updater beside the
       // optimizer's own (empty) state.
-      const bool beside = archives[r].try_read(kFusedUpdater, states[r]);
-      if (fused && !beside) {
+      auto* state = fused_state_in(archives[r], states[r]);
+      if (state == nullptr || (fused && state == &archives[r])) {
         throw Error(str("rank ", r, "'s shard has no fused optimizer state"));
       }
-      pointers.push_back(beside ? &states[r] : &archives[r]);
+      pointers.push_back(state);
     }
-    std::string merged;
     try {
-      merged = archive_to_bytes(
-          [&](torch::serialize::OutputArchive& out) { merge_optimizer_shards(pointers, out); });
+      merged = archive_to_bytes([&](torch::serialize::OutputArchive& out) {
+        merge_optimizer_shards(pointers, out);
+        copy_group_options(archives[0], out);
+      });
     } catch (const Error& e) {  // the shards disagree: said as such, not as another optimizer
       throw CheckpointError(str(what, " and the other ranks' shards cannot be merged: ", e.what()));
     }
-    auto whole = archive_from_bytes(merged, what, device);
-    if (updater) {
-      if (fused) optimizer.state().clear();
-      updater->load(whole);
-    } else {
-      load_fused_state_into_optimizer(optimizer, whole);
-    }
-    restore_group_options(optimizer, archives[0]);
   } catch (const CheckpointError&) {
     throw;
   } catch (const std::exception&) {
@@ -343,6 +389,7 @@ void load_sharded_optimizer_state(torch::optim::Optimizer& optimizer,
             "optimizer type or different parameter groups than when it was saved. Fix: build ",
             "the optimizer as the saved run did."));
   }
+  load_fused_form(optimizer, merged, what, fused);
 }
 
 namespace {

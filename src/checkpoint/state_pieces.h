@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "accelerant/fused_optimizer.h"
+#include "train/share_state.h"
 
 namespace accelerant::detail {
 
@@ -75,11 +76,29 @@ std::string optimizer_state_bytes(const torch::optim::Optimizer& optimizer,
 void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::string& bytes,
                           const std::string& what, FusedUpdater* fused = nullptr);
 /// ZeRO stage 3: optimizer_state_bytes of an optimizer over this process's shares (of a run of
-/// `processes`), marked as such (kSharesOfProcesses).
+/// `processes`), marked as such (kSharesOfProcesses) and with its slots (kShareSlotsKey).
 std::string share_optimizer_state_bytes(const torch::optim::Optimizer& optimizer,
-                                        const FusedUpdater* fused, int processes);
-/// The number of processes a stage-3 optimizer state was saved by; 0 for any other state.
-int shares_of_processes(const std::string& bytes, const std::string& what);
+                                        const FusedUpdater* fused, int processes,
+                                        const std::vector<ShareSlot>& slots);
+/// How a stage-3 optimizer state was saved: by how many processes (0: not under stage 3) and
+/// over which slots.
+struct SavedShares {
+  int processes = 0;
+  std::vector<ShareSlot> slots;
+};
+SavedShares saved_shares(torch::serialize::InputArchive& archive, const std::string& what);
+/// The fused state inside an optimizer archive: under kFusedUpdater when a prepare-bound update
+/// saved it, else at the top (a fused type's); null when there is none (an optimizer that
+/// stepped by itself). `nested` receives the first.
+torch::serialize::InputArchive* fused_state_in(torch::serialize::InputArchive& archive,
+                                               torch::serialize::InputArchive& nested);
+/// Copies the parameter groups' options (kGroupOptions) of one optimizer archive into another.
+void copy_group_options(torch::serialize::InputArchive& from, torch::serialize::OutputArchive& to);
+/// Loads a whole fused state (or one process's state of its stage-3 shares), with the groups'
+/// options beside it, into `optimizer`: into its fused update (`fused`, or its own when it is a
+/// fused type; a sharded one takes its pieces), else as its per-parameter state.
+void load_fused_form(torch::optim::Optimizer& optimizer, const std::string& bytes,
+                     const std::string& what, FusedUpdater* fused);
 /// Whether `optimizer`'s fused update (`fused`, or the optimizer's own) is sharded (ZeRO): each
 /// rank then saves its own optimizer_state_bytes, a shard.
 bool optimizer_sharded(torch::optim::Optimizer& optimizer, const FusedUpdater* fused);

@@ -32,6 +32,7 @@
 #include "accelerant/stream_loader.h"
 #include "accelerant/training_state.h"
 #include "checkpoint/every_process.h"
+#include "train/share_state.h"
 
 namespace accelerant::detail {
 
@@ -49,9 +50,10 @@ struct CheckpointedOptimizer {
   // that preparing the optimizer again gets the same all-gather).
   GradientReducer* zero_reducer = nullptr;
   // ZeRO stage 3: the optimizer updates this process's shares of the sharded blocks (and the
-  // replicated parameters), so each process saves its whole state, which only a stage-3 run on
-  // as many processes can load.
+  // replicated parameters), so each process saves its whole state, laid out as `share_slots`
+  // say; a load on another layout re-cuts it (train/share_state.h).
   bool updates_shares = false;
+  std::vector<ShareSlot> share_slots;
 };
 
 /// Everything a checkpoint holds, in prepare order; the objects behind the pointers outlive
