@@ -279,6 +279,78 @@ TEST(Sharded, MisuseIsRefusedWithTheFix) {
   }
 }
 
+namespace {
+
+// A replicated layer, three sharded blocks and a head, each block wrapped as it is built.
+torch::nn::Sequential started_model() {
+  torch::manual_seed(11);
+  torch::nn::Sequential model;
+  model->push_back(torch::nn::Linear(16, 37));
+  for (int b = 0; b < 3; ++b) model->push_back(Sharded(torch::nn::Linear(37, 37)));
+  model->push_back(torch::nn::Linear(37, 5));
+  return model;
+}
+
+// 1 per check that holds: after each block is built inside a ShardedStart, that block and every
+// one built before it are sharded and hold no memory for their parameters (so the model is
+// never whole); gathered, the model equals the one built whole from the same seed; and a process
+// seeded otherwise is refused, on every process, with the fix.
+torch::Tensor sharded_start_checks(int rank) {
+  auto& comm = ProcessState::get().communicator();
+  std::vector<double> out;
+  const auto whole = started_model();
+  torch::nn::Sequential model;
+  {
+    ShardedStart start(comm);
+    torch::manual_seed(11);
+    model->push_back(torch::nn::Linear(16, 37));
+    for (int b = 0; b < 3; ++b) {
+      model->push_back(Sharded(torch::nn::Linear(37, 37)));
+      bool none_whole = true;
+      for (const auto& block : sharded_blocks(*model)) {
+        none_whole = none_whole && block->sharded() && !block->gathered() &&
+                     block->block()->parameters()[0].storage().nbytes() == 0;
+      }
+      out.push_back(none_whole ? 1.0 : 0.0);
+    }
+    model->push_back(torch::nn::Linear(37, 5));
+  }
+  {
+    GatheredParameters gathered(*model);
+    out.push_back(torch::equal(flat_parameters(*model), flat_parameters(*whole)) ? 1.0 : 0.0);
+  }
+  const std::string message = error_message([&] {
+    ShardedStart start(comm);
+    torch::manual_seed(100 + rank);  // a seed of each process's own
+    Sharded(torch::nn::Linear(37, 37));
+  });
+  out.push_back(contains(message, "sharded start: block 1") &&
+                        contains(message, "than on rank 0") && contains(message, "Fix:")
+                    ? 1.0
+                    : 0.0);
+  // Outside the scope, blocks are built whole again.
+  out.push_back(Sharded(torch::nn::Linear(4, 4))->sharded() ? 0.0 : 1.0);
+  return torch::tensor(out, torch::kDouble);
+}
+
+}  // namespace
+
+TEST(Sharded, AShardedStartBuildsTheUnshardedValuesAndIsNeverWhole) {
+  for (int world : {2, 4}) {
+    const auto results = launch([](int rank) { return sharded_start_checks(rank); },
+                                LaunchOptions().processes_per_node(world).verbose(false));
+    const char* checks[] = {"block 1 built", "block 2 built",       "block 3 built",
+                            "same values",   "other seeds refused", "whole after the scope"};
+    for (size_t r = 0; r < results.size(); ++r) {
+      ASSERT_EQ(results[r].numel(), 6);
+      for (int64_t k = 0; k < 6; ++k) {
+        EXPECT_EQ(results[r][k].item<double>(), 1.0)
+            << world << " processes, rank " << r << ": " << checks[k];
+      }
+    }
+  }
+}
+
 // One process: the wrapper runs its block unchanged, and nothing is sharded.
 TEST(Sharded, OnOneProcessItIsThePlainBlock) {
   torch::manual_seed(1);

@@ -26,15 +26,16 @@ constexpr int kGlobalBatch = 8;
 // How one training run goes.
 struct TrainingRun {
   int stage = 0;
-  bool accumulate = false;   // two micro-steps of half the batch per optimizer step
-  bool clip = false;         // clip the gradient norm to 0.05 (below the norms seen: it acts)
-  bool bf16 = false;         // bf16 autocast
-  bool graph = false;        // steps through accelerator.compile, replays emulated (the device
-                             // path of the fused update, the all-gather as a host effect)
-  bool loss_scaler = false;  // fp16's GradScaler (init scale 1024) on fp32 training: fp16 itself
-                             // needs CUDA, so the scaler is set in the Accelerator's state
-  int overflow_at = -1;      // at this step rank 0's gradient of one weight element is inf
-  bool fused = true;         // fused_optimizers (stage 0 only: ZeRO always fuses the update)
+  bool accumulate = false;     // two micro-steps of half the batch per optimizer step
+  bool clip = false;           // clip the gradient norm to 0.05 (below the norms seen: it acts)
+  bool bf16 = false;           // bf16 autocast
+  bool graph = false;          // steps through accelerator.compile, replays emulated (the device
+                               // path of the fused update, the all-gather as a host effect)
+  bool loss_scaler = false;    // fp16's GradScaler (init scale 1024) on fp32 training: fp16 itself
+                               // needs CUDA, so the scaler is set in the Accelerator's state
+  int overflow_at = -1;        // at this step rank 0's gradient of one weight element is inf
+  bool fused = true;           // fused_optimizers (stage 0 only: ZeRO always fuses the update)
+  bool sharded_start = false;  // stage 3: the model is built inside Accelerator::sharded_start
   int steps = 50;
   std::string save_dir;  // save after step save_at (1-based), then go on
   int save_at = 0;
@@ -47,14 +48,18 @@ struct TrainingRun {
 // either way, so that checkpoints of one are checkpoints of the other.
 torch::nn::Sequential zero_model(bool sharded_blocks = false) {
   torch::manual_seed(3);
-  torch::nn::Linear first(64, 1023);
-  torch::nn::Linear middle(1023, 257);
-  torch::nn::Linear head(257, 10);
   if (!sharded_blocks) {
+    torch::nn::Linear first(64, 1023);
+    torch::nn::Linear middle(1023, 257);
+    torch::nn::Linear head(257, 10);
     return torch::nn::Sequential(first, torch::nn::Tanh(), middle, torch::nn::Tanh(), head);
   }
-  return torch::nn::Sequential(Sharded(first), torch::nn::Tanh(), Sharded(middle),
-                               torch::nn::Tanh(), head);
+  // Each block wrapped as it is built, in the same order: under a sharded start no block is
+  // whole once the next is built.
+  Sharded first(torch::nn::Linear(64, 1023));
+  Sharded middle(torch::nn::Linear(1023, 257));
+  torch::nn::Linear head(257, 10);
+  return torch::nn::Sequential(first, torch::nn::Tanh(), middle, torch::nn::Tanh(), head);
 }
 
 // Every step uses the same global batch whatever the number of processes, each process taking
@@ -78,7 +83,10 @@ torch::Tensor train(int rank, int world, const TrainingRun& run) {
     acc.state()->scaler =
         std::make_shared<GradScaler>(GradScalerOptions().init_scale(1024), torch::kCPU);
   }
-  auto model = zero_model(run.stage == 3);
+  auto model = [&] {
+    const ShardedStart start = run.sharded_start ? acc.sharded_start() : ShardedStart();
+    return zero_model(run.stage == 3);
+  }();
   torch::optim::AdamW adamw(model->parameters(),
                             torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
   auto [m, opt] = acc.prepare(model, adamw);
@@ -233,6 +241,10 @@ TEST_P(ZeroStages, Stage3TrainsAsStage0AndHoldsOnlyItsSharesOfTheBlocks) {
   TrainingRun run;
   run.stage = 3;
   const auto sharded = train_on(world, run);
+  // Built by a sharded start (never whole in one process), the model starts from the same
+  // values, so the training is the same, bit for bit.
+  run.sharded_start = true;
+  const auto started_sharded = train_on(world, run);
   int64_t block_elements = 0;
   auto model = zero_model(true);
   for (const auto& block : sharded_blocks(*model)) {
@@ -244,6 +256,8 @@ TEST_P(ZeroStages, Stage3TrainsAsStage0AndHoldsOnlyItsSharesOfTheBlocks) {
     expect_same_training(parameters_of(sharded[r]), parameters_of(base[0]), what);
     EXPECT_TRUE(torch::equal(parameters_of(sharded[r]), parameters_of(sharded[0])))
         << what << ": the ranks' parameters differ";
+    EXPECT_TRUE(torch::equal(parameters_of(started_sharded[r]), parameters_of(sharded[r])))
+        << what << ": a sharded start trains otherwise than a model sharded by prepare";
     // What the fused update holds: this process's shares (1/N of the blocks' elements, padded
     // to 16 per parameter) and the whole head.
     const int64_t own = state_elements_of(sharded[r]);

@@ -104,7 +104,13 @@ double train(const Settings& s, const Corpus& corpus) {
                                   .checkpoint_total_limit(2)
                                   .auto_resume(true)
                                   .log_with(s.log_with));
-  Gpt model(s.model);
+  // Under --zero_stage 3 each transformer block keeps only this process's share from the moment
+  // it is built (a sharded start), so the model is never whole in one process; below stage 3
+  // this builds the model as usual. The values are the same either way.
+  Gpt model = [&] {
+    const accelerant::ShardedStart start = acc.sharded_start();
+    return Gpt(s.model);
+  }();
   // Weight decay on the matrices (2-D and up: the Linears' weights and both embeddings), none on
   // the LayerNorm gains; two ordinary AdamW parameter groups.
   auto groups = accelerant::weight_decay_groups(*model, torch::optim::AdamWOptions(s.learning_rate)

@@ -46,6 +46,7 @@
 #include "accelerant/prepared_optimizer.h"
 #include "accelerant/profile_options.h"
 #include "accelerant/profile_scope.h"
+#include "accelerant/sharded.h"
 #include "accelerant/stream_loader.h"
 #include "accelerant/tensor_tree.h"
 #include "accelerant/token_windows.h"
@@ -157,6 +158,14 @@ class Accelerator {
   /// of batches, so the main process's position is saved). Resume it with auto_resume_now() or
   /// load_state before the loop: there is no begin() to fire auto_resume.
   TokenWindows prepare_token_windows(const TokenWindows& windows);
+  /// ZeRO stage 3's sharded start (accelerant/sharded.h): build the model while the result
+  /// lives, and each of its Sharded blocks keeps only this process's share from the moment it is
+  /// built, so the model is never whole in one process; prepare then keeps the shares as they
+  /// are. Every process must build the same model from the same seed (checked per block). Below
+  /// stage 3, on one process, and (not written yet) on a GPU or with downcast_bf16 it changes
+  /// nothing: the model is built whole and prepare shards it. So the same code builds for every
+  /// stage and device.
+  ShardedStart sharded_start();
 
   // ---- the training step ---------------------------------------------------------------------
   /// loss.backward(), divided by the accumulation steps and scaled under fp16. Gradients of

@@ -37,8 +37,19 @@
 //
 // Accelerator::prepare does all of this under zero_stage(3) (docs/zero.md, "Stage 3").
 //
-// Not yet: the prefetch of the next block's gather, a sharded start (each process initialising
-// only its share). Between steps the
+// A sharded start builds a model that is never whole in one process: inside a ShardedStart
+// (Accelerator::sharded_start under zero_stage(3)), each Sharded block is sharded as soon as it
+// is constructed, so a process holds one block whole at a time, just built, and the shares of
+// the others. The values are those of the unsharded build from the same seed (the blocks draw
+// from the random generator in the same order); the processes check that they built the same
+// values (each block's, before it is cut).
+//
+//   accelerant::Accelerator acc(accelerant::AcceleratorOptions().zero_stage(3));
+//   torch::manual_seed(seed);  // the same on every process
+//   auto model = [&] { auto start = acc.sharded_start(); return std::make_shared<GPT>(config); }();
+//   auto [m, opt] = acc.prepare(model, adamw);  // keeps the blocks' shares as they are
+//
+// Not yet: the prefetch of the next block's gather. Between steps the
 // blocks' parameters hold no memory: reading them there (printing, saving, model->to()) reads freed
 // memory; GatheredParameters makes them whole for that.
 #pragma once
@@ -150,7 +161,8 @@ class ShardedImpl : public torch::nn::Module {
 TORCH_MODULE(Sharded);
 
 /// Shards every Sharded block inside `model` (shard() on each, in the order of
-/// model.modules()); returns them. A collective: every process calls it on its copy of the model.
+/// model.modules()) that is not sharded yet (a sharded start shards them as they are built);
+/// returns them all. A collective: every process calls it on its copy of the model.
 std::vector<std::shared_ptr<ShardedImpl>> shard_model(torch::nn::Module& model,
                                                       Communicator& communicator);
 
@@ -170,6 +182,30 @@ void optimize_shares(torch::optim::Optimizer& optimizer, torch::nn::Module& mode
 /// `model`'s named parameters outside every sharded block (those a GradientReducer averages
 /// whole); all of them when nothing is sharded.
 torch::OrderedDict<std::string, torch::Tensor> replicated_parameters(torch::nn::Module& model);
+
+/// ZeRO stage 3's sharded start (see the file comment): while it lives, every Sharded block
+/// constructed on this thread is sharded over `communicator` at once, after checking that every
+/// process built the same values (a collective per block: every process must build the same
+/// model, from the same seed). Scopes nest (the innermost counts); over one process blocks are
+/// built whole, as without it. Movable, not copyable.
+class ShardedStart {
+ public:
+  /// No scope: changes nothing (what Accelerator::sharded_start gives below stage 3).
+  ShardedStart();
+  /// Shards each block built while this lives over `communicator`, which must outlive the blocks.
+  explicit ShardedStart(Communicator& communicator);
+  /// Ends the scope: blocks built after it are whole again (or sharded by the enclosing scope).
+  ~ShardedStart();
+  /// Takes over `other`'s scope (Accelerator::sharded_start returns one).
+  ShardedStart(ShardedStart&& other) noexcept;
+  ShardedStart& operator=(ShardedStart&&) = delete;
+  ShardedStart(const ShardedStart&) = delete;
+  ShardedStart& operator=(const ShardedStart&) = delete;
+
+ private:
+  struct Scope;  // src/train/sharded.cpp: the communicator and the scope it replaced
+  std::unique_ptr<Scope> scope_;
+};
 
 /// While it lives, every sharded block of a model holds its whole parameters (a collective on
 /// construction): for reading, printing or saving them between steps. Writes

@@ -100,10 +100,14 @@ void refuse_optimizers_of_blocks(const std::vector<detail::CheckpointedOptimizer
   }
 }
 
-void broadcast_from_main(Communicator& communicator, torch::nn::Module& module) {
+// Rank 0's parameters and buffers to every process, but for `skip` (a sharded start's blocks:
+// each process holds only its own piece of those, built alike and checked then).
+void broadcast_from_main(Communicator& communicator, torch::nn::Module& module,
+                         const std::unordered_set<const c10::TensorImpl*>& skip) {
   torch::NoGradGuard no_grad;
   std::map<std::pair<torch::ScalarType, std::string>, std::vector<torch::Tensor>> groups;
   auto add = [&](const torch::Tensor& t) {
+    if (skip.count(t.unsafeGetTensorImpl())) return;
     groups[{t.scalar_type(), t.device().str()}].push_back(t);
   };
   for (const auto& p : module.parameters()) add(p);
@@ -392,13 +396,41 @@ void Accelerator::prepare_model(const std::shared_ptr<torch::nn::Module>& model)
   for (const auto& prepared : impl_->models_) {
     if (prepared.module == model) return;  // preparing twice changes nothing
   }
-  model->to(impl_->device_);
-  if (impl_->settings_.downcast_bf16) model->to(torch::kBFloat16);
+  // A sharded start's blocks hold only their shares: they are not moved, cast or broadcast.
+  std::unordered_set<const c10::TensorImpl*> sharded_already;
+  for (const auto& block : sharded_blocks(*model)) {
+    if (!block->sharded()) continue;
+    for (const auto& p : block->block()->parameters())
+      sharded_already.insert(p.unsafeGetTensorImpl());
+  }
+  if (!sharded_already.empty() && !impl_->sharding_parameters()) {
+    throw Error(detail::str(
+        impl_->rank_prefix_, "prepare(model): ", sharded_already.size(),
+        " parameters of the model's Sharded blocks were sharded as they were built (a sharded "
+        "start), but this Accelerator does not shard parameters (zero_stage ",
+        impl_->options_.zero_stage(), " on ", impl_->world_size_,
+        " process(es)). Fix: zero_stage(3) on several processes, or build the model outside "
+        "the sharded start (Accelerator::sharded_start gives none below stage 3)."));
+  }
+  if (!sharded_already.empty() &&
+      (impl_->device_.type() != torch::kCPU || impl_->settings_.downcast_bf16)) {
+    throw Error(detail::str(
+        impl_->rank_prefix_,
+        "prepare(model): the model's Sharded blocks were sharded as they "
+        "were built (a sharded start), which keeps their shares on the CPU in fp32; this run ",
+        "trains on ", impl_->device_, impl_->settings_.downcast_bf16 ? " with downcast_bf16" : "",
+        ", and moving or casting shares is not written yet. Fix: build the model whole (outside "
+        "sharded_start()) and let prepare shard it, or train on the CPU."));
+  }
+  if (sharded_already.empty()) {
+    model->to(impl_->device_);
+    if (impl_->settings_.downcast_bf16) model->to(torch::kBFloat16);
+  }
   Communicator& comm = communicator();
   detail::ScopedCollectiveLabel label("prepare");
   if (comm.world_size() > 1) {
     check_same_model_everywhere(comm, *model, impl_->rank_prefix_);
-    broadcast_from_main(comm, *model);
+    broadcast_from_main(comm, *model, sharded_already);
   }
   // Stage 3 shards the parameters of the model's Sharded blocks (each process now has the same
   // values, from rank 0); the reducer averages the rest whole, as stage 0 does.
@@ -432,6 +464,16 @@ void Accelerator::prepare_model(const std::shared_ptr<torch::nn::Module>& model)
   }
   impl_->models_.push_back({model, std::move(reducer), std::move(sharded)});
   impl_->checkpointed_->models.push_back(model);
+}
+
+ShardedStart Accelerator::sharded_start() {
+  // Shares are cut on the CPU in fp32; on a device, or with downcast_bf16, the model is built
+  // whole and prepare shards it after moving it (see prepare_model).
+  if (!impl_->sharding_parameters() || impl_->device_.type() != torch::kCPU ||
+      impl_->settings_.downcast_bf16) {
+    return ShardedStart();
+  }
+  return ShardedStart(communicator());
 }
 
 PreparedOptimizer Accelerator::prepare_optimizer(torch::optim::Optimizer& optimizer) {

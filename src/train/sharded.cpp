@@ -62,7 +62,52 @@ void for_each_row_run(int64_t numel, int64_t chunk, Copy copy) {
   if (rest > 0) copy(full, 1, rest);
 }
 
+// A per-parameter fingerprint of `params`' values: the sum of their bit patterns and of their
+// values. Equal builds from the same seed give equal bits; another seed differs in both.
+std::string value_fingerprints(const std::vector<torch::Tensor>& params) {
+  torch::NoGradGuard no_grad;
+  std::vector<int64_t> bits;
+  std::vector<double> values;
+  for (const auto& p : params) {
+    const torch::Tensor flat = p.detach().reshape({-1});
+    bits.push_back(flat.view(torch::kInt).sum(torch::kLong).item<int64_t>());
+    values.push_back(flat.sum(torch::kDouble).item<double>());
+  }
+  std::string out(reinterpret_cast<const char*>(bits.data()), bits.size() * sizeof(int64_t));
+  out.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(double));
+  return out;
+}
+
 }  // namespace
+
+namespace {
+// A ShardedStart's scope; they nest, and the innermost of this thread counts.
+struct StartScope {
+  Communicator* communicator = nullptr;
+  StartScope* enclosing = nullptr;
+  int blocks_built = 0;  // for errors: "block 3 built in it"
+};
+thread_local StartScope* innermost_sharded_start = nullptr;
+}  // namespace
+
+struct ShardedStart::Scope {
+  StartScope scope;
+};
+
+ShardedStart::ShardedStart() = default;
+
+ShardedStart::ShardedStart(Communicator& communicator)
+    : scope_(std::make_unique<Scope>(Scope{{&communicator, innermost_sharded_start, 0}})) {
+  innermost_sharded_start = &scope_->scope;
+}
+
+ShardedStart::ShardedStart(ShardedStart&& other) noexcept = default;
+
+ShardedStart::~ShardedStart() {
+  if (scope_ && innermost_sharded_start == &scope_->scope) {
+    innermost_sharded_start = scope_->scope.enclosing;
+  }
+}
 
 struct ShardedImpl::State {
   std::shared_ptr<torch::nn::Module> block;
@@ -142,6 +187,39 @@ struct ShardedImpl::State {
         ". The block's values live in its shares, laid out for the parameters it had then. Fix: "
         "build, move and cast the model before shard (before Accelerator::prepare), and change "
         "its parameters only through the optimizer."));
+  }
+
+  // A sharded start: every process built this block from its own random generator, and each
+  // keeps its own piece of it, so nothing else would notice processes seeded differently.
+  void check_same_values_everywhere(Communicator& comm, int built) const {
+    std::vector<torch::Tensor> whole;
+    std::vector<std::string> param_names;
+    for (const auto& item : block->named_parameters()) {
+      param_names.push_back(item.key());
+      whole.push_back(item.value());
+    }
+    const auto everyone = comm.gather_bytes(value_fingerprints(whole));
+    std::vector<int> differing;
+    for (size_t r = 1; r < everyone.size(); ++r) {
+      if (everyone[r] != everyone[0]) differing.push_back(static_cast<int>(r));
+    }
+    if (differing.empty()) return;
+    const std::string& theirs = everyone[differing.front()];
+    size_t first = 0;
+    const size_t n = param_names.size();
+    while (first + 1 < n && theirs.compare(first * 8, 8, everyone[0], first * 8, 8) == 0 &&
+           theirs.compare((n + first) * 8, 8, everyone[0], (n + first) * 8, 8) == 0) {
+      ++first;
+    }
+    throw Error(detail::str(
+        rank_prefix(comm.rank(), comm.world_size()), "sharded start: block ", built,
+        " built in this ShardedStart has other values on ",
+        differing.size() == 1 ? "rank " : "ranks ", detail::join(differing, ", "),
+        " than on rank 0 (first: parameter '", n == 0 ? "" : param_names[first],
+        "'), and each process keeps only its own piece of it. Likely cause: the processes "
+        "seeded their random generators differently, or not at all, before building the model. "
+        "Fix: call torch::manual_seed(seed) with the same seed on every process before building "
+        "it (or build it whole and let prepare broadcast rank 0's values)."));
   }
 
   void lay_out() {
@@ -373,6 +451,12 @@ ShardedImpl::ShardedImpl(std::shared_ptr<torch::nn::Module> block,
   for (const auto& p : inner.named_parameters(/*recurse=*/false))
     register_parameter(p.key(), p.value(), p.value().requires_grad());
   for (const auto& b : inner.named_buffers(/*recurse=*/false)) register_buffer(b.key(), b.value());
+  // A sharded start cuts the block now, while this is the only whole block.
+  StartScope* start = innermost_sharded_start;
+  if (start != nullptr && start->communicator->world_size() > 1) {
+    state_->check_same_values_everywhere(*start->communicator, ++start->blocks_built);
+    shard(*start->communicator);
+  }
 }
 
 namespace {
@@ -538,7 +622,9 @@ std::vector<std::shared_ptr<ShardedImpl>> shard_model(torch::nn::Module& model,
           "layer), or the outer one only.");
     }
   }
-  for (const auto& block : blocks) block->shard(communicator);
+  for (const auto& block : blocks) {
+    if (!block->sharded()) block->shard(communicator);
+  }
   return blocks;
 }
 
