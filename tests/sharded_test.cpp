@@ -5,6 +5,13 @@
 // misuse (a module changed after shard among it) must be refused with the fix.
 #include <accelerant/accelerant.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <csignal>
+#include <cstdio>
 
 #include "test_support.h"
 #include "train/fused_kernels.h"
@@ -348,6 +355,71 @@ TEST(Sharded, AShardedStartBuildsTheUnshardedValuesAndIsNeverWhole) {
             << world << " processes, rank " << r << ": " << checks[k];
       }
     }
+  }
+}
+
+namespace {
+
+// What a child process forked here writes on stderr and how it ends, running `touch`.
+std::pair<std::string, int> in_a_child(const std::function<void()>& touch) {
+  int pipe_fds[2];
+  if (::pipe(pipe_fds) != 0) return {"pipe failed", 0};
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::dup2(pipe_fds[1], STDERR_FILENO);
+    ::close(pipe_fds[0]);
+    const struct rlimit no_core {};
+    ::setrlimit(RLIMIT_CORE, &no_core);  // the fault is expected: no core file
+    touch();
+    ::_exit(0);  // it did not fault: the test fails on the status
+  }
+  ::close(pipe_fds[1]);
+  std::string text;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(pipe_fds[0], buffer, sizeof buffer)) > 0;) text.append(buffer, n);
+  ::close(pipe_fds[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  return {text, status};
+}
+
+// After a step, a sharded block's parameter holds no memory; reading it (as printing or saving
+// it between steps would) ends the process with SIGSEGV and a message that names the parameter
+// and the fix, where a null pointer would have ended it without a word. Inside
+// GatheredParameters it reads its values. 1 per check that holds.
+torch::Tensor freed_parameter_reads() {
+  auto& comm = ProcessState::get().communicator();
+  auto model = blocks_model();
+  shard_model(*model, comm);
+  model->forward(torch::randn({2, 16})).sum().backward();
+  const torch::Tensor weight = sharded_blocks(*model)[0]->block()->parameters()[0];
+  const auto [text, status] =
+      in_a_child([&] { std::fprintf(stderr, "%f", weight.sum().item<float>()); });
+  std::vector<double> out;
+  out.push_back(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV ? 1.0 : 0.0);
+  out.push_back(contains(text, "parameter '0.weight' of a ZeRO stage 3 sharded block") &&
+                        contains(text, "rank " + std::to_string(comm.rank()) + " of 2") &&
+                        contains(text, "Fix: do it inside accelerant::GatheredParameters")
+                    ? 1.0
+                    : 0.0);
+  {
+    GatheredParameters whole(*model);
+    out.push_back(std::isfinite(weight.sum().item<float>()) ? 1.0 : 0.0);
+  }
+  if (out[1] == 0.0) std::fprintf(stderr, "the child wrote: %s\n", text.c_str());
+  return torch::tensor(out, torch::kDouble);
+}
+
+}  // namespace
+
+TEST(Sharded, ReadingAFreedParameterBetweenStepsNamesItAndTheFix) {
+  const auto results = launch([](int) { return freed_parameter_reads(); },
+                              LaunchOptions().processes_per_node(2).verbose(false));
+  const char* checks[] = {"the child died of SIGSEGV", "its message", "gathered, it reads"};
+  for (size_t r = 0; r < results.size(); ++r) {
+    ASSERT_EQ(results[r].numel(), 3);
+    for (int64_t k = 0; k < 3; ++k)
+      EXPECT_EQ(results[r][k].item<double>(), 1.0) << "rank " << r << ": " << checks[k];
   }
 }
 

@@ -26,6 +26,7 @@
 #include "base/text.h"
 #include "comm/collective_label.h"
 #include "train/end_of_backward.h"
+#include "train/freed_parameters.h"
 #include "train/gradient_ready_hook.h"
 
 namespace accelerant {
@@ -120,7 +121,9 @@ struct ShardedImpl::State {
   std::vector<torch::Tensor> shares;
   std::vector<size_t> trainable;                  // indices of the parameters that require grad
   std::vector<const c10::StorageImpl*> storages;  // each parameter's, which gather refills
-  bool unsharded = false;                         // unshard() ended the sharding for good
+  // Where the parameters point while freed, on the CPU: a read there is named (see the header).
+  std::unique_ptr<detail::FreedParameters> freed;
+  bool unsharded = false;  // unshard() ended the sharding for good
 
   mutable std::mutex mutex;
   int gather_depth = 0;                // gathers not yet released
@@ -292,7 +295,28 @@ struct ShardedImpl::State {
           "release(), or use GatheredParameters.");
     }
     if (--gather_depth > 0) return;
-    for (const auto& p : params) resize_storage(p, 0);
+    for (size_t i = 0; i < params.size(); ++i) free_parameter(i);
+  }
+
+  // Parameter i's memory goes; on the CPU it then points at address space that faults with its
+  // name (freed_parameters.h), elsewhere at nothing.
+  void free_parameter(size_t i) {
+    const torch::Tensor& p = params[i];
+    if (!freed) {
+      resize_storage(p, 0);
+      return;
+    }
+    c10::StorageImpl* storage = p.storage().unsafeGetStorageImpl();
+    storage->set_data_ptr_noswap(c10::DataPtr(freed->address(i), p.device()));  // not owned
+    storage->set_nbytes(0);
+  }
+
+  void reserve_freed_ranges(const Communicator& comm) {
+    if (params.front().device().type() != torch::kCPU) return;
+    std::vector<size_t> bytes;
+    for (const auto& p : params) bytes.push_back(static_cast<size_t>(p.numel()) * 4);
+    freed = std::make_unique<detail::FreedParameters>(
+        names, bytes, detail::str("rank ", comm.rank(), " of ", comm.world_size()));
   }
 
   // The whole gradients, averaged over the processes: each process's pieces into its row of
@@ -532,15 +556,16 @@ void ShardedImpl::shard(Communicator& communicator) {
   s.names = std::move(names);
   s.check_shardable(params);
   s.params = std::move(params);
+  s.reserve_freed_ranges(communicator);  // the one step that can fail: before anything changes
   s.communicator = &communicator;
   for (const auto& p : s.params) s.storages.push_back(p.storage().unsafeGetStorageImpl());
   s.lay_out();
   s.cut_shares();
   s.hook_gradient_accumulators();
   torch::NoGradGuard no_grad;
-  for (auto& p : s.params) {
-    p.mutable_grad() = torch::Tensor();
-    resize_storage(p, 0);
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    s.params[i].mutable_grad() = torch::Tensor();
+    s.free_parameter(i);
   }
 }
 
