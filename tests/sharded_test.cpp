@@ -423,6 +423,63 @@ TEST(Sharded, ReadingAFreedParameterBetweenStepsNamesItAndTheFix) {
   }
 }
 
+namespace {
+
+// Three AdamW steps of blocks_model with each block's prefetch on or off; after the second
+// step's backward and before its optimizer step, an evaluation runs the first sharded block
+// alone, which prefetches the second with the values of before the step. Returns the whole
+// parameters, then the second block's prefetches and the bytes both blocks hold at the end.
+torch::Tensor train_with_prefetch(int rank, bool prefetch) {
+  Communicator& comm = ProcessState::get().communicator();
+  auto model = blocks_model();
+  const auto blocks = shard_model(*model, comm);
+  for (const auto& block : blocks) block->set_prefetch(prefetch);
+  GradientReducer reducer(replicated_parameters(*model), comm);
+  torch::optim::AdamW adamw(parameters_to_update(*model), torch::optim::AdamWOptions(1e-2));
+  const int per_rank = kShardedGlobalBatch / 2;
+  for (int step = 0; step < 3; ++step) {
+    auto [x, y] = sharded_batch(step);
+    x = x.narrow(0, rank * per_rank, per_rank), y = y.narrow(0, rank * per_rank, per_rank);
+    (model->forward(x) - y).pow(2).mean().backward();
+    if (step == 1) {
+      torch::NoGradGuard evaluation;
+      auto first = model[0]->as<torch::nn::Linear>()->forward(x);
+      model[2]->as<ShardedImpl>()->forward(torch::tanh(first));
+    }
+    adamw.step();
+    adamw.zero_grad();
+  }
+  double held = 0;
+  for (const auto& block : blocks) {
+    for (const auto& p : block->block()->parameters()) held += p.storage().nbytes();
+  }
+  const auto prefetches = static_cast<float>(blocks[1]->stats().prefetches);
+  GatheredParameters whole(*model);
+  return torch::cat(
+      {flat_parameters(*model), torch::tensor({prefetches, static_cast<float>(held)})});
+}
+
+}  // namespace
+
+// With prefetch on, the second block's gather starts while the first runs forward (and the
+// first's while the second runs backward), and the training is the same, bit for bit, as
+// without: a prefetch left behind by an evaluation before the optimizer step is dropped, never
+// served after it, and nothing stays gathered after a step.
+TEST(Sharded, PrefetchStartsTheNextGatherAheadAndNeverServesAStaleOne) {
+  auto options = LaunchOptions().processes_per_node(2).verbose(false);
+  const auto with = launch([](int rank) { return train_with_prefetch(rank, true); }, options);
+  const auto without = launch([](int rank) { return train_with_prefetch(rank, false); }, options);
+  for (size_t r = 0; r < with.size(); ++r) {
+    const int64_t n = with[r].numel() - 2;
+    EXPECT_TRUE(torch::equal(with[r].narrow(0, 0, n), without[r].narrow(0, 0, n)))
+        << "rank " << r << ": prefetching changed the training by up to "
+        << (with[r].narrow(0, 0, n) - without[r].narrow(0, 0, n)).abs().max().item<double>();
+    EXPECT_GE(with[r][n].item<float>(), 2) << "rank " << r << ": prefetches of the second block";
+    EXPECT_EQ(without[r][n].item<float>(), 0) << "rank " << r;
+    EXPECT_EQ(with[r][n + 1].item<float>(), 0) << "rank " << r << ": bytes held after the steps";
+  }
+}
+
 // One process: the wrapper runs its block unchanged, and nothing is sharded.
 TEST(Sharded, OnOneProcessItIsThePlainBlock) {
   torch::manual_seed(1);

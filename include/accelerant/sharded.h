@@ -19,6 +19,10 @@
 //   gradients are averaged and reduce-scattered into the shares' .grad (each process receives
 //   its share of the average), the whole gradients are released, and so are the parameters.
 //   The reduce-scatter overlaps the backward of the blocks before it; the end of backward waits.
+// - Prefetch: from the second step on, a block that starts its forward also starts the gather of
+//   the block that ran after it in the last step, and a block that starts its backward the
+//   gather of the one before it, so that each gather overlaps another block's compute
+//   (set_prefetch; the share of the step still spent waiting is in stats().gather_wait).
 // - The optimizer updates the shares (parameters_to_update gives them in place of the blocks'
 //   parameters): elementwise updates (SGD, Adam, AdamW) are then exactly those of plain data
 //   parallelism, each process computing its share.
@@ -27,9 +31,9 @@
 // a GradientReducer over replicated_parameters averages their gradients.
 //
 // Memory per process: the shares (1/N of each block's parameters, each padded to N equal
-// pieces), plus one block gathered whole at a time with its gradients during backward, and one
-// block's flat reduce-scatter buffer (about the block's size) in flight: starting a block's
-// reduce-scatter collects the one before it.
+// pieces), plus one block gathered whole at a time with its gradients during backward, the next
+// block's parameters gathered ahead, and one block's flat reduce-scatter buffer (about the
+// block's size) in flight: starting a block's reduce-scatter collects the one before it.
 //
 // Every process must run each block as many times (each run is a collective): an evaluation that
 // takes more batches on one process, or inference on one process only, hangs unless it runs
@@ -53,8 +57,6 @@
 // reading, printing or saving them. On the CPU a freed parameter points at reserved address space
 // that may not be read: touching it there (printing, saving, model->to()) ends the process with
 // SIGSEGV and a message naming the parameter and this fix, instead of reading garbage.
-//
-// Not yet: the prefetch of the next block's gather.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -65,6 +67,7 @@
 #include <torch/ordered_dict.h>
 #include <torch/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -86,6 +89,11 @@ struct ShardedStats {
   int64_t share_elements = 0;
   /// Elements of the block's parameters, whole.
   int64_t parameter_elements = 0;
+  /// Gathers started ahead of use, while another block ran (see set_prefetch).
+  int64_t prefetches = 0;
+  /// Time spent waiting for the block's all-gathers to finish when it needed its parameters:
+  /// the part of the gathers the step sees (the whole gather without a prefetch).
+  std::chrono::nanoseconds gather_wait{0};
 };
 
 /// A block whose parameters are sharded across processes once shard() is called (see the file
@@ -129,6 +137,13 @@ class ShardedImpl : public torch::nn::Module {
   /// (gradient accumulation: memory for the whole block's gradients); the next backward with sync
   /// on reduce-scatters everything accumulated. True when made.
   void set_sync(bool enabled);
+  /// Whether other blocks start this block's gather ahead of its use: in forward the block that
+  /// ran before it in the last step's order starts it, in backward the one after it, so that
+  /// the gather overlaps their compute at the cost of a second block's parameters held at once.
+  /// The order is the one the blocks ran forward in during the last step that ended with a
+  /// backward pass; a prefetch not used by the end of that backward is waited for and freed.
+  /// Every process must set it alike (the prefetches are collectives). True when made.
+  void set_prefetch(bool enabled);
   /// What the block has done so far (a copy).
   ShardedStats stats() const;
   /// Whether the parameters hold their values now (always, unless sharded).

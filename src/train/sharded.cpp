@@ -128,6 +128,11 @@ struct ShardedImpl::State {
   mutable std::mutex mutex;
   int gather_depth = 0;                // gathers not yet released
   bool gathered_for_backward = false;  // a backward pass holds one gather
+  bool prefetch_enabled = true;        // set_prefetch
+  // A gather started ahead of use (prefetch_locked): the parameters hold their memory and these
+  // all-gathers fill it; the next gather waits for them instead of starting its own.
+  std::vector<PendingCollective> gathering;
+  bool prefetched = false;
   bool sync = true;
   bool in_pass = false;  // a backward pass has started on this block and not ended
   std::vector<bool> ready;
@@ -264,11 +269,9 @@ struct ShardedImpl::State {
     }
   }
 
-  void gather_locked() {
-    if (gather_depth > 0) {
-      ++gather_depth;
-      return;
-    }
+  // Starts the all-gather of every parameter into its own storage (see the file comment), one
+  // collective per parameter, without waiting.
+  void start_gather_locked() {
     check_unchanged();  // on every process alike (the same model), before any collective
     torch::NoGradGuard no_grad;
     detail::ScopedCollectiveLabel label("ZeRO-3 parameter all-gather");
@@ -282,10 +285,60 @@ struct ShardedImpl::State {
       const torch::Tensor whole = storage_alias(params[i], padded);
       const torch::Tensor mine = whole.narrow(0, rank() * chunk[i], chunk[i]);
       mine.copy_(shares[i].detach());
-      communicator->all_gather_(mine, whole);
+      gathering.push_back(communicator->all_gather_async_(mine, whole));
     }
-    gather_depth = 1;
-    ++stats.gathers;
+  }
+
+  // Waits for the gathers in flight; the time it blocks is the gather's cost the step sees.
+  void finish_gather_locked() {
+    const auto start = std::chrono::steady_clock::now();
+    for (auto& pending : gathering) pending.wait();
+    gathering.clear();
+    prefetched = false;
+    stats.gather_wait += std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::steady_clock::now() - start);
+  }
+
+  // The prefetch schedule shared by every block of the process (defined below the struct).
+  struct Schedule;
+  static Schedule& schedule();
+  static void record_forward(const std::shared_ptr<State>& state);
+  static void prefetch_from(const std::shared_ptr<State>& state, int step);
+  static void finish_backward_pass();
+  static void before_use(const std::shared_ptr<State>& state);
+  static void drop_prefetches();
+
+  void gather_locked();  // below Schedule, which it reads
+
+  // Starts this block's gather ahead of its use, while another block computes: its next gather
+  // only waits for what is left. False when there is nothing to do: not sharded, prefetch off,
+  // whole already or on its way.
+  bool prefetch_locked() {
+    if (communicator == nullptr || !prefetch_enabled || gather_depth > 0 || prefetched) {
+      return false;
+    }
+    start_gather_locked();
+    prefetched = true;
+    ++stats.prefetches;
+    return true;
+  }
+
+  // A prefetch that was not used: waited for, and the memory freed.
+  void drop_prefetch_locked() {
+    if (!prefetched) return;
+    finish_gather_locked();
+    if (gather_depth == 0) {
+      for (size_t i = 0; i < params.size(); ++i) free_parameter(i);
+    }
+  }
+
+  ~State() {
+    for (auto& pending : gathering) {
+      try {
+        pending.wait();  // the collective writes into the parameters' storage
+      } catch (...) {
+      }
+    }
   }
 
   void release_locked() {
@@ -399,15 +452,20 @@ struct ShardedImpl::State {
     if (sync) start_reduce_scatter();
   }
 
-  void before_backward() {
+  // True when it gathered (the first time in this pass).
+  bool before_backward() {
     std::lock_guard<std::mutex> lock(mutex);
-    if (gathered_for_backward) return;
+    if (gathered_for_backward) return false;
     gather_locked();  // a failed gather leaves nothing to release and no pass begun
     gathered_for_backward = true;
     std::weak_ptr<State> weak = self;
     detail::queue_end_of_backward([weak] {
-      if (auto state = weak.lock()) state->end_of_backward();
+      if (auto state = weak.lock()) {
+        finish_backward_pass();  // first, so that an error below leaves no prefetch behind
+        state->end_of_backward();
+      }
     });
+    return true;
   }
 
   void on_gradient(size_t i) {
@@ -460,6 +518,124 @@ struct ShardedImpl::State {
     }
   }
 };
+
+// Which block's gather to start ahead (as FSDP prefetches): the order in which the blocks ran
+// forward in the last step that ended with a backward pass. In forward, a block that starts
+// prefetches the block after it; in backward, the block before it. Every process runs the blocks
+// in the same order (each gather is a collective already), so every process starts the same
+// prefetches in the same order. Process-wide, as the blocks of one step share the collectives.
+//
+// A prefetched gather holds the shares' values of the moment it started, so it may only be used
+// before they change: by the block it was started for, as the next block to be used. Any other
+// use first drops it (waits for it and frees the memory), and so does the end of a backward pass
+// (the optimizer step comes after it): a prefetch an evaluation left behind, or a forward that
+// ended early, is never used after a step.
+struct ShardedImpl::State::Schedule {
+  std::mutex mutex;
+  std::vector<std::weak_ptr<State>> recording;   // this step's forward order so far
+  std::vector<std::weak_ptr<State>> order;       // the last step's
+  std::vector<std::weak_ptr<State>> prefetched;  // started ahead, not used yet
+  std::weak_ptr<State> expected;                 // the block the prefetch was started for
+};
+
+ShardedImpl::State::Schedule& ShardedImpl::State::schedule() {
+  static Schedule s;
+  return s;
+}
+
+void ShardedImpl::State::gather_locked() {
+  if (gather_depth > 0) {
+    ++gather_depth;
+    return;
+  }
+  if (!prefetched) start_gather_locked();
+  finish_gather_locked();
+  gather_depth = 1;
+  ++stats.gathers;
+}
+
+void ShardedImpl::State::record_forward(const std::shared_ptr<State>& state) {
+  Schedule& s = schedule();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  for (const auto& seen : s.recording) {
+    if (seen.lock() == state) return;  // the first run counts (evaluation repeats them)
+  }
+  s.recording.push_back(state);
+}
+
+// Prefetches the block `step` places from `state` in the last step's order (+1 in forward, -1 in
+// backward), if there is one.
+void ShardedImpl::State::prefetch_from(const std::shared_ptr<State>& state, int step) {
+  Schedule& s = schedule();
+  std::shared_ptr<State> next;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    for (size_t i = 0; i < s.order.size(); ++i) {
+      if (s.order[i].lock() != state) continue;
+      const auto j = static_cast<std::ptrdiff_t>(i) + step;
+      if (j >= 0 && j < static_cast<std::ptrdiff_t>(s.order.size())) next = s.order[j].lock();
+      break;
+    }
+  }
+  if (!next || next == state) return;
+  bool started = false;
+  {
+    std::lock_guard<std::mutex> lock(next->mutex);
+    started = next->prefetch_locked();
+  }
+  if (started) {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.prefetched.push_back(next);
+    s.expected = next;
+  }
+}
+
+void ShardedImpl::State::drop_prefetches() {
+  Schedule& s = schedule();
+  std::vector<std::shared_ptr<State>> unused;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    for (const auto& weak : s.prefetched) {
+      if (auto block = weak.lock()) unused.push_back(block);
+    }
+    s.prefetched.clear();
+    s.expected.reset();
+  }
+  for (const auto& block : unused) {
+    std::lock_guard<std::mutex> lock(block->mutex);
+    block->drop_prefetch_locked();
+  }
+}
+
+// Before `state` gathers: a prefetch started for another block is dropped (see Schedule).
+void ShardedImpl::State::before_use(const std::shared_ptr<State>& state) {
+  Schedule& s = schedule();
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (s.prefetched.empty()) return;
+    if (s.expected.lock() == state) {
+      s.prefetched.clear();  // it is used now
+      s.expected.reset();
+      return;
+    }
+  }
+  drop_prefetches();
+}
+
+// At the end of a backward pass (the first block's end-of-backward callback): this step's
+// forward order becomes the one to prefetch by, and prefetches nobody used are waited for and
+// freed, so that no gather started before the optimizer step outlives it.
+void ShardedImpl::State::finish_backward_pass() {
+  Schedule& s = schedule();
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (!s.recording.empty()) {
+      s.order = std::move(s.recording);
+      s.recording.clear();
+    }
+  }
+  drop_prefetches();
+}
 
 ShardedImpl::ShardedImpl(std::shared_ptr<torch::nn::Module> block,
                          std::function<torch::Tensor(torch::Tensor)> forward)
@@ -515,7 +691,9 @@ ShardedImpl::~ShardedImpl() = default;
 
 torch::Tensor ShardedImpl::forward(torch::Tensor input) {
   if (!sharded()) return state_->run_block(std::move(input));
-  gather();
+  State::record_forward(state_);
+  gather();  // uses a prefetch started for this block, or drops one started for another
+  State::prefetch_from(state_, +1);
   torch::Tensor output;
   try {
     output = state_->run_block(std::move(input));
@@ -527,7 +705,10 @@ torch::Tensor ShardedImpl::forward(torch::Tensor input) {
   if (torch::GradMode::is_enabled() && output.requires_grad()) {
     std::weak_ptr<State> weak = state_;
     output.register_hook([weak](const torch::Tensor&) {
-      if (auto state = weak.lock()) state->before_backward();
+      auto state = weak.lock();
+      if (!state) return;
+      State::before_use(state);
+      if (state->before_backward()) State::prefetch_from(state, -1);
     });
   }
   return output;
@@ -578,6 +759,11 @@ void ShardedImpl::set_sync(bool enabled) {
   state_->sync = enabled;
 }
 
+void ShardedImpl::set_prefetch(bool enabled) {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->prefetch_enabled = enabled;
+}
+
 ShardedStats ShardedImpl::stats() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
   return state_->stats;
@@ -592,6 +778,7 @@ const std::shared_ptr<torch::nn::Module>& ShardedImpl::block() const { return st
 
 void ShardedImpl::gather() {
   if (!sharded()) return;
+  State::before_use(state_);
   std::lock_guard<std::mutex> lock(state_->mutex);
   state_->gather_locked();
 }
@@ -601,6 +788,7 @@ void ShardedImpl::unshard() {
   std::lock_guard<std::mutex> lock(state_->mutex);
   State& s = *state_;
   s.collect_scatter_locked();
+  s.drop_prefetch_locked();
   if (s.gather_depth == 0) s.gather_locked();
   s.gather_depth = 0;
   s.gathered_for_backward = s.in_pass = false;

@@ -199,13 +199,16 @@ void print_table(const Estimate& e) {
             << "           stage 1 divides optimizer" << (mixed ? " and master" : "")
             << " by the world size, stage 2 gradients too,\n"
             << "           stage 3 parameters too, plus one block gathered whole with its "
-               "gradients\n\n";
+               "gradients\n           and the next block's parameters gathered ahead\n\n";
 
   const bool stage3 = std::any_of(e.rows.begin(), e.rows.end(),
                                   [](const RankMemory& r) { return r.zero_stage == 3; });
   std::vector<std::string> header = {"stage", "ranks", "B/param", "params", "grads", "optimizer"};
   if (mixed) header.push_back("master");
-  if (stage3) header.push_back("block");
+  if (stage3) {
+    header.push_back("block");
+    header.push_back("prefetch");
+  }
   for (const char* h : {"total/rank", "vs stage 0", "largest buffer"}) header.push_back(h);
   if (e.activations) header.push_back("+ activations ~");
   std::vector<std::vector<std::string>> cells = {header};
@@ -218,7 +221,10 @@ void print_table(const Estimate& e) {
         std::to_string(r.zero_stage), std::to_string(r.world_size), per_param,
         human_bytes(r.parameters, 2), human_bytes(r.gradients, 2),  human_bytes(r.optimizer, 2)};
     if (mixed) row.push_back(human_bytes(r.master, 2));
-    if (stage3) row.push_back(r.zero_stage == 3 ? human_bytes(r.gathered_block, 2) : "-");
+    if (stage3) {
+      row.push_back(r.zero_stage == 3 ? human_bytes(r.gathered_block, 2) : "-");
+      row.push_back(r.zero_stage == 3 ? human_bytes(r.prefetched_block, 2) : "-");
+    }
     row.push_back(human_bytes(r.total(), 2));
     row.push_back(percent(r.total(), e.stage0_totals[i]));
     row.push_back(human_bytes(r.largest_buffer, 2));
@@ -240,9 +246,10 @@ void print_table(const Estimate& e) {
     if (e.model.block_parameters > 0) {
       std::cout << "Stage 3's block: " << grouped(e.model.block_parameters) << " parameters ("
                 << e.model.block_source
-                << "),\n  whole with its gradients while its backward runs. Parameters outside "
-                   "every Sharded\n  block stay whole on every rank: this counts them as "
-                   "sharded.\n";
+                << "),\n  whole with its gradients while its backward runs, and the next "
+                   "block's parameters\n  gathered ahead meanwhile (the prefetch). Parameters "
+                   "outside every Sharded block\n  stay whole on every rank: this counts them "
+                   "as sharded.\n";
     } else {
       std::cout << "Stage 3's gathered block is not counted: its size is unknown. Pass "
                    "--block_params\n  (the largest Sharded block's parameters, e.g. one "
@@ -293,6 +300,7 @@ void print_json(const Estimate& e) {
                                   {"optimizer_bytes", r.optimizer},
                                   {"master_bytes", r.master},
                                   {"gathered_block_bytes", r.gathered_block},
+                                  {"prefetched_block_bytes", r.prefetched_block},
                                   {"total_bytes", r.total()},
                                   {"stage0_total_bytes", e.stage0_totals[i]},
                                   {"largest_buffer_bytes", r.largest_buffer}};
@@ -391,9 +399,10 @@ void add_estimate_memory_command(CLI::App& app, Action& action) {
       "/N\n"
       "  block       stage 3 only: one block's parameters and gradients whole, B x (4 + 4) B at\n"
       "              fp32 (B = --block_params), while its backward runs\n"
+      "  prefetch    stage 3 only: the next block's parameters, gathered ahead, B x 4 B at fp32\n"
       "  Stage 0 is plain data parallelism (everything replicated). fp32 + adamw: 16 B/param at\n"
       "  stage 0; stage 2 on 4 ranks: 4 + 4/4 + 8/4 = 7 B/param; stage 3 on 4 ranks: 16/4 = 4\n"
-      "  B/param plus the block.\n"
+      "  B/param plus the block and the prefetch.\n"
       "Accelerant's ZeRO (AcceleratorOptions::zero_stage, docs/zero.md) gives each rank 1/N of\n"
       "the optimizer state (the padding that aligns a shard for vector loads, at most 16\n"
       "elements per bucket and rank, is left out); its stage 2 keeps each rank's 1/N of the\n"

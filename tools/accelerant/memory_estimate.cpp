@@ -46,6 +46,7 @@ RankMemory estimate_rank_memory(uint64_t num_parameters, const BytesPerParameter
   // Stage 3 with one process shards nothing: the block is among the whole parameters already.
   if (zero_stage >= 3 && n > 1) {
     m.gathered_block = block_parameters * (bytes.parameters + bytes.gradients);
+    m.prefetched_block = block_parameters * bytes.parameters;
   }
   // Each optimizer buffer (a moment, the momentum) is an arena of its own, 4 bytes per element.
   const int optimizer_buffers = bytes.optimizer / 4;

@@ -33,10 +33,14 @@ struct RankMemory {
   /// Stage 3: one block's parameters and gradients, whole while its backward runs (0 when the
   /// block's size is not known, and below stage 3).
   uint64_t gathered_block = 0;
+  /// Stage 3: the next block's parameters, gathered ahead while this one runs (the prefetch).
+  uint64_t prefetched_block = 0;
   /// The largest single allocation among them (one arena or one shard of it): what must fit in
   /// one piece of free device memory.
   uint64_t largest_buffer = 0;
-  uint64_t total() const { return parameters + gradients + optimizer + master + gathered_block; }
+  uint64_t total() const {
+    return parameters + gradients + optimizer + master + gathered_block + prefetched_block;
+  }
 };
 
 /// Stage 0 replicates everything; stage 1 shards the optimizer state and the master copy (each rank
