@@ -4,6 +4,7 @@
 #include "accelerant/error.h"
 #include "accelerant/safetensors.h"
 #include "accelerator/accelerator_impl.h"
+#include "accelerator/sharded_model_files.h"
 #include "base/text.h"
 #include "base/trace_events.h"
 #include "checkpoint/training_checkpoint.h"
@@ -109,19 +110,14 @@ void Accelerator::save_model_module(const torch::nn::Module& module, const std::
   detail::ScopedCollectiveLabel label("save_model");
   const int64_t max_bytes =
       parse_byte_size(max_shard_size);  // same text on every rank: throws on all
-  // ZeRO stage 3: every process gathers the sharded blocks whole while rank 0 writes them.
-  GatheredParameters whole(module);
-  detail::on_every_process(checkpoint_ranks(), "save_model into " + dir, [&] {
-    if (is_main_process()) save_model_safetensors(module, dir, max_bytes);
-  });
+  // ZeRO stage 3: one sharded block gathered at a time while the main process streams it out.
+  detail::save_model_by_blocks(module, dir, max_bytes, checkpoint_ranks());
 }
 
 void Accelerator::load_model_module(torch::nn::Module& module, const std::string& dir) {
   detail::ScopedCollectiveLabel label("load_model");
-  GatheredParameters whole(module);  // ZeRO stage 3: loaded whole, kept as each process's shares
-  detail::on_every_process(checkpoint_ranks(), "load_model from " + dir,
-                           [&] { load_model_safetensors(module, dir); });
-  whole.store();
+  // ZeRO stage 3: the mapped files copied in one gathered block at a time, kept as its shares.
+  detail::load_model_by_blocks(module, dir, checkpoint_ranks());
 }
 
 }  // namespace accelerant

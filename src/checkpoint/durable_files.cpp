@@ -37,47 +37,59 @@ const char* kSpaceFix =
 
 }  // namespace
 
-void write_file_durably(const std::string& path, const std::string& bytes,
-                        const std::string& what) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail("create " + what, path, errno, kSpaceFix);
+DurableFileWriter::DurableFileWriter(std::string path, std::string what, bool replace)
+    : path_(std::move(path)), target_(path_), what_(std::move(what)) {
+  if (replace) path_ = parent_of(target_) + "/." + base_name(target_) + ".partial";
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail("create " + what_, path_, errno, kSpaceFix);
+}
+
+DurableFileWriter::~DurableFileWriter() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_ && path_ != target_) ::unlink(path_.c_str());  // a replacement half written
+}
+
+void DurableFileWriter::append(const void* data, size_t bytes) {
+  const char* at = static_cast<const char*>(data);
   size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+  while (done < bytes) {
+    const ssize_t n = ::write(fd_, at + done, bytes - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      const int error = n < 0 ? errno : ENOSPC;
-      ::close(fd);
-      fail(str("write ", what, " (", bytes.size(), " bytes, ", done, " written) to"), path, error,
-           kSpaceFix);
+      fail(
+          str("write ", what_, " (", written_ + bytes, " bytes, ", written_ + done, " written) to"),
+          path_, n < 0 ? errno : ENOSPC, kSpaceFix);
     }
     done += static_cast<size_t>(n);
   }
+  written_ += bytes;
+}
+
+void DurableFileWriter::commit() {
   // Data can fail to reach the disk only at fsync or close (NFS, full thin volumes): both count.
-  if (::fsync(fd) != 0) {
-    const int error = errno;
-    ::close(fd);
-    fail("flush " + what + " to disk at", path, error, kSpaceFix);
+  if (::fsync(fd_) != 0) fail("flush " + what_ + " to disk at", path_, errno, kSpaceFix);
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) fail("close " + what_ + " at", path_, errno, kSpaceFix);
+  if (path_ != target_ && ::rename(path_.c_str(), target_.c_str()) != 0) {
+    fail("rename " + path_ + " to", target_, errno, kSpaceFix);
   }
-  if (::close(fd) != 0) fail("close " + what + " at", path, errno, kSpaceFix);
+  committed_ = true;
+  if (path_ != target_) sync_directory(parent_of(target_));
+}
+
+void write_file_durably(const std::string& path, const std::string& bytes,
+                        const std::string& what) {
+  DurableFileWriter file(path, what, /*replace=*/false);
+  file.append(bytes.data(), bytes.size());
+  file.commit();
 }
 
 void replace_file_durably(const std::string& path, const std::string& bytes,
                           const std::string& what) {
-  const std::string dir = parent_of(path);
-  const std::string tmp = dir + "/." + base_name(path) + ".partial";
-  try {
-    write_file_durably(tmp, bytes, what);
-  } catch (...) {
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int error = errno;
-    ::unlink(tmp.c_str());
-    fail("rename " + tmp + " to", path, error, kSpaceFix);
-  }
-  sync_directory(dir);
+  DurableFileWriter file(path, what, /*replace=*/true);
+  file.append(bytes.data(), bytes.size());
+  file.commit();
 }
 
 void sync_directory(const std::string& dir) {

@@ -2,6 +2,7 @@
 // renamed so that a crash at any moment leaves either the old or the new state, never a mix.
 // Every failure throws CheckpointError with the path, the system's reason and a fix.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -16,6 +17,31 @@ void write_file_durably(const std::string& path, const std::string& bytes, const
 /// directory fsynced: readers see the old file or the new one, never a part.
 void replace_file_durably(const std::string& path, const std::string& bytes,
                           const std::string& what);
+
+/// A file written piece by piece, durably: write_file_durably's file (`replace` false), or
+/// replace_file_durably's (a hidden temporary file beside `path`, renamed over it by commit()).
+/// Destroyed before commit(), a replacement's temporary file is removed. Every failure throws
+/// CheckpointError naming the path, `what` and the fix.
+class DurableFileWriter {
+ public:
+  DurableFileWriter(std::string path, std::string what, bool replace);
+  ~DurableFileWriter();
+  DurableFileWriter(const DurableFileWriter&) = delete;
+  DurableFileWriter& operator=(const DurableFileWriter&) = delete;
+  /// Writes the next `bytes` bytes.
+  void append(const void* data, size_t bytes);
+  /// fsyncs and closes the file; a replacement is then renamed over `path`, the directory
+  /// fsynced.
+  void commit();
+
+ private:
+  std::string path_;    // what is written
+  std::string target_;  // where it ends
+  std::string what_;
+  int fd_ = -1;
+  uint64_t written_ = 0;
+  bool committed_ = false;
+};
 
 /// fsyncs a directory, making the names created or renamed in it durable.
 void sync_directory(const std::string& dir);

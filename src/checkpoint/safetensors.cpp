@@ -14,47 +14,12 @@
 #include "base/text.h"
 #include "checkpoint/durable_files.h"
 #include "checkpoint/safetensors_format.h"
+#include "checkpoint/safetensors_stream.h"
 
 namespace accelerant {
 namespace {
 
 using detail::str;
-
-struct DtypeName {
-  torch::ScalarType type;
-  const char* name;
-};
-
-// The names the safetensors specification gives to the dtypes LibTorch 1.13 has.
-constexpr DtypeName kDtypes[] = {
-    {torch::kBool, "BOOL"},  {torch::kUInt8, "U8"},      {torch::kInt8, "I8"},
-    {torch::kInt16, "I16"},  {torch::kInt32, "I32"},     {torch::kInt64, "I64"},
-    {torch::kHalf, "F16"},   {torch::kBFloat16, "BF16"}, {torch::kFloat, "F32"},
-    {torch::kDouble, "F64"},
-};
-
-const char* dtype_name(torch::ScalarType type) {
-  for (const auto& d : kDtypes) {
-    if (d.type == type) return d.name;
-  }
-  return nullptr;
-}
-
-bool dtype_from_name(const std::string& name, torch::ScalarType* type) {
-  for (const auto& d : kDtypes) {
-    if (name == d.name) {
-      *type = d.type;
-      return true;
-    }
-  }
-  return false;
-}
-
-std::string supported_dtype_names() {
-  std::vector<std::string> names;
-  for (const auto& d : kDtypes) names.push_back(d.name);
-  return detail::join(names, ", ");
-}
 
 bool little_endian_host() {
   const uint16_t one = 1;
@@ -69,42 +34,16 @@ std::string encode_safetensors(const SafetensorsContents& contents) {
   if (!little_endian_host())
     throw Error(
         "safetensors files are little-endian; this build supports only little-endian hosts.");
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!contents.metadata.empty()) header["__metadata__"] = contents.metadata;
+  std::vector<detail::TensorLayout> layouts;
   std::vector<torch::Tensor> data;
-  std::set<std::string> names;
-  uint64_t offset = 0;
   for (const auto& [name, tensor] : contents.tensors) {
-    if (name.empty() || name == "__metadata__") {
-      throw Error(str("a safetensors tensor cannot be named \"", name,
-                      "\". Fix: give every tensor a non-empty name "
-                      "other than __metadata__."));
-    }
-    if (!names.insert(name).second) {
-      throw Error(str("the tensor name \"", name,
-                      "\" appears twice; safetensors names are unique. Fix: rename one."));
-    }
-    const char* dtype = dtype_name(tensor.scalar_type());
-    if (!dtype) {
-      throw Error(detail::str("tensor \"", name, "\" has dtype ", tensor.scalar_type(),
-                              ", which safetensors cannot hold here. ",
-                              "Supported: ", supported_dtype_names(),
-                              ". Fix: convert it (e.g. .to(torch::kFloat)) first."));
-    }
-    torch::Tensor cpu = tensor.detach().to(torch::kCPU).contiguous();
-    const uint64_t bytes = cpu.numel() * cpu.element_size();
-    header[name] = {
-        {"dtype", dtype}, {"shape", cpu.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-    data.push_back(cpu);
+    data.push_back(tensor.detach().to(torch::kCPU).contiguous());
+    layouts.push_back(detail::layout_of(name, data.back()));
   }
-  std::string header_text = header.dump();
-  header_text.append((8 - header_text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
-  std::string out(8, '\0');
-  const uint64_t n = header_text.size();
-  std::memcpy(&out[0], &n, 8);  // little-endian host, checked above
-  out += header_text;
-  out.reserve(out.size() + offset);
+  std::string out = detail::safetensors_header_bytes(layouts, contents.metadata);
+  uint64_t total = 0;
+  for (const auto& l : layouts) total += l.bytes();
+  out.reserve(out.size() + total);
   for (const auto& t : data)
     out.append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
   return out;
@@ -123,7 +62,7 @@ SafetensorsContents decode_safetensors(const std::string& bytes, const std::stri
   detail::check_safetensors_data(header, data, where);
   for (const auto& e : header.tensors) {
     torch::ScalarType type = torch::kFloat;
-    dtype_from_name(e.dtype, &type);  // the parser accepted only names of kDtypes
+    detail::safetensors_dtype_from_name(e.dtype, &type);  // the parser accepted only these
     torch::Tensor t = torch::empty(e.shape, torch::TensorOptions().dtype(type));
     const uint64_t n = e.data_end - e.data_begin;
     if (n) std::memcpy(t.data_ptr(), data + e.data_begin, n);

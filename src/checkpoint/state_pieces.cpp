@@ -13,6 +13,7 @@
 #include "base/text.h"
 #include "base/uncaught_exception_recorder.h"
 #include "train/fused_state_conversion.h"
+#include "train/fused_state_format.h"
 
 namespace accelerant::detail {
 
