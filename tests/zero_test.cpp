@@ -393,6 +393,92 @@ TEST(Zero, Stage3FollowsStage0Over50StepsWithClippingAccumulationAndAResume) {
   remove_tree(dir);
 }
 
+// A Linear plus a bias of its own that forward adds only while `use_extra` is set: a branch that
+// some steps skip.
+struct GateImpl : torch::nn::Module {
+  GateImpl() : linear(register_module("linear", torch::nn::Linear(16, 4))) {
+    extra = register_parameter("extra", torch::zeros({4}));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    auto out = linear->forward(x);
+    return use_extra ? out + extra : out;
+  }
+  torch::nn::Linear linear;
+  torch::Tensor extra;
+  bool use_extra = true;
+};
+TORCH_MODULE(Gate);
+
+// `steps` AdamW steps of two blocks, the second of which adds its `extra` on odd steps only (on
+// even ones, starting with the first, no process uses it): the parameters, flat, gathered; or,
+// when one is thrown, the error's text (and no tensor).
+torch::Tensor train_with_a_branch(int rank, int stage, bool allow_unused, std::string* error,
+                                  int steps = 10) {
+  Accelerator acc(
+      AcceleratorOptions().cpu(true).zero_stage(stage).allow_unused_parameters(allow_unused));
+  torch::manual_seed(21);
+  Gate gate;
+  auto model = stage == 3
+                   ? torch::nn::Sequential(Sharded(torch::nn::Linear(8, 16)), torch::nn::Tanh(),
+                                           Sharded(gate))
+                   : torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(), gate);
+  torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  auto [m, opt] = acc.prepare(model, adamw);
+  try {
+    for (int step = 0; step < steps; ++step) {
+      gate->use_extra = step % 2 == 1;
+      torch::manual_seed(500 + step * 2 + rank);
+      acc.backward(m->forward(torch::randn({4, 8})).pow(2).mean());
+      opt.step();
+      opt.zero_grad();
+    }
+  } catch (const std::exception& e) {
+    *error = e.what();
+    return torch::Tensor();
+  }
+  GatheredParameters whole(*m);
+  return flat_parameters(*m);
+}
+
+// A parameter of a sharded block that some steps skip (Sharded ignored allow_unused_parameters
+// before): allowed, stage 3 trains as stage 0 does with the same option; not allowed, every
+// process is told which parameter and the fix at the end of the first such backward pass.
+TEST(Zero, Stage3WithAParameterSomeStepsSkipTrainsAsStage0OrNamesIt) {
+  auto options = LaunchOptions()
+                     .processes_per_node(2)
+                     .collective_timeout(std::chrono::seconds(60))
+                     .verbose(false);
+  auto run = [&](int stage, bool allow) {
+    return launch(
+        [stage, allow](int rank) {
+          std::string error;
+          auto params = train_with_a_branch(rank, stage, allow, &error);
+          EXPECT_TRUE(error.empty() || !allow) << "rank " << rank << ": " << error;
+          return torch::cat({params, torch::tensor({error.empty() ? 0.0f : 1.0f})});
+        },
+        options);
+  };
+  const auto plain = run(0, true);
+  const auto sharded = run(3, true);
+  for (size_t r = 0; r < 2; ++r) {
+    const int64_t n = plain[r].numel() - 1;
+    expect_same_training(sharded[r].narrow(0, 0, n), plain[0].narrow(0, 0, n),
+                         "stage 3 with a branch, rank " + std::to_string(r));
+  }
+  const auto messages = launch(
+      [](int rank) {
+        std::string error;
+        train_with_a_branch(rank, 3, false, &error, /*steps=*/1);
+        return error;
+      },
+      options);
+  for (const auto& m : messages) {
+    EXPECT_TRUE(contains(m, "1 of 3 trainable parameters of a sharded block") &&
+                contains(m, "extra") && contains(m, "allow_unused_parameters"))
+        << m;
+  }
+}
+
 // The fused optimizer state of a whole optimizer file (a stage-0 save, or `checkpoint merge
 // --optimizer` of a sharded one): its two state buffers, end to end.
 std::pair<torch::Tensor, torch::Tensor> whole_fused_state(const std::string& file) {

@@ -137,6 +137,15 @@ class ShardedImpl : public torch::nn::Module {
   /// (gradient accumulation: memory for the whole block's gradients); the next backward with sync
   /// on reduce-scatters everything accumulated. True when made.
   void set_sync(bool enabled);
+  /// Whether a backward pass that leaves some of the block's trainable parameters without a
+  /// gradient is an error (thrown at its end, after the processes reduced them as zeros) or
+  /// allowed (they count as zeros: a branch a step skips). Every process must skip the same
+  /// parameters: the block's reduce-scatter starts when its gradients are complete, so a
+  /// parameter skipped on some processes only starts it later there than elsewhere, out of step
+  /// with their other collectives (the shared-memory transport then names both processes'
+  /// collectives; over Gloo the watchdog does after collective_timeout). False (an error) when
+  /// made; the Accelerator sets AcceleratorOptions::allow_unused_parameters.
+  void set_allow_unused_parameters(bool allowed);
   /// Whether other blocks start this block's gather ahead of its use: in forward the block that
   /// ran before it in the last step's order starts it, in backward the one after it, so that
   /// the gather overlaps their compute at the cost of a second block's parameters held at once.

@@ -457,6 +457,7 @@ void Accelerator::prepare_model(const std::shared_ptr<torch::nn::Module>& model)
           // on one process, where nothing is sharded.
           .zero_stage(impl_->options_.zero_stage() == 3 ? 0 : impl_->options_.zero_stage()));
   for (const auto& block : sharded) {
+    block->set_allow_unused_parameters(impl_->options_.allow_unused_parameters());
     std::weak_ptr<ShardedImpl> weak = block;
     reducer->add_sync_follower([weak](bool on) {
       if (auto b = weak.lock()) b->set_sync(on);

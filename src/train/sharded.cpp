@@ -134,7 +134,8 @@ struct ShardedImpl::State {
   std::vector<PendingCollective> gathering;
   bool prefetched = false;
   bool sync = true;
-  bool in_pass = false;  // a backward pass has started on this block and not ended
+  bool allow_unused = false;  // set_allow_unused_parameters
+  bool in_pass = false;       // a backward pass has started on this block and not ended
   std::vector<bool> ready;
   size_t ready_count = 0;
   bool scattering = false;
@@ -496,13 +497,15 @@ struct ShardedImpl::State {
       release_locked();
     }
     collect_scatter_locked();
-    if (!missing.empty()) {
+    if (!missing.empty() && !allow_unused) {
       throw Error(detail::str(
           rank_prefix(rank(), world()), missing.size(), " of ", trainable.size(),
           " trainable parameters of a sharded block got no gradient in this backward pass: ",
           detail::join(missing, ", "),
           ". They were reduced as zeros. Likely cause: the block's forward did not use them. "
-          "Fix: freeze them before sharding (requires_grad false), or make forward use them."));
+          "Fix: freeze them before sharding (requires_grad false), make forward use them, or "
+          "allow it (AcceleratorOptions::allow_unused_parameters, "
+          "Sharded::set_allow_unused_parameters) when every process skips them alike."));
     }
   }
 
@@ -757,6 +760,11 @@ const std::vector<torch::Tensor>& ShardedImpl::shares() const { return state_->s
 void ShardedImpl::set_sync(bool enabled) {
   std::lock_guard<std::mutex> lock(state_->mutex);
   state_->sync = enabled;
+}
+
+void ShardedImpl::set_allow_unused_parameters(bool allowed) {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->allow_unused = allowed;
 }
 
 void ShardedImpl::set_prefetch(bool enabled) {
