@@ -480,6 +480,67 @@ TEST(Sharded, PrefetchStartsTheNextGatherAheadAndNeverServesAStaleOne) {
   }
 }
 
+namespace {
+
+// Activation checkpointing and sharded blocks, both ways round: a checkpointed block inside a
+// Sharded one (its recomputation reads the parameters the block gathered for backward), or
+// Sharded blocks inside a checkpointed one (the recomputation runs their forward again, inside
+// backward, which gathers them again).
+torch::nn::Sequential checkpointed_model(bool checkpoint_inside) {
+  torch::manual_seed(7);
+  torch::nn::Linear first(16, 37);
+  if (checkpoint_inside) {
+    return torch::nn::Sequential(
+        first, torch::nn::Tanh(),
+        Sharded(Checkpointed(torch::nn::Sequential(torch::nn::Linear(37, 64), torch::nn::Tanh(),
+                                                   torch::nn::Linear(64, 37)))),
+        torch::nn::Linear(37, 5));
+  }
+  return torch::nn::Sequential(
+      first, torch::nn::Tanh(),
+      Checkpointed(torch::nn::Sequential(Sharded(torch::nn::Linear(37, 64)), torch::nn::Tanh(),
+                                         Sharded(torch::nn::Linear(64, 37)))),
+      torch::nn::Linear(37, 5));
+}
+
+torch::Tensor train_checkpointed(int rank, bool checkpoint_inside, bool sharded) {
+  Communicator& comm = ProcessState::get().communicator();
+  auto model = checkpointed_model(checkpoint_inside);
+  if (sharded) shard_model(*model, comm);
+  GradientReducer reducer(replicated_parameters(*model), comm);
+  torch::optim::AdamW adamw(parameters_to_update(*model), torch::optim::AdamWOptions(1e-2));
+  const int per_rank = kShardedGlobalBatch / 2;
+  for (int step = 0; step < 5; ++step) {
+    auto [x, y] = sharded_batch(step);
+    x = x.narrow(0, rank * per_rank, per_rank), y = y.narrow(0, rank * per_rank, per_rank);
+    (model->forward(x) - y).pow(2).mean().backward();
+    adamw.step();
+    adamw.zero_grad();
+  }
+  GatheredParameters whole(*model);
+  return flat_parameters(*model);
+}
+
+}  // namespace
+
+// Sharded blocks under activation checkpointing, either way round, train as the same model
+// unsharded does on 2 processes.
+TEST(Sharded, ActivationCheckpointingInsideOrAroundABlockTrainsAsUnsharded) {
+  auto options = LaunchOptions().processes_per_node(2).verbose(false);
+  for (bool inside : {true, false}) {
+    const auto plain =
+        launch([inside](int rank) { return train_checkpointed(rank, inside, false); }, options);
+    const auto sharded =
+        launch([inside](int rank) { return train_checkpointed(rank, inside, true); }, options);
+    for (size_t r = 0; r < 2; ++r) {
+      const double worst = (sharded[r] - plain[0]).abs().max().item<double>();
+      EXPECT_LT(worst, 2e-5) << (inside ? "checkpoint inside the block"
+                                        : "blocks inside the checkpoint")
+                             << ", rank " << r;
+    }
+  }
+}
+
 // One process: the wrapper runs its block unchanged, and nothing is sharded.
 TEST(Sharded, OnOneProcessItIsThePlainBlock) {
   torch::manual_seed(1);
