@@ -109,7 +109,7 @@ void add_options(CLI::App& app, Settings& s) {
   app.add_option("--fused", s.fused, "Accelerant's fused AdamW update")->capture_default_str();
   app.add_option("--zero_stage", s.zero_stage,
                  "ZeRO: 1 shards AdamW's state across the processes, 2 also the gradients, 3 "
-                 "also each block's parameters (eager steps, float32 or bfloat16)")
+                 "also each block's parameters (eager steps)")
       ->capture_default_str()
       ->check(CLI::Range(0, 3));
   app.add_option("--seed", s.seed, "Seed of the weights, the windows and the samples")

@@ -75,8 +75,8 @@ struct AcceleratorOptions {
   /// them, so that each process receives only the share it updates. Implies the fused update
   /// (fused_optimizers), whose limits apply. 3 shards the parameters of the model's Sharded
   /// blocks (accelerant/sharded.h): prepare keeps each process's share of them, the optimizer
-  /// updates the shares, and the rest of the model is trained as with 0; eager steps only, no
-  /// fp16 loss scaler; implies the fused update too, and its checkpoints load on any number of
+  /// updates the shares, and the rest of the model is trained as with 0; eager steps only;
+  /// implies the fused update too, and its checkpoints load on any number of
   /// processes and under any stage (docs/zero.md, "Stage 3"). 0 is plain data parallelism; with one
   /// process every stage is. Default: 0.
   ACCELERANT_OPTION(int, zero_stage) = 0;

@@ -510,16 +510,18 @@ PreparedOptimizer Accelerator::prepare_optimizer(torch::optim::Optimizer& optimi
   }
   GradientReducer* reducer = prepared->zero_reducer;
   if (impl_->sharding_parameters()) {
-    // Each process checks only its shares for an overflow: the processes would have to agree
-    // (as stage 2's unscale_shares_ makes them), which stage 3 does not do yet.
+    // fp16's loss scaler: each process holds the gradients of its own shares, so an overflow
+    // in one process's share must skip the step everywhere: unscale_shares_ makes found_inf the
+    // maximum over the processes (as stage 2 does), unless clipping unscaled already.
     PreparedOptimizer::Hooks hooks;
-    hooks.before_update = [state = impl_->state_, prefix = impl_->rank_prefix_] {
-      if (state->scaler && state->scaler->enabled()) {
-        throw Error(prefix +
-                    "ZeRO stage 3 with fp16's loss scaler: each process would skip or take the "
-                    "step on its own shares' overflow. Fix: bf16 (mixed_precision bf16), or "
-                    "zero_stage(2).");
+    hooks.before_update = [state = impl_->state_, comm = &communicator(), &optimizer] {
+      const auto& scaler = state->scaler;
+      if (!scaler || !scaler->enabled() || scaler->unscaled()) return;
+      std::vector<torch::Tensor> grads;
+      for (const auto& p : optimizer_parameters(optimizer)) {
+        if (p.grad().defined()) grads.push_back(p.grad());
       }
+      scaler->unscale_shares_(grads, *comm);
     };
     return PreparedOptimizer(optimizer, impl_->state_, prepared->fused, std::move(hooks));
   }
@@ -720,12 +722,8 @@ bool Accelerator::gradients_sharded() const {
 torch::Tensor Accelerator::clip_grad_norm_tensor(const std::vector<torch::Tensor>& parameters,
                                                  double max_norm, double norm_type) {
   const bool unscale = impl_->state_->scaler && impl_->state_->sync_gradients;
-  if (unscale && impl_->sharding_parameters()) {
-    throw Error(impl_->rank_prefix_ +
-                "clip_grad_norm under ZeRO stage 3 with fp16's loss scaler, which stage 3 does "
-                "not support yet. Fix: bf16 (mixed_precision bf16), or zero_stage(2).");
-  }
-  if (unscale && !gradients_sharded()) impl_->state_->scaler->unscale_(parameters);
+  if (unscale && !gradients_sharded() && !impl_->sharding_parameters())
+    impl_->state_->scaler->unscale_(parameters);
   torch::NoGradGuard no_grad;
   // What clipping scales, and what counts in this process's part of the norm.
   std::vector<torch::Tensor> grads, counted;
@@ -736,6 +734,8 @@ torch::Tensor Accelerator::clip_grad_norm_tensor(const std::vector<torch::Tensor
     counted = grads;
   } else if (impl_->sharding_parameters()) {
     impl_->stage3_gradients(parameters, grads, counted);
+    // Each process's shares: an overflow in any of them counts on every process.
+    if (unscale) impl_->state_->scaler->unscale_shares_(grads, communicator());
   } else {
     for (const auto& p : parameters) {
       if (p.grad().defined()) grads.push_back(p.grad());
