@@ -47,17 +47,17 @@ double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-// Linear(width, width) layers with ReLU between them; each Linear a Sharded block when `sharded`.
+// Linear(width, width) layers with ReLU between them; each Linear a Sharded block when `sharded`,
+// wrapped as it is built, so that under a sharded start no process ever holds the whole model.
 torch::nn::Sequential make_mlp(const Config& c, bool sharded) {
   torch::manual_seed(0);
   torch::nn::Sequential mlp;
   for (int i = 0; i < c.layers; ++i) {
     if (i > 0) mlp->push_back(torch::nn::ReLU());
-    torch::nn::Linear linear(c.width, c.width);
     if (sharded) {
-      mlp->push_back(accelerant::Sharded(linear));
+      mlp->push_back(accelerant::Sharded(torch::nn::Linear(c.width, c.width)));
     } else {
-      mlp->push_back(linear);
+      mlp->push_back(torch::nn::Linear(c.width, c.width));
     }
   }
   return mlp;
@@ -113,7 +113,10 @@ torch::Tensor train(const Config& c, int stage) {
   { std::ofstream("/proc/self/clear_refs") << "5"; }
   accelerant::Accelerator acc(
       accelerant::AcceleratorOptions().cpu(true).fused_optimizers(true).zero_stage(stage));
-  auto model = make_mlp(c, stage == 3);
+  auto model = [&] {
+    const accelerant::ShardedStart start = acc.sharded_start();  // stage 3: built as shares
+    return make_mlp(c, stage == 3);
+  }();
   torch::optim::AdamW adamw(model->parameters(),
                             torch::optim::AdamWOptions(1e-4).weight_decay(0.01));
   WorkerResult r;
