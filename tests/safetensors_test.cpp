@@ -15,6 +15,8 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "checkpoint/durable_files.h"
+#include "checkpoint/safetensors_stream.h"
 #include "test_support.h"
 
 namespace {
@@ -417,6 +419,42 @@ TEST(SafetensorsModel, ShardsWithAnIndexAndLoadsBack) {
   EXPECT_FALSE(std::ifstream(dir + "/model.safetensors.index.json").good());
   EXPECT_TRUE(std::ifstream(dir + "/config.json").good());
   EXPECT_EQ(read_model_safetensors(dir).size(), state_of(*model).size());
+  t::remove_tree(dir);
+}
+
+// A save that stops part-way (a full disk, a failed gather) leaves the earlier save's files as
+// they were: the new files are written under temporary names and take the real ones only when
+// every one of them is complete, so the directory never holds a mix of two saves under the same
+// names (which would load without a complaint). The temporary files are removed.
+TEST(SafetensorsModel, ASaveStoppedPartWayLeavesTheEarlierSaveWhole) {
+  const std::string dir = t::make_temp_dir();
+  AllDtypes model;
+  const auto saved = save_model_safetensors(*model, dir, 64);  // several files, as above
+  ASSERT_GT(saved.weight_files.size(), 2u);
+  std::map<std::string, std::string> before;
+  for (const auto& name : accelerant::detail::list_directory(dir))
+    before[name] = slurp(dir + "/" + name);
+  {
+    AllDtypes changed;
+    torch::NoGradGuard no_grad;
+    for (auto& [name, tensor] : state_of(*changed)) {
+      if (tensor.is_floating_point()) tensor.add_(1);
+    }
+    const auto tensors = accelerant::detail::model_tensors_in_file_order(*changed);
+    std::vector<accelerant::detail::TensorLayout> layouts;
+    for (const auto& [name, tensor] : tensors)
+      layouts.push_back(accelerant::detail::layout_of(name, tensor));
+    accelerant::detail::ModelSafetensorsWriter writer(dir, layouts, 64);
+    // The first two files complete, then the save stops (the writer goes without finish()).
+    for (size_t i = 0; i + 2 < tensors.size(); ++i) writer.write(tensors[i].second);
+  }
+  std::map<std::string, std::string> after;
+  for (const auto& name : accelerant::detail::list_directory(dir))
+    after[name] = slurp(dir + "/" + name);
+  EXPECT_EQ(after.size(), before.size()) << "files were added or removed";
+  for (const auto& [name, bytes] : before) {
+    EXPECT_TRUE(after.count(name) && after.at(name) == bytes) << name << " changed";
+  }
   t::remove_tree(dir);
 }
 

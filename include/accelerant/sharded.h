@@ -180,6 +180,7 @@ class ShardedImpl : public torch::nn::Module {
 
  private:
   struct State;  // src/train/sharded.cpp: the block, its layout, shares and pass in progress
+  friend void drop_prefetched_gathers();
   ShardedImpl(std::shared_ptr<torch::nn::Module> block,
               std::function<torch::Tensor(torch::Tensor)> forward);
   std::shared_ptr<State> state_;
@@ -206,6 +207,13 @@ std::vector<torch::Tensor> parameters_to_update(torch::nn::Module& model);
 /// parameter, and the shares are new tensors).
 void optimize_shares(torch::optim::Optimizer& optimizer, torch::nn::Module& model);
 
+/// Waits for every gather a prefetch started ahead of use (ShardedImpl::set_prefetch) and frees
+/// its memory. A prefetched gather holds the shares' values of the moment it started: the
+/// Accelerator calls this before each optimizer step under stage 3; without it, call it before
+/// changing the shares in place when a forward may have ended early since the last backward (an
+/// evaluation that ran only some blocks). The end of every backward pass drops them too.
+void drop_prefetched_gathers();
+
 /// `model`'s named parameters outside every sharded block (those a GradientReducer averages
 /// whole); all of them when nothing is sharded.
 torch::OrderedDict<std::string, torch::Tensor> replicated_parameters(torch::nn::Module& model);
@@ -214,7 +222,7 @@ torch::OrderedDict<std::string, torch::Tensor> replicated_parameters(torch::nn::
 /// constructed on this thread is sharded over `communicator` at once, after checking that every
 /// process built the same values (a collective per block: every process must build the same
 /// model, from the same seed). Scopes nest (the innermost counts); over one process blocks are
-/// built whole, as without it. Movable, not copyable.
+/// built whole, as without it. Movable, not copyable; it must end on the thread that made it.
 class ShardedStart {
  public:
   /// No scope: changes nothing (what Accelerator::sharded_start gives below stage 3).

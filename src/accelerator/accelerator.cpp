@@ -515,6 +515,9 @@ PreparedOptimizer Accelerator::prepare_optimizer(torch::optim::Optimizer& optimi
     // maximum over the processes (as stage 2 does), unless clipping unscaled already.
     PreparedOptimizer::Hooks hooks;
     hooks.before_update = [state = impl_->state_, comm = &communicator(), &optimizer] {
+      // A gather started ahead (say by an evaluation that ran only the first blocks since the
+      // backward) holds the shares' values from before this step: none may outlive it.
+      drop_prefetched_gathers();
       const auto& scaler = state->scaler;
       if (!scaler || !scaler->enabled() || scaler->unscaled()) return;
       std::vector<torch::Tensor> grads;

@@ -184,6 +184,16 @@ std::vector<StreamPosition> read_stream_positions(const LoadedCheckpoint& loaded
   return positions;
 }
 
+// Whether `own` (this process's optimizer file) is all that `o` loads: a stage-3 state saved on as
+// many processes with the same slots.
+bool own_shares_suffice(const std::string& own, const CheckpointedOptimizer& o,
+                        const CheckpointRanks& ranks, const std::string& what) {
+  if (!o.updates_shares) return false;
+  auto archive = archive_from_bytes(own, what);
+  const SavedShares saved = saved_shares(archive, what);
+  return saved.processes == ranks.world_size && saved.slots == o.share_slots;
+}
+
 // Optimizer `i`'s saved state as the whole fused form, with rank 0's group options: merged from
 // a stage-3 run's processes or a stage 1-2 run's shards, or a whole state as it is (its fused
 // form, or its per-parameter state converted).
@@ -240,7 +250,10 @@ void plan_optimizer_load(LoadedCheckpoint& loaded, size_t i, const CheckpointedO
   const std::string what = loaded.dir + "/" + file;
   SavedShares saved;
   {
-    auto first = archive_from_bytes(shards.empty() ? loaded.optimizers[i] : shards[0], what);
+    const auto read_one = std::find_if(shards.begin(), shards.end(),
+                                       [](const std::string& bytes) { return !bytes.empty(); });
+    auto first =
+        archive_from_bytes(read_one == shards.end() ? loaded.optimizers[i] : *read_one, what);
     saved = saved_shares(first, what);
   }
   if (saved.processes == 0 && !o.updates_shares) return;  // stages 0-2 on both sides
@@ -302,8 +315,18 @@ LoadedCheckpoint read_and_check(const std::string& dir, const CheckpointedState&
   loaded.converted.resize(s.optimizers.size());
   for (size_t i = 0; i < s.optimizers.size(); ++i) {
     if (lists_file(loaded.manifest, layout::optimizer_shard_file(0, i))) {
-      for (int r = 0; r < loaded.manifest.world_size; ++r)
-        loaded.optimizer_shards[i].push_back(read(layout::optimizer_shard_file(r, i)));
+      // This process's file first: under stage 3 on the same layout it is the only one needed
+      // (each process reads its own), elsewhere every rank's is.
+      auto& shards = loaded.optimizer_shards[i];
+      shards.assign(static_cast<size_t>(loaded.manifest.world_size), "");
+      const int own = ranks.rank < loaded.manifest.world_size ? ranks.rank : 0;
+      shards[own] = read(layout::optimizer_shard_file(own, i));
+      if (!own_shares_suffice(shards[own], s.optimizers[i], ranks,
+                              dir + "/" + layout::optimizer_shard_file(own, i))) {
+        for (int r = 0; r < loaded.manifest.world_size; ++r) {
+          if (shards[r].empty()) shards[r] = read(layout::optimizer_shard_file(r, i));
+        }
+      }
       loaded.optimizers.emplace_back();
     } else {
       loaded.optimizers.push_back(read(layout::optimizer_file(i)));

@@ -127,6 +127,9 @@ std::string safetensors_header_bytes(const std::vector<TensorLayout>& tensors,
 
 // ---- the writer ----------------------------------------------------------------------------
 
+// Every file is written under a hidden temporary name and takes its own name only in finish(),
+// all of them, then the index: a save that fails part-way leaves the earlier save's files as they
+// were, never a mix of old and new files under the same names.
 struct ModelSafetensorsWriter::Plan {
   std::string dir;
   std::vector<TensorLayout> tensors;
@@ -134,20 +137,37 @@ struct ModelSafetensorsWriter::Plan {
   size_t next = 0;                         // the next tensor to write
   size_t file = 0;                         // the file being written
   std::unique_ptr<DurableFileWriter> out;  // open while a file is written
+  std::vector<std::string> written;        // temporary files complete so far
+  bool finished = false;
   SavedModelFiles saved;
 
   std::string name_of(size_t k) const {
     return files.size() == 1 ? kSafetensorsSingleFile : shard_name(k + 1, files.size());
   }
+  std::string temporary_of(size_t k) const { return dir + "/." + name_of(k) + ".partial"; }
 
   void open(size_t k) {
     std::vector<TensorLayout> layouts;
     for (size_t i : files[k]) layouts.push_back(tensors[i]);
-    out = std::make_unique<DurableFileWriter>(dir + "/" + name_of(k), "the model weights",
-                                              /*replace=*/true);
+    out = std::make_unique<DurableFileWriter>(temporary_of(k), "the model weights",
+                                              /*replace=*/false);
     // what Hugging Face's loaders check for PyTorch weights
     const std::string header = safetensors_header_bytes(layouts, {{"format", "pt"}});
     out->append(header.data(), header.size());
+  }
+
+  void close_file() {
+    out->commit();
+    out.reset();
+    written.push_back(temporary_of(file));
+  }
+
+  ~Plan() {
+    out.reset();
+    if (!finished) {
+      for (const auto& path : written) std::remove(path.c_str());
+      if (file < files.size()) std::remove(temporary_of(file).c_str());
+    }
   }
 };
 
@@ -184,7 +204,7 @@ ModelSafetensorsWriter::ModelSafetensorsWriter(std::string dir, std::vector<Tens
   p.open(0);
 }
 
-ModelSafetensorsWriter::~ModelSafetensorsWriter() = default;  // an open file removes itself
+ModelSafetensorsWriter::~ModelSafetensorsWriter() = default;  // the Plan removes its files
 
 void ModelSafetensorsWriter::write(const torch::Tensor& tensor) {
   Plan& p = *plan_;
@@ -203,9 +223,7 @@ void ModelSafetensorsWriter::write(const torch::Tensor& tensor) {
   ++p.next;
   const bool file_done = p.next == p.files[p.file].back() + 1;
   if (file_done) {
-    p.out->commit();
-    p.out.reset();
-    p.saved.weight_files.push_back(p.name_of(p.file));
+    p.close_file();
     if (++p.file < p.files.size()) p.open(p.file);
   }
 }
@@ -213,13 +231,26 @@ void ModelSafetensorsWriter::write(const torch::Tensor& tensor) {
 SavedModelFiles ModelSafetensorsWriter::finish() {
   Plan& p = *plan_;
   if (p.tensors.empty()) {  // nothing planned: the empty file
-    p.out->commit();
-    p.out.reset();
-    p.saved.weight_files.push_back(p.name_of(0));
+    p.close_file();
+    ++p.file;
   } else if (p.next != p.tensors.size()) {
     throw Error(str("ModelSafetensorsWriter::finish: ", p.next, " of ", p.tensors.size(),
                     " tensors written."));
   }
+  // Every file is complete and on disk: now they take their names, the index last.
+  for (size_t k = 0; k < p.files.size(); ++k) {
+    const std::string final_path = p.dir + "/" + p.name_of(k);
+    if (std::rename(p.temporary_of(k).c_str(), final_path.c_str()) != 0) {
+      const int error = errno;
+      throw CheckpointError(
+          str("could not rename ", p.temporary_of(k), " to ", final_path, ": ",
+              std::strerror(error), ". Fix: check that ", p.dir, " is writable, then save again."),
+          final_path);
+    }
+    p.saved.weight_files.push_back(p.name_of(k));
+  }
+  p.finished = true;
+  sync_directory(p.dir);
   if (p.files.size() > 1) {
     nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
     for (size_t k = 0; k < p.files.size(); ++k) {

@@ -105,8 +105,19 @@ ShardedStart::ShardedStart(Communicator& communicator)
 ShardedStart::ShardedStart(ShardedStart&& other) noexcept = default;
 
 ShardedStart::~ShardedStart() {
-  if (scope_ && innermost_sharded_start == &scope_->scope) {
-    innermost_sharded_start = scope_->scope.enclosing;
+  if (!scope_) return;
+  // Unlinked wherever it sits in this thread's chain: scopes may end out of order (members,
+  // std::optional), and none may be left pointing at this one.
+  StartScope* self = &scope_->scope;
+  if (innermost_sharded_start == self) {
+    innermost_sharded_start = self->enclosing;
+    return;
+  }
+  for (StartScope* s = innermost_sharded_start; s != nullptr; s = s->enclosing) {
+    if (s->enclosing == self) {
+      s->enclosing = self->enclosing;
+      return;
+    }
   }
 }
 
@@ -208,6 +219,15 @@ struct ShardedImpl::State {
       whole.push_back(item.value());
     }
     const auto everyone = comm.gather_bytes(value_fingerprints(whole));
+    for (size_t r = 1; r < everyone.size(); ++r) {
+      if (everyone[r].size() != everyone[0].size()) {
+        throw Error(detail::str(rank_prefix(comm.rank(), comm.world_size()),
+                                "sharded start: block ", built, " built in this ShardedStart has ",
+                                everyone[r].size() / 16, " parameters on rank ", r, " and ",
+                                everyone[0].size() / 16,
+                                " on rank 0. Fix: build the same model on every process."));
+      }
+    }
     std::vector<int> differing;
     for (size_t r = 1; r < everyone.size(); ++r) {
       if (everyone[r] != everyone[0]) differing.push_back(static_cast<int>(r));
@@ -280,13 +300,26 @@ struct ShardedImpl::State {
     // piece is elements [r * chunk, (r + 1) * chunk) of the parameter, so the gathered pieces
     // lie in the parameter's own order and no second buffer or copy is needed (one collective
     // per parameter instead of one per block: a block's worth of memory less while it runs).
-    for (size_t i = 0; i < params.size(); ++i) {
-      const int64_t padded = world() * chunk[i];
-      resize_storage(params[i], static_cast<size_t>(padded) * 4);
-      const torch::Tensor whole = storage_alias(params[i], padded);
-      const torch::Tensor mine = whole.narrow(0, rank() * chunk[i], chunk[i]);
-      mine.copy_(shares[i].detach());
-      gathering.push_back(communicator->all_gather_async_(mine, whole));
+    try {
+      for (size_t i = 0; i < params.size(); ++i) {
+        const int64_t padded = world() * chunk[i];
+        resize_storage(params[i], static_cast<size_t>(padded) * 4);
+        const torch::Tensor whole = storage_alias(params[i], padded);
+        const torch::Tensor mine = whole.narrow(0, rank() * chunk[i], chunk[i]);
+        mine.copy_(shares[i].detach());
+        gathering.push_back(communicator->all_gather_async_(mine, whole));
+      }
+    } catch (...) {
+      // The gathers started write into the parameters' memory: finished before it goes.
+      for (auto& pending : gathering) {
+        try {
+          pending.wait();
+        } catch (...) {
+        }
+      }
+      gathering.clear();
+      for (size_t i = 0; i < params.size(); ++i) free_parameter(i);
+      throw;
     }
   }
 
@@ -315,7 +348,9 @@ struct ShardedImpl::State {
   // only waits for what is left. False when there is nothing to do: not sharded, prefetch off,
   // whole already or on its way.
   bool prefetch_locked() {
-    if (communicator == nullptr || !prefetch_enabled || gather_depth > 0 || prefetched) {
+    // in_pass: its backward has run in this pass already (an activation checkpoint's
+    // recomputation runs forward again inside backward): nothing will use a prefetch.
+    if (communicator == nullptr || !prefetch_enabled || gather_depth > 0 || prefetched || in_pass) {
       return false;
     }
     start_gather_locked();
@@ -338,6 +373,13 @@ struct ShardedImpl::State {
       try {
         pending.wait();  // the collective writes into the parameters' storage
       } catch (...) {
+      }
+    }
+    // Tensors held elsewhere may outlive the block: they must not point into the reserved range
+    // once it is unmapped (another mapping could take those addresses and be read silently).
+    if (freed) {
+      for (const auto& p : params) {
+        if (p.storage().nbytes() == 0) resize_storage(p, 0);
       }
     }
   }
@@ -657,6 +699,23 @@ ShardedImpl::ShardedImpl(std::shared_ptr<torch::nn::Module> block,
   // A sharded start cuts the block now, while this is the only whole block.
   StartScope* start = innermost_sharded_start;
   if (start != nullptr && start->communicator->world_size() > 1) {
+    // What shard() would refuse, refused before the values are read: an inner block built in
+    // this scope holds no values, a parameter of another dtype cannot be fingerprinted alike.
+    for (const auto& nested : sharded_blocks(*state_->block)) {
+      if (nested->sharded()) {
+        throw Error(
+            "sharded start: a Sharded block holds another Sharded block; each parameter can be "
+            "sharded once. Fix: wrap the inner blocks only (as FSDP wraps each transformer "
+            "layer), or the outer one only.");
+      }
+    }
+    std::vector<torch::Tensor> params;
+    state_->names.clear();
+    for (const auto& item : state_->block->named_parameters()) {
+      state_->names.push_back(item.key());
+      params.push_back(item.value());
+    }
+    state_->check_shardable(params);
     state_->check_same_values_everywhere(*start->communicator, ++start->blocks_built);
     shard(*start->communicator);
   }
@@ -696,9 +755,9 @@ torch::Tensor ShardedImpl::forward(torch::Tensor input) {
   if (!sharded()) return state_->run_block(std::move(input));
   State::record_forward(state_);
   gather();  // uses a prefetch started for this block, or drops one started for another
-  State::prefetch_from(state_, +1);
   torch::Tensor output;
   try {
+    State::prefetch_from(state_, +1);
     output = state_->run_block(std::move(input));
   } catch (...) {
     release();
@@ -823,6 +882,8 @@ void ShardedImpl::release() {
   std::lock_guard<std::mutex> lock(state_->mutex);
   state_->release_locked();
 }
+
+void drop_prefetched_gathers() { ShardedImpl::State::drop_prefetches(); }
 
 std::vector<std::shared_ptr<ShardedImpl>> sharded_blocks(const torch::nn::Module& model) {
   std::vector<std::shared_ptr<ShardedImpl>> blocks;
