@@ -541,6 +541,29 @@ TEST(Sharded, ActivationCheckpointingInsideOrAroundABlockTrainsAsUnsharded) {
   }
 }
 
+// The automatic wrap by rule: a Sequential's entries of at least 1000 parameter elements become
+// Sharded blocks, in place and under the same names, and the model computes what it did; an
+// entry wrapped already is refused.
+TEST(Sharded, WrapBlocksWrapsTheEntriesARuleSelectsAndKeepsTheNames) {
+  torch::manual_seed(3);
+  torch::nn::Sequential plain(torch::nn::Linear(16, 37), torch::nn::Tanh(),
+                              torch::nn::Linear(37, 101), torch::nn::Tanh(),
+                              torch::nn::Linear(101, 37), torch::nn::Linear(37, 5));
+  auto wrapped = wrap_blocks(plain, blocks_with_at_least(1000));
+  EXPECT_EQ(sharded_blocks(*wrapped).size(), 2u);  // Linear(37, 101) and Linear(101, 37)
+  std::vector<std::string> before, after;
+  for (const auto& p : plain->named_parameters()) before.push_back(p.key());
+  for (const auto& p : wrapped->named_parameters()) after.push_back(p.key());
+  EXPECT_EQ(after, before);
+  const auto x = torch::randn({3, 16});
+  EXPECT_TRUE(torch::equal(wrapped->forward(x), plain->forward(x)));
+  const std::string refused =
+      error_message([&] { wrap_blocks(wrapped, blocks_with_at_least(1000)); });
+  EXPECT_TRUE(contains(refused, "entry '2' is a Sharded block already") &&
+              contains(refused, "Fix:"))
+      << refused;
+}
+
 // One process: the wrapper runs its block unchanged, and nothing is sharded.
 TEST(Sharded, OnOneProcessItIsThePlainBlock) {
   torch::manual_seed(1);

@@ -1,7 +1,8 @@
 // ZeRO stage 3's unit: a block of a model whose parameters each process keeps only a share of
 // (as FSDP's fully_shard and DeepSpeed's stage 3 do), gathered whole only while the block runs.
 //
-//   // The model wraps each transformer block (the wrapper is a pass-through until sharded):
+//   // The model wraps each transformer block (the wrapper is a pass-through until sharded),
+//   // or wrap_blocks wraps a Sequential's entries by rule:
 //   blocks->push_back(accelerant::Sharded(Block(config)));
 //   ...
 //   auto& comm = accelerant::ProcessState::get().communicator();
@@ -187,6 +188,25 @@ class ShardedImpl : public torch::nn::Module {
 };
 /// The module holder of ShardedImpl: Sharded(block) makes one, as torch::nn::Linear(...) does.
 TORCH_MODULE(Sharded);
+
+/// Which entries of a Sequential wrap_blocks wraps: given each entry's name in the Sequential
+/// ("0", "1", ...) and its module.
+using BlockRule = std::function<bool(const std::string& name, const torch::nn::Module& module)>;
+
+/// A Sequential with the entries of `model` for which `rule` holds wrapped in Sharded, the others
+/// as they are, in the same order and under the same names (the wrapper adds none): the
+/// automatic wrap by rule, as FSDP2's fully_shard on each transformer layer. A Sequential's
+/// forward runs whatever it holds, so the model runs unchanged. Other containers cannot be wrapped
+/// from outside in LibTorch (their forward calls the blocks themselves, and a C++ module has no
+/// forward pre-hook): there, wrap each block as the model is built,
+/// `blocks->push_back(Sharded(Block(config)))`. Wrap before sharding (before prepare); built
+/// inside a ShardedStart, the wrapped entries are sharded here. Throws Error for an entry that is
+/// a Sharded block already or holds one.
+torch::nn::Sequential wrap_blocks(const torch::nn::Sequential& model, const BlockRule& rule);
+
+/// A BlockRule: the entries whose modules have at least `parameters` parameter elements, in all
+/// (a transformer layer, not a LayerNorm).
+BlockRule blocks_with_at_least(int64_t parameters);
 
 /// Shards every Sharded block inside `model` (shard() on each, in the order of
 /// model.modules()) that is not sharded yet (a sharded start shards them as they are built);

@@ -885,6 +885,36 @@ void ShardedImpl::release() {
 
 void drop_prefetched_gathers() { ShardedImpl::State::drop_prefetches(); }
 
+torch::nn::Sequential wrap_blocks(const torch::nn::Sequential& model, const BlockRule& rule) {
+  torch::nn::Sequential wrapped;
+  const auto names = model->named_children();
+  size_t i = 0;
+  for (const auto& entry : *model) {
+    const std::string& name = names[i++].key();
+    const auto module = entry.ptr();
+    if (!rule(name, *module)) {
+      wrapped->push_back(std::string(name), entry);
+      continue;
+    }
+    if (!sharded_blocks(*module).empty()) {
+      throw Error(detail::str(
+          "wrap_blocks: entry '", name,
+          "' is a Sharded block already or holds one; each "
+          "parameter can be sharded once. Fix: make the rule skip it, or wrap the model once."));
+    }
+    wrapped->push_back(std::string(name), Sharded(entry));
+  }
+  return wrapped;
+}
+
+BlockRule blocks_with_at_least(int64_t parameters) {
+  return [parameters](const std::string&, const torch::nn::Module& module) {
+    int64_t n = 0;
+    for (const auto& p : module.parameters()) n += p.numel();
+    return n >= parameters && n > 0;
+  };
+}
+
 std::vector<std::shared_ptr<ShardedImpl>> sharded_blocks(const torch::nn::Module& model) {
   std::vector<std::shared_ptr<ShardedImpl>> blocks;
   for (const auto& module : model.modules(/*include_self=*/true)) {
