@@ -425,6 +425,24 @@ TEST(Sharded, ReadingAFreedParameterBetweenStepsNamesItAndTheFix) {
 
 namespace {
 
+// `steps` AdamW steps of `model` (its blocks sharded or not) on 2 processes, each on its half of
+// sharded_batch, a GradientReducer averaging the replicated parameters; `after_backward(step, x)`
+// runs between each backward and its optimizer step.
+void train_on_halves(torch::nn::Sequential& model, int rank, int steps,
+                     const std::function<void(int, const torch::Tensor&)>& after_backward = {}) {
+  GradientReducer reducer(replicated_parameters(*model), ProcessState::get().communicator());
+  torch::optim::AdamW adamw(parameters_to_update(*model), torch::optim::AdamWOptions(1e-2));
+  const int per_rank = kShardedGlobalBatch / 2;
+  for (int step = 0; step < steps; ++step) {
+    auto [x, y] = sharded_batch(step);
+    x = x.narrow(0, rank * per_rank, per_rank), y = y.narrow(0, rank * per_rank, per_rank);
+    (model->forward(x) - y).pow(2).mean().backward();
+    if (after_backward) after_backward(step, x);
+    adamw.step();
+    adamw.zero_grad();
+  }
+}
+
 // Three AdamW steps of blocks_model with each block's prefetch on or off; after the second
 // step's backward and before its optimizer step, an evaluation runs the first sharded block
 // alone, which prefetches the second with the values of before the step. Returns the whole
@@ -434,21 +452,12 @@ torch::Tensor train_with_prefetch(int rank, bool prefetch) {
   auto model = blocks_model();
   const auto blocks = shard_model(*model, comm);
   for (const auto& block : blocks) block->set_prefetch(prefetch);
-  GradientReducer reducer(replicated_parameters(*model), comm);
-  torch::optim::AdamW adamw(parameters_to_update(*model), torch::optim::AdamWOptions(1e-2));
-  const int per_rank = kShardedGlobalBatch / 2;
-  for (int step = 0; step < 3; ++step) {
-    auto [x, y] = sharded_batch(step);
-    x = x.narrow(0, rank * per_rank, per_rank), y = y.narrow(0, rank * per_rank, per_rank);
-    (model->forward(x) - y).pow(2).mean().backward();
-    if (step == 1) {
-      torch::NoGradGuard evaluation;
-      auto first = model[0]->as<torch::nn::Linear>()->forward(x);
-      model[2]->as<ShardedImpl>()->forward(torch::tanh(first));
-    }
-    adamw.step();
-    adamw.zero_grad();
-  }
+  train_on_halves(model, rank, 3, [&](int step, const torch::Tensor& x) {
+    if (step != 1) return;
+    torch::NoGradGuard evaluation;
+    auto first = model[0]->as<torch::nn::Linear>()->forward(x);
+    model[2]->as<ShardedImpl>()->forward(torch::tanh(first));
+  });
   double held = 0;
   for (const auto& block : blocks) {
     for (const auto& p : block->block()->parameters()) held += p.storage().nbytes();
@@ -507,16 +516,7 @@ torch::Tensor train_checkpointed(int rank, bool checkpoint_inside, bool sharded)
   Communicator& comm = ProcessState::get().communicator();
   auto model = checkpointed_model(checkpoint_inside);
   if (sharded) shard_model(*model, comm);
-  GradientReducer reducer(replicated_parameters(*model), comm);
-  torch::optim::AdamW adamw(parameters_to_update(*model), torch::optim::AdamWOptions(1e-2));
-  const int per_rank = kShardedGlobalBatch / 2;
-  for (int step = 0; step < 5; ++step) {
-    auto [x, y] = sharded_batch(step);
-    x = x.narrow(0, rank * per_rank, per_rank), y = y.narrow(0, rank * per_rank, per_rank);
-    (model->forward(x) - y).pow(2).mean().backward();
-    adamw.step();
-    adamw.zero_grad();
-  }
+  train_on_halves(model, rank, 5);
   GatheredParameters whole(*model);
   return flat_parameters(*model);
 }

@@ -203,6 +203,14 @@ void restore_group_options(torch::optim::Optimizer& optimizer,
   }
 }
 
+// Inside a catch: the saved optimizer state `what` does not fit this optimizer, and why.
+[[noreturn]] void refuse_optimizer_state(const std::string& what) {
+  throw CheckpointError(
+      str(what, " does not fit this optimizer (", exception_text(std::current_exception()),
+          "). Likely cause: a different optimizer type or different parameter groups than when it "
+          "was saved. Fix: build the optimizer as the saved run did."));
+}
+
 // Where `optimizer`'s state belongs: beside its first parameter (archives load onto one device).
 torch::Device device_of(const torch::optim::Optimizer& optimizer) {
   for (const auto& group : optimizer.param_groups()) {
@@ -320,11 +328,7 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::string&
     }
     restore_group_options(optimizer, archive);
   } catch (const std::exception&) {
-    throw CheckpointError(
-        str(what, " does not fit this optimizer (", exception_text(std::current_exception()),
-            "). Likely cause: a different ",
-            "optimizer type or different parameter groups than when it was saved. Fix: build ",
-            "the optimizer as the saved run did."));
+    refuse_optimizer_state(what);
   }
 }
 
@@ -348,11 +352,7 @@ void load_fused_form(torch::optim::Optimizer& optimizer, const std::string& byte
     }
     restore_group_options(optimizer, whole);
   } catch (const std::exception&) {
-    throw CheckpointError(
-        str(what, " does not fit this optimizer (", exception_text(std::current_exception()),
-            "). Likely cause: a different ",
-            "optimizer type or different parameter groups than when it was saved. Fix: build ",
-            "the optimizer as the saved run did."));
+    refuse_optimizer_state(what);
   }
 }
 
@@ -384,11 +384,7 @@ void load_sharded_optimizer_state(torch::optim::Optimizer& optimizer,
   } catch (const CheckpointError&) {
     throw;
   } catch (const std::exception&) {
-    throw CheckpointError(
-        str(what, " does not fit this optimizer (", exception_text(std::current_exception()),
-            "). Likely cause: a different ",
-            "optimizer type or different parameter groups than when it was saved. Fix: build ",
-            "the optimizer as the saved run did."));
+    refuse_optimizer_state(what);
   }
   load_fused_form(optimizer, merged, what, fused);
 }
