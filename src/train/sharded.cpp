@@ -45,50 +45,6 @@ void resize_storage(const torch::Tensor& param, size_t bytes) {
   storage->set_nbytes(bytes);
 }
 
-// Memory of freed parameters, kept for the next gather instead of given back: a large block's
-// gather is otherwise fresh memory from the system each time (above glibc's mmap threshold),
-// faulted in page by page, twice per block and step. At most kPooledPerSize buffers of each size
-// stay: the current block's and the prefetched one's, which a step holds at once anyway, so the
-// peak does not grow. CPU parameters only (the CUDA allocator caches by itself).
-class GatherMemory {
- public:
-  // A buffer of `bytes`: a kept one, or a new one from `allocator`.
-  c10::DataPtr take(size_t bytes, c10::Allocator* allocator) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto found = kept_.find(bytes);
-      if (found != kept_.end() && !found->second.empty()) {
-        c10::DataPtr buffer = std::move(found->second.back());
-        found->second.pop_back();
-        return buffer;
-      }
-    }
-    return allocator->allocate(bytes);
-  }
-  // Keeps `buffer` of `bytes` for a later take, or frees it when enough of its size are kept.
-  void give(c10::DataPtr buffer, size_t bytes) {
-    if (bytes == 0 || buffer.get() == nullptr) return;
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto& list = kept_[bytes];
-    if (list.size() < kPooledPerSize) list.push_back(std::move(buffer));
-  }
-  // Gives every kept buffer back (the end of training).
-  void clear() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    kept_.clear();
-  }
-
- private:
-  static constexpr size_t kPooledPerSize = 2;
-  std::mutex mutex_;
-  std::unordered_map<size_t, std::vector<c10::DataPtr>> kept_;
-};
-
-GatherMemory& gather_memory() {
-  static GatherMemory memory;
-  return memory;
-}
-
 // A flat tensor over the storage of `param` with a version counter of its own (see the file
 // comment).
 torch::Tensor storage_alias(const torch::Tensor& param, int64_t elements) {
@@ -347,7 +303,7 @@ struct ShardedImpl::State {
     try {
       for (size_t i = 0; i < params.size(); ++i) {
         const int64_t padded = world() * chunk[i];
-        allocate_parameter(i, static_cast<size_t>(padded) * 4);
+        resize_storage(params[i], static_cast<size_t>(padded) * 4);
         const torch::Tensor whole = storage_alias(params[i], padded);
         const torch::Tensor mine = whole.narrow(0, rank() * chunk[i], chunk[i]);
         mine.copy_(shares[i].detach());
@@ -439,8 +395,7 @@ struct ShardedImpl::State {
   }
 
   // Parameter i's memory goes; on the CPU it then points at address space that faults with its
-  // name (freed_parameters.h), and its memory is kept for the next gather (GatherMemory);
-  // elsewhere it points at nothing.
+  // name (freed_parameters.h), elsewhere at nothing.
   void free_parameter(size_t i) {
     const torch::Tensor& p = params[i];
     if (!freed) {
@@ -448,24 +403,8 @@ struct ShardedImpl::State {
       return;
     }
     c10::StorageImpl* storage = p.storage().unsafeGetStorageImpl();
-    const size_t bytes = storage->nbytes();
-    c10::DataPtr old = storage->set_data_ptr(c10::DataPtr(freed->address(i), p.device()));
+    storage->set_data_ptr_noswap(c10::DataPtr(freed->address(i), p.device()));  // not owned
     storage->set_nbytes(0);
-    if (bytes > 0) gather_memory().give(std::move(old), bytes);
-  }
-
-  // Parameter i gets `bytes` of memory to gather into: kept memory on the CPU (GatherMemory).
-  void allocate_parameter(size_t i, size_t bytes) {
-    const torch::Tensor& p = params[i];
-    if (!freed) {
-      resize_storage(p, bytes);
-      return;
-    }
-    c10::StorageImpl* storage = p.storage().unsafeGetStorageImpl();
-    c10::Allocator* allocator = storage->allocator();
-    if (allocator == nullptr) allocator = c10::GetAllocator(p.device().type());
-    storage->set_data_ptr_noswap(gather_memory().take(bytes, allocator));
-    storage->set_nbytes(bytes);
   }
 
   void reserve_freed_ranges(const Communicator& comm) {
@@ -918,7 +857,6 @@ void ShardedImpl::unshard() {
   s.collect_scatter_locked();
   s.drop_prefetch_locked();
   if (s.gather_depth == 0) s.gather_locked();
-  gather_memory().clear();  // training is over: the memory kept for gathers goes back
   s.gather_depth = 0;
   s.gathered_for_backward = s.in_pass = false;
   s.communicator = nullptr;  // sharded() is false from here: forward runs the block as it is
