@@ -394,9 +394,9 @@ TEST(Zero, Stage3FollowsStage0Over50StepsWithClippingAccumulationAndAResume) {
       "stage 3 against stage 0 after 50 steps: uninterrupted %.3g, resumed on 4 %.3g, "
       "resumed on 2 %.3g\n",
       worst(uninterrupted[0]), worst(on_four[0]), worst(on_two[0]));
-  expect_same_training(parameters_of(uninterrupted[0]), parameters_of(base[0]), "stage 3 on 4");
-  expect_same_training(parameters_of(on_two[0]), parameters_of(base[0]),
-                       "stage 3 on 4, resumed on 2");
+  // Issue 36's goal, tighter than the tolerance of the other comparisons.
+  EXPECT_LT(worst(uninterrupted[0]), 1e-5) << "stage 3 on 4";
+  EXPECT_LT(worst(on_two[0]), 1e-5) << "stage 3 on 4, resumed on 2";
   remove_tree(dir);
 }
 

@@ -118,28 +118,6 @@ int64_t count_tensors(torch::serialize::InputArchive& archive) {
   return n;
 }
 
-// An archive's entries, nested archives included, copied as they are: an optimizer's own save()
-// (torch::optim's state keyed as its param_groups list them) and the groups' options are
-// carried from rank 0's shard without knowing their layout.
-void copy_archive(torch::serialize::InputArchive& from, torch::serialize::OutputArchive& to,
-                  const std::vector<std::string>& except = {}) {
-  for (const std::string& key : from.keys()) {
-    if (std::find(except.begin(), except.end(), key) != except.end()) continue;
-    torch::serialize::InputArchive nested;
-    torch::Tensor tensor;
-    c10::IValue value;
-    if (from.try_read(key, nested)) {
-      torch::serialize::OutputArchive copy;
-      copy_archive(nested, copy);
-      to.write(key, copy);
-    } else if (from.try_read(key, tensor)) {
-      to.write(key, tensor);
-    } else if (from.try_read(key, value)) {
-      to.write(key, value);
-    }
-  }
-}
-
 MergedFile write_model(const std::string& dir, const std::string& tmp, const std::string& name,
                        size_t i) {
   const std::string file = layout::model_file(i);
@@ -193,8 +171,9 @@ std::string merged_optimizer_bytes(const std::string& dir, const CheckpointManif
         }
       };
       if (prepare_bound) {
-        copy_archive(archives[0], out,
-                     {detail::kFusedUpdater, detail::kSharesOfProcesses, detail::kShareSlotsKey});
+        detail::copy_archive(
+            archives[0], out,
+            {detail::kFusedUpdater, detail::kSharesOfProcesses, detail::kShareSlotsKey});
         torch::serialize::OutputArchive merged;
         merge(merged);
         out.write(detail::kFusedUpdater, merged);

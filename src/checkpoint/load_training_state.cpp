@@ -184,14 +184,17 @@ std::vector<StreamPosition> read_stream_positions(const LoadedCheckpoint& loaded
   return positions;
 }
 
-// Whether `own` (this process's optimizer file) is all that `o` loads: a stage-3 state saved on as
-// many processes with the same slots.
-bool own_shares_suffice(const std::string& own, const CheckpointedOptimizer& o,
-                        const CheckpointRanks& ranks, const std::string& what) {
-  if (!o.updates_shares) return false;
-  auto archive = archive_from_bytes(own, what);
-  const SavedShares saved = saved_shares(archive, what);
-  return saved.processes == ranks.world_size && saved.slots == o.share_slots;
+// How optimizer file `bytes` was saved (stage 3's processes and slots, or none).
+SavedShares saved_shares_of(const std::string& bytes, const std::string& what) {
+  auto archive = archive_from_bytes(bytes, what);
+  return saved_shares(archive, what);
+}
+
+// Whether each process loads its own file as it is: a stage-3 state saved on as many processes,
+// with the slots of this run's optimizer.
+bool own_shares_load_as_they_are(const SavedShares& saved, const CheckpointedOptimizer& o,
+                                 const CheckpointRanks& ranks) {
+  return o.updates_shares && saved.processes == ranks.world_size && saved.slots == o.share_slots;
 }
 
 // Optimizer `i`'s saved state as the whole fused form, with rank 0's group options: merged from
@@ -243,23 +246,13 @@ std::string whole_fused_state(const LoadedCheckpoint& loaded, size_t i,
 // slots). Anywhere else the state is made whole and, for a stage-3 run, cut again into this
 // process's shares (loaded.converted), before anything changes.
 void plan_optimizer_load(LoadedCheckpoint& loaded, size_t i, const CheckpointedOptimizer& o,
-                         const CheckpointRanks& ranks) {
+                         const CheckpointRanks& ranks, const SavedShares& saved) {
   const auto& shards = loaded.optimizer_shards[i];
   const std::string file =
       shards.empty() ? layout::optimizer_file(i) : layout::optimizer_shard_file(0, i);
   const std::string what = loaded.dir + "/" + file;
-  SavedShares saved;
-  {
-    const auto read_one = std::find_if(shards.begin(), shards.end(),
-                                       [](const std::string& bytes) { return !bytes.empty(); });
-    auto first =
-        archive_from_bytes(read_one == shards.end() ? loaded.optimizers[i] : *read_one, what);
-    saved = saved_shares(first, what);
-  }
-  if (saved.processes == 0 && !o.updates_shares) return;  // stages 0-2 on both sides
-  if (o.updates_shares && saved.processes == ranks.world_size && saved.slots == o.share_slots) {
-    return;  // this process's own shares' state
-  }
+  if (saved.processes == 0 && !o.updates_shares) return;     // stages 0-2 on both sides
+  if (own_shares_load_as_they_are(saved, o, ranks)) return;  // this process's own shares' state
   try {
     const std::string whole = whole_fused_state(loaded, i, o, saved, what);
     if (!o.updates_shares) {
@@ -314,15 +307,17 @@ LoadedCheckpoint read_and_check(const std::string& dir, const CheckpointedState&
   loaded.optimizer_shards.resize(s.optimizers.size());
   loaded.converted.resize(s.optimizers.size());
   for (size_t i = 0; i < s.optimizers.size(); ++i) {
+    SavedShares saved;
     if (lists_file(loaded.manifest, layout::optimizer_shard_file(0, i))) {
       // This process's file first: under stage 3 on the same layout it is the only one needed
       // (each process reads its own), elsewhere every rank's is.
       auto& shards = loaded.optimizer_shards[i];
       shards.assign(static_cast<size_t>(loaded.manifest.world_size), "");
       const int own = ranks.rank < loaded.manifest.world_size ? ranks.rank : 0;
-      shards[own] = read(layout::optimizer_shard_file(own, i));
-      if (!own_shares_suffice(shards[own], s.optimizers[i], ranks,
-                              dir + "/" + layout::optimizer_shard_file(own, i))) {
+      const std::string own_file = layout::optimizer_shard_file(own, i);
+      shards[own] = read(own_file);
+      saved = saved_shares_of(shards[own], dir + "/" + own_file);
+      if (!own_shares_load_as_they_are(saved, s.optimizers[i], ranks)) {
         for (int r = 0; r < loaded.manifest.world_size; ++r) {
           if (shards[r].empty()) shards[r] = read(layout::optimizer_shard_file(r, i));
         }
@@ -330,8 +325,9 @@ LoadedCheckpoint read_and_check(const std::string& dir, const CheckpointedState&
       loaded.optimizers.emplace_back();
     } else {
       loaded.optimizers.push_back(read(layout::optimizer_file(i)));
+      saved = saved_shares_of(loaded.optimizers.back(), dir + "/" + layout::optimizer_file(i));
     }
-    plan_optimizer_load(loaded, i, s.optimizers[i], ranks);
+    plan_optimizer_load(loaded, i, s.optimizers[i], ranks, saved);
   }
   for (size_t i = 0; i < s.objects.size(); ++i)
     loaded.custom_objects.push_back(read(layout::custom_file(i)));

@@ -220,21 +220,30 @@ torch::Device device_of(const torch::optim::Optimizer& optimizer) {
 }
 }  // namespace
 
+void copy_archive(torch::serialize::InputArchive& from, torch::serialize::OutputArchive& to,
+                  const std::vector<std::string>& except) {
+  for (const std::string& key : from.keys()) {
+    if (std::find(except.begin(), except.end(), key) != except.end()) continue;
+    torch::serialize::InputArchive nested;
+    torch::Tensor tensor;
+    c10::IValue value;
+    if (from.try_read(key, nested)) {
+      torch::serialize::OutputArchive copy;
+      copy_archive(nested, copy);
+      to.write(key, copy);
+    } else if (from.try_read(key, tensor)) {
+      to.write(key, tensor);
+    } else if (from.try_read(key, value)) {
+      to.write(key, value);
+    }
+  }
+}
+
 void copy_group_options(torch::serialize::InputArchive& from, torch::serialize::OutputArchive& to) {
   torch::serialize::InputArchive groups;
   if (!from.try_read(kGroupOptions, groups)) return;
   torch::serialize::OutputArchive copy;
-  for (const std::string& key : groups.keys()) {
-    torch::serialize::InputArchive options;
-    groups.read(key, options);
-    torch::serialize::OutputArchive options_copy;
-    for (const std::string& name : options.keys()) {
-      c10::IValue value;
-      options.read(name, value);
-      options_copy.write(name, value);
-    }
-    copy.write(key, options_copy);
-  }
+  copy_archive(groups, copy);
   to.write(kGroupOptions, copy);
 }
 

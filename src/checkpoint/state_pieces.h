@@ -92,6 +92,10 @@ SavedShares saved_shares(torch::serialize::InputArchive& archive, const std::str
 /// stepped by itself). `nested` receives the first.
 torch::serialize::InputArchive* fused_state_in(torch::serialize::InputArchive& archive,
                                                torch::serialize::InputArchive& nested);
+/// An archive's entries but `except`, nested archives included, copied as they are: an
+/// optimizer's own save() and its groups' options carried without knowing their layout.
+void copy_archive(torch::serialize::InputArchive& from, torch::serialize::OutputArchive& to,
+                  const std::vector<std::string>& except = {});
 /// Copies the parameter groups' options (kGroupOptions) of one optimizer archive into another.
 void copy_group_options(torch::serialize::InputArchive& from, torch::serialize::OutputArchive& to);
 /// Loads a whole fused state (or one process's state of its stage-3 shares), with the groups'

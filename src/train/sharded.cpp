@@ -577,8 +577,11 @@ struct ShardedImpl::State {
 // ended early, is never used after a step.
 struct ShardedImpl::State::Schedule {
   std::mutex mutex;
-  std::vector<std::weak_ptr<State>> recording;   // this step's forward order so far
-  std::vector<std::weak_ptr<State>> order;       // the last step's
+  std::vector<std::weak_ptr<State>> recording;  // this step's forward order so far
+  std::vector<std::weak_ptr<State>> order;      // the last step's
+  // Each block's place in them, so that the forward step does not search (checked against the
+  // weak pointer there: an address can be a later block's).
+  std::unordered_map<const State*, size_t> recording_place, order_place;
   std::vector<std::weak_ptr<State>> prefetched;  // started ahead, not used yet
   std::weak_ptr<State> expected;                 // the block the prefetch was started for
 };
@@ -602,9 +605,11 @@ void ShardedImpl::State::gather_locked() {
 void ShardedImpl::State::record_forward(const std::shared_ptr<State>& state) {
   Schedule& s = schedule();
   std::lock_guard<std::mutex> lock(s.mutex);
-  for (const auto& seen : s.recording) {
-    if (seen.lock() == state) return;  // the first run counts (evaluation repeats them)
+  auto found = s.recording_place.find(state.get());
+  if (found != s.recording_place.end() && s.recording[found->second].lock() == state) {
+    return;  // the first run counts (evaluation repeats them)
   }
+  s.recording_place[state.get()] = s.recording.size();
   s.recording.push_back(state);
 }
 
@@ -615,11 +620,10 @@ void ShardedImpl::State::prefetch_from(const std::shared_ptr<State>& state, int 
   std::shared_ptr<State> next;
   {
     std::lock_guard<std::mutex> lock(s.mutex);
-    for (size_t i = 0; i < s.order.size(); ++i) {
-      if (s.order[i].lock() != state) continue;
-      const auto j = static_cast<std::ptrdiff_t>(i) + step;
+    auto found = s.order_place.find(state.get());
+    if (found != s.order_place.end() && s.order[found->second].lock() == state) {
+      const auto j = static_cast<std::ptrdiff_t>(found->second) + step;
       if (j >= 0 && j < static_cast<std::ptrdiff_t>(s.order.size())) next = s.order[j].lock();
-      break;
     }
   }
   if (!next || next == state) return;
@@ -676,7 +680,9 @@ void ShardedImpl::State::finish_backward_pass() {
     std::lock_guard<std::mutex> lock(s.mutex);
     if (!s.recording.empty()) {
       s.order = std::move(s.recording);
+      s.order_place = std::move(s.recording_place);
       s.recording.clear();
+      s.recording_place.clear();
     }
   }
   drop_prefetches();

@@ -143,7 +143,8 @@ void merge_share_states(const std::vector<torch::serialize::InputArchive*>& proc
       throw Error(detail::str("rank ", r, "'s state is over parameters of sizes [",
                               join(p.sizes(), ", "), "], where its share layout says [",
                               join(saved_sizes, ", "),
-                              "]. The file is damaged or from another run."));
+                              "]. Likely cause: the file is damaged or comes from another run. "
+                              "Fix: use the files one save_state wrote, together."));
     }
     if (r > 0 && (!p.kind.equal(parts[0].kind) || !p.steps.equal(parts[0].steps) ||
                   p.state1.defined() != parts[0].state1.defined() ||
