@@ -4,6 +4,7 @@
 //     manifest.json        format version, versions, world size, step, each file's size and CRC-32
 //     state.json           step counters, data positions, scheduler steps (main process)
 //     model_0.pt …         weights (main process; tensors on the CPU)
+//     model_0.safetensors  instead, under ZeRO stage 3: the weights streamed one block at a time
 //     optimizer_0.pt …     optimizer state (main process)
 //     scaler.pt            the fp16 loss scaler, when there is one
 //     custom_0.pt …        objects registered with register_for_checkpointing (main process)

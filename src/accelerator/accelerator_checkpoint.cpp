@@ -27,22 +27,11 @@ void Accelerator::register_checkpoint_object(
   impl_->checkpointed_->objects.push_back({std::move(save), std::move(load)});
 }
 
-std::vector<std::unique_ptr<GatheredParameters>> Accelerator::Impl::gather_sharded_models() const {
-  std::vector<std::unique_ptr<GatheredParameters>> whole;
-  if (!sharding_parameters()) return whole;
-  for (const auto& prepared : models_) {
-    if (!prepared.sharded.empty())
-      whole.push_back(std::make_unique<GatheredParameters>(*prepared.module));
-  }
-  return whole;
-}
-
 std::string Accelerator::save_state(const std::string& dir) {
   detail::ScopedCollectiveLabel label("save_state");
   detail::TraceSpan span("save_state", "checkpoint");
-  // ZeRO stage 3: the main process writes the weights whole while every process holds them
-  // gathered; each process writes its optimizer's state of its shares.
-  const auto whole = impl_->gather_sharded_models();
+  // ZeRO stage 3: the main process streams the weights one gathered block at a time; each
+  // process writes its optimizer's state of its shares.
   // A save before the first batch under auto_resume saves the resumed state, not the fresh one.
   impl_->resume_hook_->fire();
   return detail::save_training_state(
@@ -54,13 +43,10 @@ std::string Accelerator::load_state(const std::string& dir) {
   detail::ScopedCollectiveLabel label("load_state");
   detail::TraceSpan span("load_state", "checkpoint");
   impl_->resume_hook_->disarm();  // an explicit load replaces auto_resume's
-  // ZeRO stage 3: the whole weights load into the gathered parameters, and each process keeps
-  // its pieces of them in its shares (a failed load changed nothing, so nothing is kept).
-  const auto whole = impl_->gather_sharded_models();
-  const std::string loaded = detail::load_training_state(*impl_->checkpointed_, checkpoint_ranks(),
-                                                         dir, checkpoints_dir());
-  for (const auto& gathered : whole) gathered->store();
-  return loaded;
+  // ZeRO stage 3: the weights load one gathered block at a time, each process keeping its pieces
+  // in its shares.
+  return detail::load_training_state(*impl_->checkpointed_, checkpoint_ranks(), dir,
+                                     checkpoints_dir());
 }
 
 void Accelerator::auto_resume_now() {

@@ -42,9 +42,6 @@ struct Accelerator::Impl {
 
   /// ZeRO stage 3 on several processes: the Sharded blocks of the prepared models are sharded.
   bool sharding_parameters() const { return options_.zero_stage() == 3 && world_size_ > 1; }
-  /// Stage 3: every prepared model with sharded blocks, gathered whole while the result lives
-  /// (a collective); empty below stage 3.
-  std::vector<std::unique_ptr<GatheredParameters>> gather_sharded_models() const;
   /// Stage 2: the reducer shares that hold the gradients of `parameters` (whole models only).
   std::vector<torch::Tensor> stage2_gradient_shares(
       const std::vector<torch::Tensor>& parameters) const;

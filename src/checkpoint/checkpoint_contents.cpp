@@ -10,6 +10,7 @@
 #include "accelerant/fused_optimizer.h"
 #include "base/file_io.h"
 #include "base/text.h"
+#include "checkpoint/safetensors_stream.h"
 #include "checkpoint/state_pieces.h"
 #include "train/fused_state_format.h"
 
@@ -64,6 +65,7 @@ CheckpointManifest verify_checkpoint_contents(const std::string& dir) {
                manifest.step));
   }
   static const std::regex model_file("model_[0-9]+\\.pt");
+  static const std::regex weights_file("model_[0-9]+\\.safetensors");
   static const std::regex optimizer_file("optimizer_([0-9]+)\\.pt");
   static const std::regex shard_file("rank_([0-9]+)/optimizer_([0-9]+)\\.pt");
   static const std::regex rng_file("rank_[0-9]+/rng\\.pt");
@@ -75,6 +77,20 @@ CheckpointManifest verify_checkpoint_contents(const std::string& dir) {
     const bool is_optimizer = std::regex_match(f.path, m, optimizer_file);
     const bool is_shard = !is_optimizer && std::regex_match(f.path, m, shard_file);
     const bool is_rng = std::regex_match(f.path, rng_file);
+    if (std::regex_match(f.path, weights_file)) {
+      // A sharded model's weights (ZeRO stage 3): valid safetensors, mapped, not read whole.
+      size_t tensors = 0;
+      try {
+        tensors =
+            detail::MappedModelWeights(dir + "/" + f.path, detail::MappedModelWeights::At::kFile)
+                .shapes()
+                .size();
+      } catch (const CheckpointError& e) {
+        refuse(dir, f.path, str("is not valid safetensors: ", e.what()));
+      }
+      if (tensors == 0) refuse(dir, f.path, "holds no tensors, not a model's weights");
+      continue;
+    }
     if (!is_model && !is_optimizer && !is_shard && !is_rng) continue;
     const std::string bytes = detail::read_file(dir + "/" + f.path);
     // Not an archive at all: archive_from_bytes says so, naming the file.

@@ -46,7 +46,14 @@ std::string first_symlink(const std::string& dir, const std::string& relative) {
 std::vector<std::pair<std::string, std::string>> expected_files(const CheckpointManifest& m) {
   namespace layout = detail::layout;
   std::vector<std::pair<std::string, std::string>> files;
-  for (int i = 0; i < m.models; ++i) files.emplace_back(layout::model_file(i), "model");
+  for (int i = 0; i < m.models; ++i) {
+    // Saved sharded (ZeRO stage 3), a model's weights are safetensors instead of an archive.
+    const std::string weights = layout::model_weights_file(static_cast<size_t>(i));
+    const bool streamed =
+        std::any_of(m.files.begin(), m.files.end(),
+                    [&](const CheckpointFileEntry& f) { return f.path == weights; });
+    files.emplace_back(streamed ? weights : layout::model_file(static_cast<size_t>(i)), "model");
+  }
   for (int i = 0; i < m.optimizers; ++i) {
     // Saved under ZeRO (rank 0's shard listed): every rank's shard instead of one whole file.
     const bool sharded =
@@ -180,8 +187,12 @@ CheckpointManifest check_checkpoint(const std::string& dir, bool contents) {
       problem = detail::str(f.path, " has ", st.st_size, " bytes, the manifest says ", f.size,
                             static_cast<uint64_t>(st.st_size) < f.size ? " (truncated)" : "");
     } else if (contents) {
-      const uint32_t crc = detail::crc32_of(detail::read_file(path));
-      if (crc != f.crc32) problem = crc_problem(f.path, crc, f.crc32);
+      uint32_t crc = 0;
+      if (!detail::crc32_of_file(path, &crc)) {
+        problem = detail::str(f.path, " cannot be read");
+      } else if (crc != f.crc32) {
+        problem = crc_problem(f.path, crc, f.crc32);
+      }
     }
     if (!problem.empty()) {
       if (first_bad.empty()) first_bad = path;
@@ -223,6 +234,29 @@ std::string read_checked_file(const std::string& dir, const CheckpointManifest& 
                   path);
   }
   return bytes;
+}
+
+void check_listed_file(const std::string& dir, const CheckpointManifest& manifest,
+                       const std::string& name) {
+  const auto listed = std::find_if(manifest.files.begin(), manifest.files.end(),
+                                   [&](const auto& f) { return f.path == name; });
+  const std::string path = dir + "/" + name;
+  if (listed == manifest.files.end()) {
+    throw_damaged(dir, {detail::str(name, " is not in the manifest's file list")}, path);
+  }
+  struct stat st {};
+  uint32_t crc = 0;
+  if (::stat(path.c_str(), &st) != 0 || !crc32_of_file(path, &crc)) {
+    throw_damaged(dir, {detail::str(name, " cannot be read")}, path);
+  }
+  if (static_cast<uint64_t>(st.st_size) != listed->size || crc != listed->crc32) {
+    throw_damaged(dir,
+                  {static_cast<uint64_t>(st.st_size) != listed->size
+                       ? detail::str(name, " has ", st.st_size, " bytes, the manifest says ",
+                                     listed->size, " (changed while loading)")
+                       : crc_problem(name, crc, listed->crc32)},
+                  path);
+  }
 }
 
 }  // namespace detail

@@ -9,6 +9,9 @@
 namespace accelerant::detail::layout {
 
 inline std::string model_file(size_t i) { return str("model_", i, ".pt"); }
+/// Model `i`'s weights as safetensors, in place of model_file(i) when the model was sharded
+/// (ZeRO stage 3): streamed one gathered block at a time, never whole in one process.
+inline std::string model_weights_file(size_t i) { return str("model_", i, ".safetensors"); }
 inline std::string optimizer_file(size_t i) { return str("optimizer_", i, ".pt"); }
 inline std::string custom_file(size_t i) { return str("custom_", i, ".pt"); }
 /// Optimizer `i`'s state as rank `rank` holds it under ZeRO: its shard (in place of

@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
+#include <vector>
 
 #include "accelerant/checkpoint.h"
 #include "accelerant/error.h"
@@ -14,6 +16,7 @@
 #include "base/text.h"
 #include "checkpoint/checkpoint_layout.h"
 #include "checkpoint/durable_files.h"
+#include "checkpoint/safetensors_stream.h"
 #include "checkpoint/state_pieces.h"
 
 namespace accelerant {
@@ -118,8 +121,29 @@ int64_t count_tensors(torch::serialize::InputArchive& archive) {
   return n;
 }
 
-MergedFile write_model(const std::string& dir, const std::string& tmp, const std::string& name,
-                       size_t i) {
+// A sharded model's weights (ZeRO stage 3), safetensors already: copied a few MiB at a time, so
+// that the merge never holds the whole model either.
+MergedFile copy_model_weights(const std::string& dir, const std::string& tmp,
+                              const std::string& name, size_t i) {
+  const std::string file = dir + "/" + layout::model_weights_file(i);
+  const auto tensors =
+      detail::MappedModelWeights(file, detail::MappedModelWeights::At::kFile).shapes().size();
+  std::FILE* in = std::fopen(file.c_str(), "rb");
+  if (!in) throw CheckpointError(str(file, " cannot be read. Fix: check its permissions."), file);
+  detail::DurableFileWriter out(tmp + "/" + name, "the model's weights", /*replace=*/false);
+  std::vector<char> buffer(4u << 20);
+  size_t n = 0;
+  while ((n = std::fread(buffer.data(), 1, buffer.size(), in)) > 0) out.append(buffer.data(), n);
+  const bool failed = std::ferror(in) != 0;
+  std::fclose(in);
+  if (failed) throw CheckpointError(str(file, " could not be read to its end."), file);
+  out.commit();
+  return {name, static_cast<int64_t>(tensors), static_cast<int64_t>(out.size())};
+}
+
+MergedFile write_model(const std::string& dir, const CheckpointManifest& m, const std::string& tmp,
+                       const std::string& name, size_t i) {
+  if (lists(m, layout::model_weights_file(i))) return copy_model_weights(dir, tmp, name, i);
   const std::string file = layout::model_file(i);
   auto archive = detail::archive_from_bytes(read_whole(dir + "/" + file), dir + "/" + file);
   SafetensorsContents contents;
@@ -233,7 +257,7 @@ MergedCheckpoint merge_checkpoint(const std::string& dir, const std::string& out
     for (int i = 0; i < m.models; ++i) {
       const std::string name =
           m.models == 1 ? "model.safetensors" : str("model_", i, ".safetensors");
-      result.models.push_back(write_model(dir, tmp, name, static_cast<size_t>(i)));
+      result.models.push_back(write_model(dir, m, tmp, name, static_cast<size_t>(i)));
     }
     if (options.optimizer()) {
       for (int i = 0; i < m.optimizers; ++i)

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <vector>
 
 #include "accelerant/error.h"
 #include "base/text.h"
@@ -62,6 +63,7 @@ void DurableFileWriter::append(const void* data, size_t bytes) {
     }
     done += static_cast<size_t>(n);
   }
+  crc32_ = crc32_extend(crc32_, at, bytes);
   written_ += bytes;
 }
 
@@ -168,16 +170,38 @@ std::string base_name(const std::string& path) {
   return slash == std::string::npos ? p : p.substr(slash + 1);
 }
 
-uint32_t crc32_of(const std::string& bytes) {
-  uLong crc = ::crc32(0L, Z_NULL, 0);
+uint32_t crc32_extend(uint32_t crc, const void* data, size_t bytes) {
+  const Bytef* at = static_cast<const Bytef*>(data);
+  uLong sum = crc;
   size_t done = 0;
-  while (done < bytes.size()) {  // crc32() takes a uInt length
-    const size_t chunk = std::min<size_t>(bytes.size() - done, 1u << 30);
-    crc =
-        ::crc32(crc, reinterpret_cast<const Bytef*>(bytes.data() + done), static_cast<uInt>(chunk));
+  while (done < bytes) {  // crc32() takes a uInt length
+    const size_t chunk = std::min<size_t>(bytes - done, 1u << 30);
+    sum = ::crc32(sum, at + done, static_cast<uInt>(chunk));
     done += chunk;
   }
-  return static_cast<uint32_t>(crc);
+  return static_cast<uint32_t>(sum);
+}
+
+uint32_t crc32_of(const std::string& bytes) { return crc32_extend(0, bytes.data(), bytes.size()); }
+
+bool crc32_of_file(const std::string& path, uint32_t* crc) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  std::vector<char> buffer(1u << 20);
+  uint32_t sum = 0;
+  while (true) {
+    const ssize_t n = ::read(fd, buffer.data(), buffer.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      ::close(fd);
+      return false;
+    }
+    if (n == 0) break;
+    sum = crc32_extend(sum, buffer.data(), static_cast<size_t>(n));
+  }
+  ::close(fd);
+  *crc = sum;
+  return true;
 }
 
 }  // namespace accelerant::detail

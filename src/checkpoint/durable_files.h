@@ -33,6 +33,9 @@ class DurableFileWriter {
   /// fsyncs and closes the file; a replacement is then renamed over `path`, the directory
   /// fsynced.
   void commit();
+  /// The bytes written so far, and their CRC-32 (a checkpoint's manifest lists both).
+  uint64_t size() const { return written_; }
+  uint32_t crc32() const { return crc32_; }
 
  private:
   std::string path_;    // what is written
@@ -40,6 +43,7 @@ class DurableFileWriter {
   std::string what_;
   int fd_ = -1;
   uint64_t written_ = 0;
+  uint32_t crc32_ = 0;
   bool committed_ = false;
 };
 
@@ -68,5 +72,10 @@ std::string base_name(const std::string& path);
 
 /// zlib's CRC-32 of `bytes`.
 uint32_t crc32_of(const std::string& bytes);
+/// The CRC-32 `crc` of some bytes, extended by the next `bytes` bytes at `data`.
+uint32_t crc32_extend(uint32_t crc, const void* data, size_t bytes);
+/// The CRC-32 of the file at `path`, read a few MiB at a time (a model's weights are never
+/// whole in memory for it); false when it cannot be opened or read.
+bool crc32_of_file(const std::string& path, uint32_t* crc);
 
 }  // namespace accelerant::detail

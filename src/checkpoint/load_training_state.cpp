@@ -3,12 +3,15 @@
 // nowhere (a snapshot taken first is what a failed apply rolls back to).
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 
 #include "accelerant/error.h"
 #include "base/file_io.h"
 #include "base/text.h"
 #include "checkpoint/checkpoint_layout.h"
 #include "checkpoint/durable_files.h"
+#include "checkpoint/model_by_blocks.h"
+#include "checkpoint/safetensors_stream.h"
 #include "checkpoint/state_pieces.h"
 #include "checkpoint/stream_positions.h"
 #include "checkpoint/training_checkpoint.h"
@@ -23,6 +26,12 @@ struct LoadedCheckpoint {
   CheckpointManifest manifest;
   CheckpointTrainingState state;
   std::vector<std::string> models, optimizers, custom_objects;  // archives, as bytes
+  // Per model, where the checkpoint holds its weights as safetensors (saved sharded, ZeRO stage
+  // 3): the file, mapped; models[i] is then empty.
+  std::vector<std::shared_ptr<MappedModelWeights>> mapped_models;
+  // Per model, in a rollback snapshot of a sharded model: its values as this process holds them
+  // (its shares); models[i] is then empty.
+  std::vector<std::shared_ptr<HeldModelValues>> held_models;
   // Per optimizer: every rank's shard, when a ZeRO run saved it (then optimizers[i] is empty).
   std::vector<std::vector<std::string>> optimizer_shards;
   // Per optimizer: the fused state this process's optimizer takes instead (load_fused_form), where
@@ -293,10 +302,22 @@ LoadedCheckpoint read_and_check(const std::string& dir, const CheckpointedState&
   auto read = [&](const std::string& name) {
     return read_checked_file(dir, loaded.manifest, name);
   };
+  loaded.mapped_models.resize(s.models.size());
   for (size_t i = 0; i < s.models.size(); ++i) {
-    const std::string file = layout::model_file(i);
-    loaded.models.push_back(read(file));
-    auto mismatches = module_state_mismatches(*s.models[i], loaded.models.back(), dir + "/" + file);
+    std::string file = layout::model_weights_file(i);
+    std::vector<std::string> mismatches;
+    if (lists_file(loaded.manifest, file)) {
+      // Mapped, not read: applied one gathered block at a time (apply_model).
+      check_listed_file(dir, loaded.manifest, file);
+      loaded.mapped_models[i] =
+          std::make_shared<MappedModelWeights>(dir + "/" + file, MappedModelWeights::At::kFile);
+      loaded.models.emplace_back();
+      mismatches = state_mismatches(named_state(*s.models[i]), loaded.mapped_models[i]->shapes());
+    } else {
+      file = layout::model_file(i);
+      loaded.models.push_back(read(file));
+      mismatches = module_state_mismatches(*s.models[i], loaded.models.back(), dir + "/" + file);
+    }
     if (!mismatches.empty()) {
       throw CheckpointError(
           str("model ", i, " does not match ", dir, "/", file, ": ", join(mismatches, "; "),
@@ -356,7 +377,12 @@ LoadedCheckpoint snapshot_for_rollback(const CheckpointedState& s) {
   LoadedCheckpoint now;
   now.dir = "(the state before load_state)";
   now.state = training_state_now(s);
-  for (const auto& m : s.models) now.models.push_back(module_state_bytes(*m));
+  for (const auto& m : s.models) {
+    // A sharded model's parameters are not whole here: its shares are what this process holds.
+    const bool sharded = has_sharded_blocks(*m);
+    now.models.push_back(sharded ? "" : module_state_bytes(*m));
+    now.held_models.push_back(sharded ? std::make_shared<HeldModelValues>(*m) : nullptr);
+  }
   for (const auto& o : s.optimizers)
     now.optimizers.push_back(optimizer_state_bytes(*o.optimizer, o.fused.get()));
   for (const auto& o : s.objects) now.custom_objects.push_back(archive_to_bytes(o.save));
@@ -370,10 +396,37 @@ LoadedCheckpoint snapshot_for_rollback(const CheckpointedState& s) {
   return now;
 }
 
-void apply(const LoadedCheckpoint& loaded, CheckpointedState& s, int rank) {
-  for (size_t i = 0; i < s.models.size(); ++i) {
-    load_module_state(*s.models[i], loaded.models[i], loaded.dir + "/" + layout::model_file(i));
+// Model `i`'s saved values into `model`: with sharded blocks one gathered block at a time (a
+// collective), kept into the shares; a rollback snapshot's held values put back as they were.
+void apply_model(const LoadedCheckpoint& loaded, size_t i, torch::nn::Module& model) {
+  if (i < loaded.held_models.size() && loaded.held_models[i]) {
+    loaded.held_models[i]->restore(model);
+    return;
   }
+  const auto& mapped = i < loaded.mapped_models.size() ? loaded.mapped_models[i] : nullptr;
+  const std::string what =
+      loaded.dir + "/" + (mapped ? layout::model_weights_file(i) : layout::model_file(i));
+  if (!mapped && !has_sharded_blocks(model)) {
+    load_module_state(model, loaded.models[i], what);
+    return;
+  }
+  torch::serialize::InputArchive archive;
+  if (!mapped) archive = archive_from_bytes(loaded.models[i], what);
+  torch::NoGradGuard no_grad;
+  visit_model_by_blocks(model, /*keep=*/true, [&](const std::string& name, torch::Tensor& tensor) {
+    torch::Tensor saved;
+    if (mapped) {
+      saved = mapped->tensor(name);
+    } else {
+      archive.read(name, saved);
+    }
+    tensor.copy_(saved);
+    if (mapped) mapped->forget(name);
+  });
+}
+
+void apply(const LoadedCheckpoint& loaded, CheckpointedState& s, int rank) {
+  for (size_t i = 0; i < s.models.size(); ++i) apply_model(loaded, i, *s.models[i]);
   for (size_t i = 0; i < s.optimizers.size(); ++i) {
     // A rollback snapshot holds this rank's own shard, which its sharded update takes back.
     const bool shards = i < loaded.optimizer_shards.size() && !loaded.optimizer_shards[i].empty();

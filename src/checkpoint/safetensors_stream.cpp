@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -125,6 +126,47 @@ std::string safetensors_header_bytes(const std::vector<TensorLayout>& tensors,
   return out + text;
 }
 
+// ---- one file ------------------------------------------------------------------------------
+
+SafetensorsFileWriter::SafetensorsFileWriter(const std::string& path,
+                                             std::vector<TensorLayout> tensors,
+                                             const std::string& what)
+    : tensors_(std::move(tensors)) {
+  const std::string header = safetensors_header_bytes(tensors_, {{"format", "pt"}});
+  out_ = std::make_unique<DurableFileWriter>(path, what, /*replace=*/false);
+  out_->append(header.data(), header.size());
+}
+
+SafetensorsFileWriter::~SafetensorsFileWriter() = default;
+
+void SafetensorsFileWriter::write(const torch::Tensor& tensor) {
+  if (next_ >= tensors_.size()) {
+    throw Error(
+        str("safetensors writer: all ", tensors_.size(), " planned tensors are written already."));
+  }
+  const TensorLayout& want = tensors_[next_];
+  if (tensor.scalar_type() != want.dtype || tensor.sizes().vec() != want.shape) {
+    throw Error(detail::str("safetensors writer: tensor \"", want.name, "\" was planned as ",
+                            want.dtype, " ", c10::IntArrayRef(want.shape), " and is ",
+                            tensor.scalar_type(), " ", tensor.sizes(), " now."));
+  }
+  const torch::Tensor cpu = tensor.detach().to(torch::kCPU).contiguous();
+  out_->append(cpu.data_ptr(), want.bytes());
+  ++next_;
+}
+
+bool SafetensorsFileWriter::complete() const { return next_ == tensors_.size(); }
+
+void SafetensorsFileWriter::commit() {
+  if (!complete()) {
+    throw Error(str("safetensors writer: ", next_, " of ", tensors_.size(), " tensors written."));
+  }
+  out_->commit();
+}
+
+uint64_t SafetensorsFileWriter::size() const { return out_->size(); }
+uint32_t SafetensorsFileWriter::crc32() const { return out_->crc32(); }
+
 // ---- the writer ----------------------------------------------------------------------------
 
 // Every file is written under a hidden temporary name and takes its own name only in finish(),
@@ -133,11 +175,11 @@ std::string safetensors_header_bytes(const std::vector<TensorLayout>& tensors,
 struct ModelSafetensorsWriter::Plan {
   std::string dir;
   std::vector<TensorLayout> tensors;
-  std::vector<std::vector<size_t>> files;  // the tensors of each file, in order
-  size_t next = 0;                         // the next tensor to write
-  size_t file = 0;                         // the file being written
-  std::unique_ptr<DurableFileWriter> out;  // open while a file is written
-  std::vector<std::string> written;        // temporary files complete so far
+  std::vector<std::vector<size_t>> files;      // the tensors of each file, in order
+  size_t next = 0;                             // the next tensor to write
+  size_t file = 0;                             // the file being written
+  std::unique_ptr<SafetensorsFileWriter> out;  // open while a file is written
+  std::vector<std::string> written;            // temporary files complete so far
   bool finished = false;
   SavedModelFiles saved;
 
@@ -149,11 +191,8 @@ struct ModelSafetensorsWriter::Plan {
   void open(size_t k) {
     std::vector<TensorLayout> layouts;
     for (size_t i : files[k]) layouts.push_back(tensors[i]);
-    out = std::make_unique<DurableFileWriter>(temporary_of(k), "the model weights",
-                                              /*replace=*/false);
-    // what Hugging Face's loaders check for PyTorch weights
-    const std::string header = safetensors_header_bytes(layouts, {{"format", "pt"}});
-    out->append(header.data(), header.size());
+    out = std::make_unique<SafetensorsFileWriter>(temporary_of(k), std::move(layouts),
+                                                  "the model weights");
   }
 
   void close_file() {
@@ -212,17 +251,9 @@ void ModelSafetensorsWriter::write(const torch::Tensor& tensor) {
     throw Error(str("ModelSafetensorsWriter::write: all ", p.tensors.size(),
                     " planned tensors are written already."));
   }
-  const TensorLayout& want = p.tensors[p.next];
-  if (tensor.scalar_type() != want.dtype || tensor.sizes().vec() != want.shape) {
-    throw Error(detail::str("ModelSafetensorsWriter::write: tensor \"", want.name,
-                            "\" was planned as ", want.dtype, " ", c10::IntArrayRef(want.shape),
-                            " and is ", tensor.scalar_type(), " ", tensor.sizes(), " now."));
-  }
-  const torch::Tensor cpu = tensor.detach().to(torch::kCPU).contiguous();
-  p.out->append(cpu.data_ptr(), want.bytes());
+  p.out->write(tensor);
   ++p.next;
-  const bool file_done = p.next == p.files[p.file].back() + 1;
-  if (file_done) {
+  if (p.out->complete()) {
     p.close_file();
     if (++p.file < p.files.size()) p.open(p.file);
   }
@@ -340,10 +371,15 @@ struct MappedModelWeights::Files {
   }
 };
 
-MappedModelWeights::MappedModelWeights(const std::string& dir) : files_(std::make_unique<Files>()) {
-  files_->dir = dir;
-  for_each_model_safetensors_file(dir,
-                                  [this](const std::string& path) { return files_->map(path); });
+MappedModelWeights::MappedModelWeights(const std::string& path, At at)
+    : files_(std::make_unique<Files>()) {
+  files_->dir = path;
+  if (at == At::kFile) {
+    files_->map(path);
+    return;
+  }
+  for_each_model_safetensors_file(path,
+                                  [this](const std::string& file) { return files_->map(file); });
 }
 
 MappedModelWeights::~MappedModelWeights() = default;
@@ -363,6 +399,20 @@ torch::Tensor MappedModelWeights::tensor(const std::string& name) const {
   char* at = static_cast<char*>(files_->mappings[w.mapping].base) + w.offset;
   // Read-only memory, viewed without a copy: callers copy out of it.
   return torch::from_blob(at, w.shape, torch::TensorOptions().dtype(w.dtype));
+}
+
+void MappedModelWeights::forget(const std::string& name) const {
+  auto found = files_->tensors.find(name);
+  if (found == files_->tensors.end()) return;
+  const Files::Where& w = found->second;
+  const Files::Mapping& m = files_->mappings[w.mapping];
+  uint64_t bytes = c10::elementSize(w.dtype);
+  for (int64_t d : w.shape) bytes *= static_cast<uint64_t>(d);
+  // Whole pages around the tensor: a neighbour's page dropped too is only read again.
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t begin = w.offset / page * page;
+  const uint64_t end = std::min<uint64_t>(m.size, (w.offset + bytes + page - 1) / page * page);
+  if (end > begin) ::madvise(static_cast<char*>(m.base) + begin, end - begin, MADV_DONTNEED);
 }
 
 }  // namespace accelerant::detail

@@ -46,6 +46,38 @@ TensorLayout layout_of(const std::string& name, const torch::Tensor& tensor);
 std::string safetensors_header_bytes(const std::vector<TensorLayout>& tensors,
                                      const std::map<std::string, std::string>& metadata);
 
+class DurableFileWriter;
+
+/// One safetensors file written tensor by tensor, durably (write_file_durably's file; destroyed
+/// before commit(), it leaves a partial file for its owner to remove), its size and CRC-32
+/// counted as it goes: a file of ModelSafetensorsWriter, and a ZeRO-3 checkpoint's model file.
+class SafetensorsFileWriter {
+ public:
+  /// Creates `path` and writes the header of `tensors`, in this order, with the metadata
+  /// {"format": "pt"} that Hugging Face's loaders check for PyTorch weights. Throws as
+  /// safetensors_header_bytes does, and CheckpointError naming `what` when `path` cannot be made.
+  SafetensorsFileWriter(const std::string& path, std::vector<TensorLayout> tensors,
+                        const std::string& what);
+  ~SafetensorsFileWriter();
+  SafetensorsFileWriter(const SafetensorsFileWriter&) = delete;
+  SafetensorsFileWriter& operator=(const SafetensorsFileWriter&) = delete;
+
+  /// The next tensor's values; its dtype and shape must be the planned ones (Error otherwise).
+  void write(const torch::Tensor& tensor);
+  /// Whether every planned tensor is written.
+  bool complete() const;
+  /// After the last write: fsyncs and closes the file. Throws Error when a tensor is missing.
+  void commit();
+  /// The file's bytes so far, and their CRC-32.
+  uint64_t size() const;
+  uint32_t crc32() const;
+
+ private:
+  std::vector<TensorLayout> tensors_;
+  size_t next_ = 0;  // the next tensor to write
+  std::unique_ptr<DurableFileWriter> out_;
+};
+
 /// Writes a model's weights into `dir` as save_model_safetensors does (its files, index, renames
 /// and clean-up), each tensor's values given when its turn comes. Files are written under
 /// temporary names; destroyed before finish(), it removes them and leaves `dir` as it was.
@@ -71,12 +103,15 @@ class ModelSafetensorsWriter {
   std::unique_ptr<Plan> plan_;
 };
 
-/// A model's weights saved in `dir` (model.safetensors, or the index and its shards), mapped into
-/// memory: every header is read and checked, no tensor's values are read until used.
+/// A model's weights saved in a directory (model.safetensors, or the index and its shards) or in
+/// one safetensors file, mapped into memory: every header is read and checked, no tensor's values
+/// are read until used.
 class MappedModelWeights {
  public:
-  /// Throws CheckpointError when `dir` holds no weights or a file is not valid safetensors.
-  explicit MappedModelWeights(const std::string& dir);
+  /// Where the weights are: a directory as save_model writes it, or one safetensors file.
+  enum class At { kDirectory, kFile };
+  /// Throws CheckpointError when `path` holds no weights or a file is not valid safetensors.
+  explicit MappedModelWeights(const std::string& path, At at = At::kDirectory);
   ~MappedModelWeights();
   MappedModelWeights(const MappedModelWeights&) = delete;
   MappedModelWeights& operator=(const MappedModelWeights&) = delete;
@@ -86,6 +121,10 @@ class MappedModelWeights {
   /// Tensor `name` viewing the mapped file (read-only; valid while this lives). Throws
   /// CheckpointError for a name the files do not hold.
   torch::Tensor tensor(const std::string& name) const;
+  /// Gives back the pages that tensor `name` occupies in this process once its values were
+  /// copied out (read again from the file if used again): a load one block at a time then holds
+  /// one block of the file, not every block it went through.
+  void forget(const std::string& name) const;
 
  private:
   struct Files;  // safetensors_stream.cpp: the mappings and where each tensor lies

@@ -4,6 +4,8 @@
 #include <stdio.h>
 
 #include <ctime>
+#include <exception>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "accelerant/error.h"
@@ -11,6 +13,8 @@
 #include "base/text.h"
 #include "checkpoint/checkpoint_layout.h"
 #include "checkpoint/durable_files.h"
+#include "checkpoint/model_by_blocks.h"
+#include "checkpoint/safetensors_stream.h"
 #include "checkpoint/state_pieces.h"
 #include "checkpoint/stream_positions.h"
 #include "checkpoint/training_checkpoint.h"
@@ -62,12 +66,57 @@ std::string target_dir(const CheckpointRanks& ranks, const SaveRequest& request)
   return str(request.checkpoints_dir, "/checkpoint_", next);
 }
 
+// The weights of the models with sharded blocks (ZeRO stage 3), each streamed by the main process
+// into model_weights_file(i) while every process gathers its blocks in turn. A collective, so
+// every process walks every such model even after the main process's writing failed; the failure
+// is kept, to be reported with the main process's part.
+struct StreamedModels {
+  std::vector<CheckpointFileEntry> files;  // on the main process
+  std::exception_ptr failure;
+};
+
+StreamedModels stream_sharded_models(const CheckpointedState& s, const CheckpointRanks& ranks,
+                                     const std::string& partial) {
+  StreamedModels streamed;
+  for (size_t i = 0; i < s.models.size(); ++i) {
+    const torch::nn::Module& model = *s.models[i];
+    if (!has_sharded_blocks(model)) continue;
+    const std::string name = layout::model_weights_file(i);
+    std::unique_ptr<SafetensorsFileWriter> writer;
+    try {
+      if (ranks.is_main() && !streamed.failure) {
+        std::vector<TensorLayout> layouts;
+        for (const auto& [tensor_name, tensor] : model_tensors_in_file_order(model))
+          layouts.push_back(layout_of(tensor_name, tensor));
+        writer = std::make_unique<SafetensorsFileWriter>(partial + "/" + name, std::move(layouts),
+                                                         str("model ", i, "'s weights"));
+      }
+    } catch (...) {
+      streamed.failure = std::current_exception();
+    }
+    try {
+      visit_model_by_blocks(model, /*keep=*/false, [&](const std::string&, torch::Tensor& tensor) {
+        if (writer) writer->write(tensor);
+      });
+      if (writer) {
+        writer->commit();
+        streamed.files.push_back({name, writer->size(), writer->crc32()});
+      }
+    } catch (...) {
+      if (!streamed.failure) streamed.failure = std::current_exception();
+    }
+  }
+  return streamed;
+}
+
 // This process's files in `partial`: its random generators, and on the main process everything
-// else. Returns what it wrote, as the manifest lists it.
+// else (with the models `streamed` wrote already). Returns what it wrote, as the manifest lists it.
 std::vector<CheckpointFileEntry> write_own_part(const CheckpointedState& s,
                                                 const CheckpointRanks& ranks,
-                                                const std::string& partial) {
-  std::vector<CheckpointFileEntry> written;
+                                                const std::string& partial,
+                                                const StreamedModels& streamed) {
+  if (streamed.failure) std::rethrow_exception(streamed.failure);
+  std::vector<CheckpointFileEntry> written = streamed.files;
   auto write = [&](const std::string& name, const std::string& bytes,
                    const std::string& description) {
     write_file_durably(partial + "/" + name, bytes, description);
@@ -106,6 +155,7 @@ std::vector<CheckpointFileEntry> write_own_part(const CheckpointedState& s,
   sync_directory(rank_dir);
   if (!ranks.is_main()) return written;
   for (size_t i = 0; i < s.models.size(); ++i) {
+    if (has_sharded_blocks(*s.models[i])) continue;  // streamed
     write(layout::model_file(i), module_state_bytes(*s.models[i]), str("model ", i));
   }
   for (size_t i = 0; i < s.optimizers.size(); ++i) {
@@ -132,9 +182,10 @@ std::vector<CheckpointFileEntry> write_every_part(const CheckpointedState& s,
                                                   const CheckpointRanks& ranks,
                                                   const std::string& dir,
                                                   const std::string& partial) {
+  const StreamedModels streamed = stream_sharded_models(s, ranks, partial);
   const auto reports = outcomes_everywhere(ranks, [&] {
     json list = json::array();
-    for (const auto& e : write_own_part(s, ranks, partial)) {
+    for (const auto& e : write_own_part(s, ranks, partial, streamed)) {
       list.push_back({{"path", e.path}, {"size", e.size}, {"crc32", e.crc32}});
     }
     return list.dump();

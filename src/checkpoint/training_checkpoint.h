@@ -115,6 +115,10 @@ CheckpointManifest verify_checkpoint_layout(const std::string& dir);
 /// CheckpointError, naming the file, when they differ or the manifest does not list it.
 std::string read_checked_file(const std::string& dir, const CheckpointManifest& manifest,
                               const std::string& name);
+/// read_checked_file's checks without keeping the bytes: the file read a few MiB at a time (a
+/// model's weights, mapped afterwards).
+void check_listed_file(const std::string& dir, const CheckpointManifest& manifest,
+                       const std::string& name);
 
 /// The newest checkpoint in `checkpoints_dir` that verifies (newest_verified_checkpoint) as the
 /// main process sees it, the same on every process (a collective); "" when there is none. The
