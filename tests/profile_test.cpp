@@ -192,6 +192,49 @@ TEST(Profile, AStepRangeRecordsOnlyItsSteps) {
   }
 }
 
+// ZeRO stage 3: each block's parameter all-gathers and gradient reduce-scatter are spans on lanes
+// of their own (they overlap other blocks' compute), with their bytes.
+TEST(Profile, Stage3NamesItsAllGathersAndReduceScatters) {
+  t::ScratchDir scratch;
+  const std::string project = scratch.path;
+  launch(
+      [project](int) {
+        Accelerator acc(AcceleratorOptions().project_dir(project).zero_stage(3));
+        torch::manual_seed(1);
+        torch::nn::Sequential model(Sharded(torch::nn::Linear(8, 16)), torch::nn::Tanh(),
+                                    Sharded(torch::nn::Linear(16, 4)));
+        torch::optim::SGD sgd(model->parameters(), 0.1);
+        auto [m, o] = acc.prepare(model, sgd);
+        {
+          ProfileScope scope = acc.profile();
+          for (int step = 0; step < 3; ++step) {
+            acc.backward(m->forward(torch::randn({4, 8})).pow(2).mean());
+            o.step();
+            o.zero_grad();
+          }
+        }
+        acc.end_training();
+        return 0;
+      },
+      ranks(2));
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    auto trace = read_json(project + "/traces/trace_rank" + std::to_string(r) + ".json");
+    // Each step gathers each block for its forward and again for its backward.
+    const auto gathers = events(trace, "X", "ZeRO-3 all-gather");
+    EXPECT_EQ(gathers.size(), 3u * 2 * 2);
+    ASSERT_FALSE(gathers.empty());
+    EXPECT_EQ(gathers[0]["cat"], "comm");
+    // The first block's first gather: its weight and bias, each cut into 2 equal pieces whose
+    // length is rounded up to a multiple of 16 elements.
+    const int64_t bytes = gathers[0]["args"]["bytes"].get<int64_t>();
+    EXPECT_GE(bytes, (8 * 16 + 16) * 4);
+    EXPECT_LE(bytes, (8 * 16 + 16) * 4 + 2 * 2 * 16 * 4);
+    const auto scatters = events(trace, "X", "ZeRO-3 gradient reduce-scatter");
+    EXPECT_EQ(scatters.size(), 3u * 2) << "one per block per step";
+  }
+}
+
 TEST(Profile, NothingIsRecordedOutsideAProfile) {
   t::ScratchDir scratch;
   const std::string dir = scratch.path;

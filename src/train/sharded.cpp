@@ -24,6 +24,7 @@
 
 #include "accelerant/error.h"
 #include "base/text.h"
+#include "base/trace_events.h"
 #include "comm/collective_label.h"
 #include "train/end_of_backward.h"
 #include "train/freed_parameters.h"
@@ -144,6 +145,9 @@ struct ShardedImpl::State {
   // all-gathers fill it; the next gather waits for them instead of starting its own.
   std::vector<PendingCollective> gathering;
   bool prefetched = false;
+  // While a profiler trace is recorded: when the gathers in flight started and their bytes, and
+  // when the reduce-scatter in flight started (-1: not traced).
+  int64_t gather_traced_from_us = -1, gather_bytes = 0, scatter_traced_from_us = -1;
   bool sync = true;
   bool allow_unused = false;  // set_allow_unused_parameters
   bool in_pass = false;       // a backward pass has started on this block and not ended
@@ -300,9 +304,12 @@ struct ShardedImpl::State {
     // piece is elements [r * chunk, (r + 1) * chunk) of the parameter, so the gathered pieces
     // lie in the parameter's own order and no second buffer or copy is needed (one collective
     // per parameter instead of one per block: a block's worth of memory less while it runs).
+    gather_traced_from_us = detail::tracing() ? detail::trace_now_us() : -1;
+    gather_bytes = 0;
     try {
       for (size_t i = 0; i < params.size(); ++i) {
         const int64_t padded = world() * chunk[i];
+        gather_bytes += padded * 4;
         resize_storage(params[i], static_cast<size_t>(padded) * 4);
         const torch::Tensor whole = storage_alias(params[i], padded);
         const torch::Tensor mine = whole.narrow(0, rank() * chunk[i], chunk[i]);
@@ -328,6 +335,14 @@ struct ShardedImpl::State {
     const auto start = std::chrono::steady_clock::now();
     for (auto& pending : gathering) pending.wait();
     gathering.clear();
+    // On a lane of its own: a gather overlaps other blocks' compute (a prefetch).
+    if (gather_traced_from_us >= 0) {
+      detail::add_trace_span_on_lane("ZeRO-3 all-gathers", "ZeRO-3 all-gather", "comm",
+                                     gather_traced_from_us,
+                                     detail::trace_now_us() - gather_traced_from_us,
+                                     {{"bytes", gather_bytes}, {"prefetched", prefetched ? 1 : 0}});
+      gather_traced_from_us = -1;
+    }
     prefetched = false;
     stats.gather_wait += std::chrono::duration_cast<std::chrono::nanoseconds>(
         std::chrono::steady_clock::now() - start);
@@ -440,6 +455,7 @@ struct ShardedImpl::State {
     scatter_in.div_(world());  // the average is the sum of (gradient / N)
     scatter_out = torch::empty({share_numel}, scatter_in.options());
     detail::ScopedCollectiveLabel label("ZeRO-3 gradient reduce-scatter");
+    scatter_traced_from_us = detail::tracing() ? detail::trace_now_us() : -1;
     pending = communicator->reduce_scatter_async_(scatter_in, scatter_out);
     scattering = true;
   }
@@ -469,6 +485,13 @@ struct ShardedImpl::State {
     if (!scattering) return;
     scattering = false;
     pending.wait();
+    if (scatter_traced_from_us >= 0) {
+      detail::add_trace_span_on_lane("ZeRO-3 reduce-scatters", "ZeRO-3 gradient reduce-scatter",
+                                     "comm", scatter_traced_from_us,
+                                     detail::trace_now_us() - scatter_traced_from_us,
+                                     {{"bytes", static_cast<int64_t>(scatter_in.numel()) * 4}});
+      scatter_traced_from_us = -1;
+    }
     torch::NoGradGuard no_grad;
     for (size_t i : trainable) {
       const torch::Tensor piece = scatter_out.narrow(0, offset[i], chunk[i]);
