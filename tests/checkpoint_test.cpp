@@ -203,6 +203,97 @@ TEST(Checkpoint, ResumingMidEpochOnTwoProcessesEndsBitIdenticalToTheUninterrupte
       << "the comparison cannot fail: stopping early gives the same parameters";
 }
 
+// Loads the step-8 checkpoint in `dir` on every process; then process 1 becomes what a process
+// that joins the running job holds after its prepare: other weights, no momentum, its schedule,
+// step counter and data at the start (its random generators stay the loaded ones: a process's
+// generators are its own, and what a failed process's held is not on any other). With `sync` it
+// takes process 0's state by sync_state_from; without, its data position is left as loaded (so that
+// both processes still take as many steps). Trains on to the end of epoch 3; returns the final
+// parameters and the step counter.
+torch::Tensor train_with_a_newcomer(const std::string& dir, bool sync) {
+  Accelerator acc(AcceleratorOptions().seed(11).fused_optimizers(false));
+  auto net = make_net();
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  torch::optim::StepLR schedule(sgd, 4, 0.5);
+  torch::manual_seed(5);
+  auto x = torch::randn({kSamples, 8});
+  auto y = torch::randint(0, 3, {kSamples}, torch::kLong);
+  torch::manual_seed(11 + acc.rank());
+  auto [model, opt, sched, loader] = acc.prepare(
+      net, sgd, schedule, make_data_loader(x, y, DataLoaderOptions().batch_size(8).shuffle(true)));
+  acc.load_state(dir);
+  if (acc.rank() == 1) {
+    {
+      // Not drawn from the global generator, which the newcomer keeps as its own: the run's
+      // dropout draws from it, so a drawn value would change the result through it.
+      torch::NoGradGuard no_grad;
+      for (auto& p : model->parameters()) p.fill_(0.5);
+    }
+    sgd.state().clear();
+    for (int k = 0; k < 3; ++k) sched.step();
+    if (sync) loader.set_position({0, 0});
+    acc.state()->optimizer_steps = 0;
+  }
+  if (sync) acc.sync_state_from(0);
+  while (loader.epoch() < 3) {
+    for (auto& batch : loader) {
+      acc.backward(torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target));
+      opt.step();
+      opt.zero_grad();
+      sched.step();
+    }
+  }
+  return torch::cat({flat_parameters(*model),
+                     torch::tensor({static_cast<double>(acc.state()->optimizer_steps)})});
+}
+
+// A process brought up to date from another's memory (sync_state_from, issue 37's in-place
+// recovery) continues the run exactly: the end is the uninterrupted run's, bit for bit, on every
+// process; without the sync the newcomer's state would change the result.
+TEST(Checkpoint, SyncStateFromBringsAJoiningProcessUpToDateBitForBit) {
+  ScratchDir scratch;
+  const std::string dir = scratch.path + "/step_8";
+  auto uninterrupted = launch([](int) { return train("", -1, false); }, ranks(2));
+  launch([dir](int) { return train(dir, 8, false); }, ranks(2));
+  auto synced = launch([dir](int) { return train_with_a_newcomer(dir, true); }, ranks(2));
+  for (int r = 0; r < 2; ++r) {
+    const torch::Tensor parameters = synced[r].narrow(0, 0, uninterrupted[r].numel());
+    EXPECT_TRUE(torch::equal(parameters, uninterrupted[r]))
+        << "rank " << r << " max difference "
+        << (parameters - uninterrupted[r]).abs().max().item<double>();
+    EXPECT_EQ(synced[r][-1].item<double>(), 18.0) << "3 epochs of 6 steps, counted alike";
+  }
+  auto unsynced = launch([dir](int) { return train_with_a_newcomer(dir, false); }, ranks(2));
+  EXPECT_FALSE(torch::equal(unsynced[0].narrow(0, 0, uninterrupted[0].numel()), uninterrupted[0]))
+      << "the comparison cannot fail: the newcomer's state changes nothing";
+}
+
+// What is not the same on every process cannot be copied from one: refused on every process,
+// naming it, with nothing changed.
+TEST(Checkpoint, SyncStateFromRefusesZeroShardsAndABadRank) {
+  auto errors = launch(
+      [](int) {
+        Accelerator acc(AcceleratorOptions().zero_stage(1));
+        auto net = make_net();
+        torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+        auto [model, opt] = acc.prepare(net, sgd);
+        const torch::Tensor before = flat_parameters(*model);
+        const std::string sharded =
+            accelerant::testing::error_message([&] { acc.sync_state_from(0); });
+        const std::string bad_rank =
+            accelerant::testing::error_message([&] { acc.sync_state_from(2); });
+        const bool unchanged = torch::equal(before, flat_parameters(*model));
+        return sharded + "\n" + bad_rank + (unchanged ? "" : "\nCHANGED");
+      },
+      ranks(2));
+  for (const auto& e : errors) {
+    EXPECT_TRUE(contains(e, "optimizer 0's state is sharded (ZeRO)")) << e;
+    EXPECT_TRUE(contains(e, "load_state from a checkpoint instead")) << e;
+    EXPECT_TRUE(contains(e, "there is no process 2 among 2")) << e;
+    EXPECT_FALSE(contains(e, "CHANGED")) << e;
+  }
+}
+
 TEST(Checkpoint, AFusedOptimizerResumesMidEpochBitIdenticalAndFromAPlainCheckpoint) {
   ScratchDir scratch;
   const std::string dir = scratch.path + "/fused", plain = scratch.path + "/plain";

@@ -329,6 +329,16 @@ class Accelerator {
   /// on every process and changes nothing. On another number of processes the data position is
   /// re-sharded (no sample skipped or repeated). Returns the directory loaded.
   std::string load_state(const std::string& dir = "");
+  /// Makes every process's training state the one process `source_rank` holds, by broadcast
+  /// (a collective, no files): every prepared model, optimizer and scheduler, the fp16 scaler,
+  /// the step counters, each loader's data position and seed and the registered objects, checked
+  /// on every process first and applied everywhere or nowhere, as load_state does. Each process
+  /// keeps its own random generators. This is how a process that joins a running job (one that
+  /// replaces a failed process) is brought up to date from a survivor. Call it between steps.
+  /// Throws CheckpointError on every process, changing nothing, where the processes do not each
+  /// hold the whole state: under ZeRO (sharded optimizer state or parameters), with stream
+  /// loaders (a position per process), or in the middle of gradient accumulation.
+  void sync_state_from(int source_rank = 0);
   /// Also saved and loaded: any object with `save(torch::serialize::OutputArchive&) const` and
   /// `load(torch::serialize::InputArchive&)` (an nn::Module, an optimizer, your own type). It
   /// must outlive the Accelerator's use of it. Saved by the main process; loaded on all.

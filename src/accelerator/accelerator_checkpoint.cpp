@@ -49,6 +49,13 @@ std::string Accelerator::load_state(const std::string& dir) {
                                      checkpoints_dir());
 }
 
+void Accelerator::sync_state_from(int source_rank) {
+  detail::ScopedCollectiveLabel label("sync_state_from");
+  detail::TraceSpan span("sync_state_from", "checkpoint");
+  impl_->resume_hook_->disarm();  // the state comes from a process, not a checkpoint
+  detail::broadcast_training_state(*impl_->checkpointed_, checkpoint_ranks(), source_rank);
+}
+
 void Accelerator::auto_resume_now() {
   detail::ScopedCollectiveLabel label("auto_resume");
   detail::TraceSpan span("auto_resume", "checkpoint");

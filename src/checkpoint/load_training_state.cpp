@@ -3,6 +3,7 @@
 // nowhere (a snapshot taken first is what a failed apply rolls back to).
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 
 #include "accelerant/error.h"
@@ -480,20 +481,76 @@ void apply(const LoadedCheckpoint& loaded, CheckpointedState& s, int rank) {
 }
 
 // Applies `loaded` on every process, or, when that failed anywhere, puts every object back.
+// `what` names the operation in the error ("load_state(dir)"); `here` false: this process takes
+// part in the agreement but has nothing to apply (the source of a broadcast).
 void apply_everywhere_or_nowhere(const LoadedCheckpoint& loaded, CheckpointedState& s,
-                                 const CheckpointRanks& ranks) {
-  const LoadedCheckpoint before = snapshot_for_rollback(s);
+                                 const CheckpointRanks& ranks, const std::string& what,
+                                 bool here = true) {
+  const LoadedCheckpoint before = here ? snapshot_for_rollback(s) : LoadedCheckpoint();
   const auto failures = outcomes_everywhere(ranks, [&] {
-                          apply(loaded, s, ranks.rank);
+                          if (here) apply(loaded, s, ranks.rank);
                           return std::string();
                         }).failures;
   if (failures.empty()) return;
-  apply(before, s, ranks.rank);
+  if (here) apply(before, s, ranks.rank);
   throw CheckpointError(
-      str(ranks.rank_prefix, "load_state(", loaded.dir, ") failed while applying it on ",
-          failures.size(), " of ", ranks.world_size,
-          " process(es); every object was put back as it was:\n  ", join(failures, "\n  ")),
+      str(ranks.rank_prefix, what, " failed while applying it on ", failures.size(), " of ",
+          ranks.world_size, " process(es); every object was put back as it was:\n  ",
+          join(failures, "\n  ")),
       loaded.dir);
+}
+
+// Strings in one buffer, each after its length (8 bytes), and back: the pieces of a training
+// state that a broadcast carries.
+std::string pack_pieces(const std::vector<std::string>& pieces) {
+  std::string out;
+  for (const auto& piece : pieces) {
+    const uint64_t n = piece.size();
+    out.append(reinterpret_cast<const char*>(&n), sizeof n);
+    out += piece;
+  }
+  return out;
+}
+
+std::vector<std::string> unpack_pieces(const std::string& bytes, const std::string& what) {
+  std::vector<std::string> pieces;
+  size_t at = 0;
+  while (at < bytes.size()) {
+    uint64_t n = 0;
+    if (bytes.size() - at < sizeof n) break;
+    std::memcpy(&n, bytes.data() + at, sizeof n);
+    at += sizeof n;
+    if (n > bytes.size() - at) {
+      throw CheckpointError(str(what, ": the state received is cut short (a piece of ", n,
+                                " bytes with ", bytes.size() - at, " left)."));
+    }
+    pieces.push_back(bytes.substr(at, n));
+    at += n;
+  }
+  return pieces;
+}
+
+// What of `s` is not the same on every process, so that no process can hand it to another;
+// "" when every piece is replicated.
+std::string not_replicated(const CheckpointedState& s) {
+  for (size_t i = 0; i < s.models.size(); ++i) {
+    if (has_sharded_blocks(*s.models[i])) {
+      return str("model ", i,
+                 "'s parameters are sharded (ZeRO stage 3): each process holds only "
+                 "its shares");
+    }
+  }
+  for (size_t i = 0; i < s.optimizers.size(); ++i) {
+    const CheckpointedOptimizer& o = s.optimizers[i];
+    if (o.updates_shares || optimizer_sharded(*o.optimizer, o.fused.get())) {
+      return str("optimizer ", i, "'s state is sharded (ZeRO): each process holds only its shard");
+    }
+  }
+  if (!s.streams.empty()) return "each process keeps its own position in a stream loader";
+  if (!pending_gradient_bytes(s.models).empty()) {
+    return "the gradients of a step in progress (gradient accumulation) differ between processes";
+  }
+  return "";
 }
 
 }  // namespace
@@ -519,7 +576,7 @@ std::string load_training_state(CheckpointedState& state, const CheckpointRanks&
   LoadedCheckpoint loaded;
   on_every_process(ranks, "load_state(" + source + "): checking the checkpoint",
                    [&] { loaded = read_and_check(source, state, ranks); });
-  apply_everywhere_or_nowhere(loaded, state, ranks);
+  apply_everywhere_or_nowhere(loaded, state, ranks, "load_state(" + source + ")");
   if (ranks.is_main() && loaded.manifest.world_size != ranks.world_size) {
     std::printf(
         "load_state: %s was saved by %d process(es), this run has %d: the data positions continue "
@@ -529,6 +586,61 @@ std::string load_training_state(CheckpointedState& state, const CheckpointRanks&
     std::fflush(stdout);
   }
   return source;
+}
+
+void broadcast_training_state(CheckpointedState& s, const CheckpointRanks& ranks, int source) {
+  const std::string what = str("sync_state_from(", source, ")");
+  if (source < 0 || source >= ranks.world_size) {
+    throw Error(str(ranks.rank_prefix, what, ": there is no process ", source, " among ",
+                    ranks.world_size, ". Fix: pass a rank from 0 to ", ranks.world_size - 1, "."));
+  }
+  on_every_process(ranks, what, [&] {
+    const std::string why = not_replicated(s);
+    if (!why.empty()) {
+      throw CheckpointError(
+          str("cannot copy the training state from one process to the others: ", why,
+              ". Fix: load_state from a checkpoint instead, which holds every process's part."));
+    }
+  });
+  // The source's state as a load would apply it; its random generators stay each process's own.
+  std::string bytes;
+  if (ranks.rank == source) {
+    const LoadedCheckpoint now = snapshot_for_rollback(s);
+    std::vector<std::string> pieces = {format_checkpoint_state(now.state), now.scaler};
+    for (const auto* list : {&now.models, &now.optimizers, &now.custom_objects})
+      pieces.insert(pieces.end(), list->begin(), list->end());
+    bytes = pack_pieces(pieces);
+  }
+  bytes = ranks.communicator->broadcast_bytes(bytes, source);
+  LoadedCheckpoint loaded;
+  loaded.dir = str("process ", source, "'s training state");
+  on_every_process(ranks, what + ": checking what it sent", [&] {
+    if (ranks.rank == source) return;
+    const auto pieces = unpack_pieces(bytes, what);
+    const size_t expected = 2 + s.models.size() + s.optimizers.size() + s.objects.size();
+    if (pieces.size() != expected) {
+      throw CheckpointError(str(what, ": process ", source, " sent ", pieces.size(),
+                                " pieces of state and this process has ", expected,
+                                ". Fix: prepare the same objects on every process."));
+    }
+    loaded.state = parse_checkpoint_state(pieces[0], loaded.dir);
+    loaded.scaler = pieces[1];
+    size_t next = 2;
+    for (size_t i = 0; i < s.models.size(); ++i) {
+      loaded.models.push_back(pieces[next++]);
+      const auto mismatches = module_state_mismatches(*s.models[i], loaded.models.back(), what);
+      if (!mismatches.empty()) {
+        throw CheckpointError(str("model ", i, " differs from process ", source,
+                                  "'s: ", join(mismatches, "; "),
+                                  ". Fix: build the model alike on every process."));
+      }
+    }
+    for (size_t i = 0; i < s.optimizers.size(); ++i) loaded.optimizers.push_back(pieces[next++]);
+    for (size_t i = 0; i < s.objects.size(); ++i) loaded.custom_objects.push_back(pieces[next++]);
+    loaded.manifest.data_loaders = static_cast<int>(s.loaders.size());
+    check_positions(loaded, s);
+  });
+  apply_everywhere_or_nowhere(loaded, s, ranks, what, /*here=*/ranks.rank != source);
 }
 
 std::string agreed_latest_checkpoint(

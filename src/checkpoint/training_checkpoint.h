@@ -107,6 +107,14 @@ std::string save_training_state(const CheckpointedState& state, const Checkpoint
 std::string load_training_state(CheckpointedState& state, const CheckpointRanks& ranks,
                                 const std::string& dir, const std::string& checkpoints_dir);
 
+/// Makes every process's training state the one process `source` holds (a collective): its
+/// models, optimizers, schedulers, scaler, step counters, loader positions and registered objects
+/// are broadcast and applied as a load applies a checkpoint's (checked first on every process;
+/// a failure anywhere changes nothing anywhere). Each process keeps its own random generators.
+/// Throws CheckpointError on every process when the state is not the same kind on every process:
+/// ZeRO-sharded optimizers or models, stream loaders, gradients of a step in progress.
+void broadcast_training_state(CheckpointedState& state, const CheckpointRanks& ranks, int source);
+
 /// verify_checkpoint without reading the files: the manifest, each file's role, that each exists
 /// (not through a link) with the listed size. A load checks the contents as it reads each file,
 /// once (read_checked_file), instead of reading every file twice.
