@@ -86,6 +86,73 @@ TEST(Launch, SigkilledWorkerRestartsTheGroupWhichThenFinishes) {
   remove_tree(dir);
 }
 
+// Recovery::kReplaceFailedWorker: a worker SIGKILLed in the middle of a run of all-reduces is
+// replaced alone; the others are not restarted (their pids do not change), they regroup with the
+// replacement as generation 1, hand it the step by broadcast, and every step's sum is right.
+void replaced_in_place(int processes, int victim) {
+  const std::string dir = make_temp_dir();
+  const auto start = std::chrono::steady_clock::now();
+  auto results = launch(
+      [&dir, victim](int index) {
+        record_pid(dir, index);
+        auto& state = ProcessState::get();
+        Communicator& comm = state.communicator();
+        const int n = state.world_size();
+        const int64_t first_pid = ::getpid();
+        int64_t step = 0;
+        int64_t right = 0;
+        if (state.restart_count() > 0) step = comm.broadcast_value(step, (victim + 1) % n);
+        while (step < 6) {
+          if (state.restart_count() == 0 && index == victim && step == 3) ::raise(SIGKILL);
+          try {
+            const auto sum = comm.all_reduce(torch::full({1}, index + 1.0));
+            right += sum.item<double>() == n * (n + 1) / 2.0 ? 1 : 0;
+            ++step;
+          } catch (const CollectiveError& e) {
+            // A process died: the step is done again with its replacement, which learns the step
+            // from the lowest-numbered process after the victim (a survivor).
+            state.regroup();
+            step = comm.broadcast_value(step, (victim + 1) % n);
+          }
+        }
+        return torch::tensor({first_pid, static_cast<int64_t>(::getpid()),
+                              static_cast<int64_t>(state.restart_count()), right});
+      },
+      quiet(processes)
+          .collective_timeout(std::chrono::seconds(4))
+          .max_restarts(1)
+          .recovery(Recovery::kReplaceFailedWorker));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  auto pids = read_pid_files(dir);
+  EXPECT_EQ(pids.size(), static_cast<size_t>(processes + 1)) << "each worker once, one replacement";
+  for (int r = 0; r < processes; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_EQ(results[r][2].item<int64_t>(), 1) << "generation 1";
+    EXPECT_EQ(results[r][1].item<int64_t>(), results[r][0].item<int64_t>());
+    // Each survivor did 6 right steps; the replacement the 3 left after it joined.
+    EXPECT_EQ(results[r][3].item<int64_t>(), r == victim ? 3 : 6);
+  }
+  EXPECT_TRUE(wait_until_dead(pids, std::chrono::milliseconds(0)).empty()) << "orphan workers";
+  EXPECT_LT(seconds, 30.0) << "bounded";
+  remove_tree(dir);
+}
+
+TEST(Launch, AFailedWorkerIsReplacedInPlaceAndTheOthersRegroupWithItOnTwoProcesses) {
+  replaced_in_place(2, 1);
+}
+
+TEST(Launch, AFailedWorkerIsReplacedInPlaceAndTheOthersRegroupWithItOnFourProcesses) {
+  replaced_in_place(4, 2);
+}
+
+// The same through Gloo alone (a peer's death is a broken connection there, not a dead pid).
+TEST(Launch, AFailedWorkerIsReplacedInPlaceOverGloo) {
+  ::setenv("ACCELERANT_SHM_ALLREDUCE", "0", 1);
+  replaced_in_place(4, 0);
+  ::unsetenv("ACCELERANT_SHM_ALLREDUCE");
+}
+
 TEST(Launch, WithoutRestartsASigkilledWorkerIsReportedByRankAndSignal) {
   const std::string dir = make_temp_dir();
   try {

@@ -18,6 +18,18 @@
 
 namespace accelerant {
 
+/// What the launcher does when a worker fails, while LaunchOptions::max_restarts allows.
+enum class Recovery {
+  /// Stops every worker and starts the whole group again (torchrun's way); each process resumes
+  /// from the last checkpoint (auto_resume).
+  kRestartGroup,
+  /// Starts a replacement for the failed worker only, as the group's next generation
+  /// (ProcessState::restart_count); the other workers keep running and form the group again with
+  /// it (ProcessState::regroup). One machine only for now. The Accelerator does not yet regroup
+  /// by itself (issue 37): a program that calls regroup itself uses this.
+  kReplaceFailedWorker,
+};
+
 /// Options of launch() and launch_program(), set with chained setters
 /// (`LaunchOptions().processes_per_node(4)`): the size and shape of the group, its rendezvous,
 /// restarts, the settings passed to the workers, and what becomes of their output. Invalid values
@@ -39,8 +51,12 @@ struct LaunchOptions {
   ACCELERANT_OPTION(int, node_rank) = 0;
   /// Machines in the job, each running its own launch with the same processes_per_node. Default: 1.
   ACCELERANT_OPTION(int, num_nodes) = 1;
-  /// How often the whole group is restarted after a worker fails. Default: 0.
+  /// How often the whole group is restarted after a worker fails (with
+  /// Recovery::kReplaceFailedWorker: how many failed workers are replaced, and whole restarts,
+  /// together). Default: 0.
   ACCELERANT_OPTION(int, max_restarts) = 0;
+  /// What a failure within max_restarts leads to. Default: Recovery::kRestartGroup.
+  ACCELERANT_OPTION(Recovery, recovery) = Recovery::kRestartGroup;
   /// How often the agent checks its workers. Default: 100 ms.
   ACCELERANT_OPTION(std::chrono::milliseconds, monitor_interval) = std::chrono::milliseconds(100);
   /// Passed to workers as ACCELERANT_MIXED_PRECISION (no, fp16 or bf16).

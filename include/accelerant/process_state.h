@@ -90,8 +90,18 @@ class ProcessState {
   bool is_local_main_process() const;
   /// True when the job has more than one process, and so a rendezvous and a process group.
   bool distributed() const;
-  /// How many times the launcher has restarted the group before this attempt (0 the first time).
+  /// How many times the group was formed again before this one, the generation: by a restart of
+  /// the whole group, or by regroup() around a replacement (0 the first time).
   int restart_count() const;
+  /// Forms the group again as its next generation, with the processes still alive and the ones
+  /// the launcher started in place of failed ones (LaunchOptions::recovery,
+  /// Recovery::kReplaceFailedWorker, which starts each with that generation): a collective of
+  /// the new group, through the job's store. The communicator() stays the same object, its
+  /// collectives numbered from 0 again; restart_count() becomes the new generation. Call it on
+  /// every surviving process after a collective failed because a process died (CollectiveError),
+  /// at the same point of the program. Throws Error, naming the processes that did not join,
+  /// after the join timeout. Nothing to do with one process.
+  void regroup();
   /// Whether collectives first check op, dtype and shape across ranks (communicator.h):
   /// ProcessStateOptions::debug, else ACCELERANT_DEBUG_MODE, else off.
   bool debug() const;

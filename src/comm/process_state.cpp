@@ -185,6 +185,16 @@ torch::Device ProcessState::device() const { return impl_->device_; }
 std::string ProcessState::rank_prefix() const { return impl_->rank_prefix(); }
 Communicator& ProcessState::communicator() { return impl_->communicator_; }
 
+void ProcessState::regroup() {
+  Impl& s = *impl_;
+  if (!s.env_.distributed()) return;
+  // The broken group goes first: its shared-memory segment, Gloo's connections and the watchdog
+  // of the last generation, which must not judge the new one.
+  s.communicator_ = Communicator();
+  ++s.env_.restart_count;
+  s.rendezvous();
+}
+
 namespace {
 
 // How often a rank that waits for the others to join says whom it waits for: first soon enough

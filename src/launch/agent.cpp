@@ -132,6 +132,11 @@ void validate(const LaunchOptions& o) {
         "pick a port, e.g. 29500, and pass it to every machine's launch");
   }
   if (o.max_restarts() < 0) bad_option(str("max_restarts is ", o.max_restarts()), "use 0 or more");
+  if (o.recovery() == Recovery::kReplaceFailedWorker && o.num_nodes() > 1) {
+    bad_option(str("recovery is Recovery::kReplaceFailedWorker with num_nodes ", o.num_nodes()),
+               "use Recovery::kRestartGroup on several machines (replacing a worker in place "
+               "works on one machine only for now)");
+  }
   if (o.gradient_accumulation_steps() && *o.gradient_accumulation_steps() < 1) {
     bad_option(str("gradient_accumulation_steps is ", *o.gradient_accumulation_steps()),
                "use 1 or more micro-batches per optimizer step");
@@ -209,6 +214,7 @@ class Agent {
     relay_.check_log_dir();  // before any worker starts, or their output would be lost
     if (hooks_.check_before_fork) hooks_.check_before_fork();
     const bool debug = o_.debug().value_or(read_launch_contract().debug.value_or(false));
+    debug_ = debug;
     threads_ = choose_threads(o_, hooks_, o_.verbose());
     timeout_ = resolved_timeout(o_);
     if (debug && hooks_.dry_fork) {
@@ -260,19 +266,20 @@ class Agent {
       if (outcome == Outcome::kAborted) {
         nodes_->leave(node_news_);
         cleanup();
-        throw LaunchError("accelerant::launch: " + node_news_, first_failure_, attempt);
+        throw LaunchError("accelerant::launch: " + node_news_, first_failure_,
+                          attempt + replacements_);
       }
       const std::string why = outcome == Outcome::kFailedHere ? report(attempt) : node_news_;
-      if (attempt < o_.max_restarts()) {
+      if (attempt + replacements_ < o_.max_restarts()) {
         if (o_.verbose()) {
           std::fprintf(stderr, "accelerant::launch: %s\nRestarting the group (restart %d of %d).\n",
-                       why.c_str(), attempt + 1, o_.max_restarts());
+                       why.c_str(), attempt + replacements_ + 1, o_.max_restarts());
         }
         continue;
       }
       nodes_->leave(why);
       cleanup();
-      throw LaunchError("accelerant::launch: " + why, first_failure_, attempt);
+      throw LaunchError("accelerant::launch: " + why, first_failure_, attempt + replacements_);
     }
   }
 
@@ -341,45 +348,78 @@ class Agent {
     workers_.clear();
     first_failure_ = WorkerExit{};
     flight_records_.clear();
-    for (int local = 0; local < o_.processes_per_node(); ++local) {
-      LaunchContract env;
-      env.source = EnvSource::kAccelerant;
-      env.rank = o_.node_rank() * o_.processes_per_node() + local;
-      env.world_size = o_.processes_per_node() * o_.num_nodes();
-      env.local_rank = local;
-      env.local_world_size = o_.processes_per_node();
-      env.node_rank = o_.node_rank();
-      env.num_nodes = o_.num_nodes();
-      env.master_addr = nodes_->workers_store_addr();
-      env.job_secret = nodes_->job_secret();
-      env.master_port = port_;
-      env.agent_hosts_store = nodes_->hosts_workers_store();
-      env.restart_count = attempt;
-      env.debug = debug;
-      env.collective_timeout = timeout_;
-      env.join_timeout = o_.join_timeout();
-      env.mixed_precision = o_.mixed_precision();
-      env.threads_per_process = threads_;
-      env.downcast_bf16 = o_.downcast_bf16();
-      env.cpu = o_.cpu();
-      env.gradient_accumulation_steps = o_.gradient_accumulation_steps();
-      WorkerSpec spec;
-      spec.rank = env.rank;
-      spec.world_size = env.world_size;
-      spec.local_rank = local;
-      spec.threads = threads_;
-      spec.result_path = str(workdir_, "/result.", local);
-      spec.error_path = str(workdir_, "/error.", local);
-      env.error_file = spec.error_path;
-      spec.environment = to_environment(env);
-      // A worker's output is a pipe to this relay, so only the relay knows whether a terminal is
-      // at its end; a ProgressBar reads this to redraw its line there instead of printing lines.
-      spec.environment["ACCELERANT_CONSOLE_TERMINAL"] = relay_.console_terminal();
-      std::remove(spec.result_path.c_str());
-      std::remove(spec.error_path.c_str());
-      std::remove((spec.error_path + kFlightRecordSuffix).c_str());
-      workers_.push_back(start_worker(spec, body_, hooks_, relay_));
+    if (attempt > 0) ++generation_;  // a whole restart forms the next generation too
+    for (int local = 0; local < o_.processes_per_node(); ++local)
+      workers_.push_back(start_worker(worker_spec(local, debug), body_, hooks_, relay_));
+  }
+
+  // What local worker `local` of this machine is started with, in the current generation.
+  WorkerSpec worker_spec(int local, bool debug) const {
+    LaunchContract env;
+    env.source = EnvSource::kAccelerant;
+    env.rank = o_.node_rank() * o_.processes_per_node() + local;
+    env.world_size = o_.processes_per_node() * o_.num_nodes();
+    env.local_rank = local;
+    env.local_world_size = o_.processes_per_node();
+    env.node_rank = o_.node_rank();
+    env.num_nodes = o_.num_nodes();
+    env.master_addr = nodes_->workers_store_addr();
+    env.job_secret = nodes_->job_secret();
+    env.master_port = port_;
+    env.agent_hosts_store = nodes_->hosts_workers_store();
+    env.restart_count = generation_;
+    env.debug = debug;
+    env.collective_timeout = timeout_;
+    env.join_timeout = o_.join_timeout();
+    env.mixed_precision = o_.mixed_precision();
+    env.threads_per_process = threads_;
+    env.downcast_bf16 = o_.downcast_bf16();
+    env.cpu = o_.cpu();
+    env.gradient_accumulation_steps = o_.gradient_accumulation_steps();
+    WorkerSpec spec;
+    spec.rank = env.rank;
+    spec.world_size = env.world_size;
+    spec.local_rank = local;
+    spec.threads = threads_;
+    spec.result_path = str(workdir_, "/result.", local);
+    spec.error_path = str(workdir_, "/error.", local);
+    env.error_file = spec.error_path;
+    spec.environment = to_environment(env);
+    // A worker's output is a pipe to this relay, so only the relay knows whether a terminal is
+    // at its end; a ProgressBar reads this to redraw its line there instead of printing lines.
+    spec.environment["ACCELERANT_CONSOLE_TERMINAL"] = relay_.console_terminal();
+    std::remove(spec.result_path.c_str());
+    std::remove(spec.error_path.c_str());
+    std::remove((spec.error_path + kFlightRecordSuffix).c_str());
+    return spec;
+  }
+
+  // Recovery::kReplaceFailedWorker: whether the failure at hand is replaced in place (a worker
+  // that failed, not one that returned early, while restarts are left).
+  bool replaces_in_place(int attempt) const {
+    return o_.recovery() == Recovery::kReplaceFailedWorker && is_failure(first_failure_) &&
+           attempt + replacements_ < o_.max_restarts();
+  }
+
+  // Starts a replacement for the failed worker as the next generation; the others keep running
+  // and form the group again with it (ProcessState::regroup).
+  void replace_failed_worker(int attempt) {
+    ++replacements_;
+    ++generation_;
+    const int local = first_failure_.local_rank;
+    if (o_.verbose()) {
+      std::fprintf(stderr,
+                   "accelerant::launch: worker rank %d (pid %d) failed with %s; starting a "
+                   "replacement in its place (generation %d; restart %d of %d); the other workers "
+                   "keep running.\n",
+                   first_failure_.rank, static_cast<int>(first_failure_.pid),
+                   describe_exit(first_failure_).c_str(), generation_, attempt + replacements_,
+                   o_.max_restarts());
     }
+    workers_[static_cast<size_t>(local)] =
+        start_worker(worker_spec(local, debug_), body_, hooks_, relay_);
+    first_failure_ = WorkerExit{};
+    flight_records_.clear();
   }
 
   // Reaps exited workers; records the first failure and, while monitoring (`note_returns`; not
@@ -431,6 +471,10 @@ class Agent {
               str(news.text, "\nOn this machine, as a consequence, worker rank ",
                   first_failure_.rank, " failed with ", describe_exit(first_failure_), ".");
           return Outcome::kAborted;
+        }
+        if (replaces_in_place(attempt)) {
+          replace_failed_worker(attempt);
+          continue;
         }
         return Outcome::kFailedHere;
       }
@@ -532,6 +576,11 @@ class Agent {
   const AgentHooks& hooks_;
   OutputRelay relay_;
   int threads_ = 1;
+  bool debug_ = false;
+  // The workers' generation (ProcessState::restart_count): one more at each whole restart and at
+  // each worker replaced in place; and how many were replaced so far (they count as restarts).
+  int generation_ = 0;
+  int replacements_ = 0;
   std::chrono::milliseconds timeout_{0};
   std::string workdir_;
   std::unique_ptr<NodeGroup> nodes_;
