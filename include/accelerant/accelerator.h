@@ -320,7 +320,9 @@ class Accelerator {
   /// into a hidden temporary directory beside `dir`, fsynced, then renamed into place, so a crash
   /// or a full disk at any moment leaves the previous checkpoint as it was. `dir` empty = automatic
   /// naming under AcceleratorOptions::project_dir. Returns the directory written. Throws
-  /// CheckpointError (on every process) when any process could not write its part.
+  /// CheckpointError (on every process) when any process could not write its part. Under in-place
+  /// recovery (Recovery::kReplaceFailedWorker), a process that dies during the save abandons it:
+  /// the survivors form the group again with its replacement and return "" (nothing written).
   std::string save_state(const std::string& dir = "");
   /// Loads a checkpoint written by save_state; `dir` empty = the newest complete one under
   /// project_dir. Everything is checked first (every file's size and checksum, the format
@@ -472,6 +474,23 @@ class Accelerator {
   void warn_if_data_unsharded();
 
   void resume_from_latest();
+  /// In-place recovery (Recovery::kReplaceFailedWorker): after a collective failed because a
+  /// process died, abandons the step, forms the group again with the replacement and hands it
+  /// the state; false when this is not such a failure (then the caller rethrows).
+  bool recover_step_in_place(const std::exception& failure);
+  /// Whether a failure now is one in-place recovery handles: the launcher replaces failed
+  /// workers, and the group broke (a process died).
+  bool recoverable_in_place() const;
+  /// Forms the group again with the replacement and hands it the state, saying what failed and
+  /// what becomes of it (`outcome`).
+  void regroup_in_place(const std::string& what_failed, const std::exception& failure,
+                        const std::string& outcome);
+  /// Every process says whether it is `joining` (a replacement); all take the state of the lowest
+  /// rank that is not (sync_state_from). A collective.
+  void join_running_group(bool joining);
+  /// Under in-place recovery, what each prepared loader calls as it hands out a batch (the
+  /// generators reseeded from the seed, the rank and the step); null otherwise.
+  std::function<void()> reseed_at_each_batch() const;
   void start_step_breakdown();
   /// Flushes and closes the trackers (end_training, the destructor); reports no error twice.
   void close_trackers();

@@ -172,6 +172,8 @@ class DataLoader::Iterator {
   explicit Iterator(std::shared_ptr<EpochRun> run);
   bool done() const { return run_ == nullptr; }
   void fetch();
+  // Makes the batch at index_ the current one for the position, the flags and on_batch.
+  void hand_out();
   std::shared_ptr<EpochRun> run_;
   size_t index_ = 0;
   Batch current_;

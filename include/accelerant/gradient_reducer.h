@@ -115,6 +115,10 @@ class GradientReducer {
   /// (the parameters' .grad are unset there anyway), otherwise the buckets and any gradient
   /// outside them.
   void zero_gradients();
+  /// After a collective of this backward pass failed (a process died; in-place recovery): waits
+  /// out what is still in flight (each returns or fails at once on a broken group) and drops it,
+  /// zeros the gradients, and leaves the reducer ready for the next pass. Not a collective.
+  void abandon_pass();
 
   struct State;
 

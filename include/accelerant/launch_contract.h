@@ -71,6 +71,13 @@ struct LaunchContract {
   /// `accelerant launch` on one machine; empty = keys without a secret (torchrun, srun, mpirun).
   std::string job_secret;
   int restart_count = 0;  ///< ACCELERANT_RESTART_COUNT / TORCHELASTIC_RESTART_COUNT
+  /// ACCELERANT_RECOVER_IN_PLACE: the launcher replaces a failed worker alone
+  /// (Recovery::kReplaceFailedWorker), so an Accelerator that meets a dead process recovers its
+  /// step in place instead of failing.
+  bool recovers_in_place = false;
+  /// ACCELERANT_JOINS_RUNNING_GROUP: this process replaces a failed worker of a running group; its
+  /// Accelerator takes the training state from a survivor instead of starting or resuming.
+  bool joins_running_group = false;
   /// ACCELERANT_DEBUG_MODE; unset when the launcher did not choose (then the Accelerator's option
   /// or the config file decides, else off).
   std::optional<bool> debug;

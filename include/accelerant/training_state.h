@@ -28,8 +28,13 @@ struct TrainingState {
   std::shared_ptr<GradScaler> scaler;
   /// Optimizer steps taken (skipped fp16 steps not counted).
   int64_t optimizer_steps = 0;
-  /// The last optimizer step was skipped because fp16 gradients overflowed.
+  /// The last optimizer step was skipped because fp16 gradients overflowed, or because it was
+  /// abandoned.
   bool last_step_skipped = false;
+  /// The step in progress was abandoned: a process died during its backward and the group
+  /// recovered in place (Recovery::kReplaceFailedWorker). The next optimizer step() skips it, and
+  /// the loader hands out the same batch again, so the step is done again in full.
+  bool step_abandoned = false;
 };
 
 }  // namespace accelerant

@@ -4,6 +4,7 @@
 #include <torch/serialize.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -290,6 +291,20 @@ Accelerator::Accelerator(AcceleratorOptions options)
   impl_->world_size_ = process.world_size();
   impl_->local_rank_ = process.local_rank();
   impl_->rank_prefix_ = process.rank_prefix();
+  impl_->recovers_in_place_ = process.env().recovers_in_place && process.distributed();
+  impl_->joins_running_group_ = impl_->recovers_in_place_ && process.env().joins_running_group;
+  if (impl_->recovers_in_place_ &&
+      (impl_->options_.zero_stage() > 0 || impl_->settings_.gradient_accumulation_steps > 1)) {
+    throw Error(detail::str(
+        process.rank_prefix(),
+        "the launcher replaces a failed worker in place (Recovery::kReplaceFailedWorker), which "
+        "the Accelerator supports only when every process holds the whole training state and a "
+        "step is one batch; this run has zero_stage ",
+        impl_->options_.zero_stage(), " and gradient_accumulation_steps ",
+        impl_->settings_.gradient_accumulation_steps,
+        ". Fix: launch with Recovery::kRestartGroup (the group restarts from the last "
+        "checkpoint), or train with zero_stage 0 and no accumulation."));
+  }
   impl_->device_ = impl_->settings_.cpu ? torch::Device(torch::kCPU) : process.device();
   if (impl_->settings_.mixed_precision == MixedPrecision::kFp16 && !impl_->device_.is_cuda()) {
     throw Error(detail::str(process.rank_prefix(),
@@ -428,7 +443,9 @@ void Accelerator::prepare_model(const std::shared_ptr<torch::nn::Module>& model)
   }
   Communicator& comm = communicator();
   detail::ScopedCollectiveLabel label("prepare");
-  if (comm.world_size() > 1) {
+  // A replacement joining a running group takes every value from a survivor at its first batch
+  // (join_running_group), where the survivors meet it: no collective here.
+  if (comm.world_size() > 1 && !impl_->joins_running_group_) {
     check_same_model_everywhere(comm, *model, impl_->rank_prefix_);
     broadcast_from_main(comm, *model, sharded_already);
   }
@@ -602,7 +619,7 @@ DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
     try {
       return detail::DataLoaderAccess::sharded(
           source, {rank(), world_size(), sharding, impl_->state_, std::move(transform),
-                   impl_->resume_hook_});
+                   impl_->resume_hook_, reseed_at_each_batch()});
     } catch (const Error& e) {
       throw Error(detail::str(impl_->rank_prefix_, "prepare(data loader): ", e.what()));
     }
@@ -622,7 +639,12 @@ DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
     prepared.set_seed(saved.seed);
     prepared.set_position({saved.epoch, saved.samples_done});
   }
-  if (impl_->options_.auto_resume() && !impl_->resume_armed_) {  // armed once, by the first loader
+  // Armed once, by the first loader. A replacement meets the survivors there instead.
+  if (impl_->joins_running_group_ && !impl_->resume_armed_) {
+    impl_->resume_armed_ = true;
+    impl_->resume_hook_->arm([this] { join_running_group(/*joining=*/true); });
+  }
+  if (impl_->options_.auto_resume() && !impl_->resume_armed_) {
     impl_->resume_armed_ = true;
     impl_->resume_hook_->arm([this] { resume_from_latest(); });
   }
@@ -641,7 +663,78 @@ void Accelerator::backward(const torch::Tensor& loss) {
   if (impl_->settings_.gradient_accumulation_steps > 1)
     scaled = scaled / impl_->settings_.gradient_accumulation_steps;
   if (impl_->state_->scaler) scaled = impl_->state_->scaler->scale(scaled);
-  scaled.backward();
+  try {
+    scaled.backward();
+  } catch (const std::exception& e) {
+    if (!recover_step_in_place(e)) throw;
+  }
+}
+
+std::function<void()> Accelerator::reseed_at_each_batch() const {
+  if (!impl_->recovers_in_place_) return nullptr;
+  // A replacement cannot have the random generators of the process it replaces, nor a survivor
+  // those of the step it abandoned: under in-place recovery every batch's draws (dropout) come
+  // from a seed of the run's seed, the rank and the step instead, the same for whoever computes
+  // that step.
+  return [state = impl_->state_, seed = impl_->settings_.seed.value_or(0), rank = impl_->rank_] {
+    uint64_t mixed = seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(rank);
+    mixed = mixed * 0xBF58476D1CE4E5B9ull + static_cast<uint64_t>(state->optimizer_steps);
+    torch::manual_seed(mixed ^ (mixed >> 31));
+  };
+}
+
+bool Accelerator::recoverable_in_place() const {
+  return impl_->recovers_in_place_ && !communicator().broken_reason().empty();
+}
+
+bool Accelerator::recover_step_in_place(const std::exception& failure) {
+  if (!recoverable_in_place()) return false;
+  const int64_t step = impl_->state_->optimizer_steps + 1;
+  // Nothing of the step is kept: its gradients go, its batch comes again, its update is skipped.
+  for (auto& prepared : impl_->models_) prepared.reducer->abandon_pass();
+  for (auto& loader : impl_->checkpointed_->loaders)
+    detail::DataLoaderAccess::rewind_current_batch(loader);
+  impl_->state_->step_abandoned = true;
+  regroup_in_place(detail::str("step ", step), failure,
+                   detail::str("step ", step, " is done again; no step before it is lost"));
+  return true;
+}
+
+void Accelerator::regroup_in_place(const std::string& what_failed, const std::exception& failure,
+                                   const std::string& outcome) {
+  const auto start = std::chrono::steady_clock::now();
+  std::string first_line = failure.what();
+  first_line = first_line.substr(0, first_line.find('\n'));
+  std::cerr << detail::str(impl_->rank_prefix_, what_failed, " failed: ", first_line,
+                           "\nRecovering in place: the group forms again with the process that "
+                           "replaces the failed one.")
+            << std::endl;
+  ProcessState::get().regroup();
+  join_running_group(/*joining=*/false);
+  if (is_main_process()) {
+    print_line(
+        detail::str("Recovered in place in ",
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                    " s (generation ", ProcessState::get().restart_count(), "): ", outcome, "."));
+  }
+}
+
+void Accelerator::join_running_group(bool joining) {
+  Communicator& comm = communicator();
+  torch::Tensor joined = torch::zeros({comm.world_size()}, torch::kFloat);
+  joined[comm.rank()] = joining ? 1.0f : 0.0f;
+  joined = comm.all_reduce(joined);
+  int source = -1;
+  for (int r = 0; r < comm.world_size() && source < 0; ++r) {
+    if (joined[r].item<float>() == 0.0f) source = r;
+  }
+  if (source < 0) {
+    throw Error(detail::str(impl_->rank_prefix_,
+                            "every process of the group joins it afresh, so none holds the "
+                            "training state to hand over. Fix: restart the job (from the last "
+                            "checkpoint)."));
+  }
+  sync_state_from(source);
 }
 
 void Accelerator::warn_if_data_unsharded() {

@@ -34,9 +34,18 @@ std::string Accelerator::save_state(const std::string& dir) {
   // process writes its optimizer's state of its shares.
   // A save before the first batch under auto_resume saves the resumed state, not the fresh one.
   impl_->resume_hook_->fire();
-  return detail::save_training_state(
-      *impl_->checkpointed_, checkpoint_ranks(),
-      {dir, checkpoints_dir(), impl_->options_.checkpoint_total_limit()});
+  try {
+    return detail::save_training_state(
+        *impl_->checkpointed_, checkpoint_ranks(),
+        {dir, checkpoints_dir(), impl_->options_.checkpoint_total_limit()});
+  } catch (const std::exception& e) {
+    // A process died during the save (in-place recovery): the training state is whole on every
+    // survivor, so the run goes on without this checkpoint; the next save writes one.
+    if (!recoverable_in_place()) throw;
+    regroup_in_place("save_state(" + dir + ")", e,
+                     "this save was abandoned (no checkpoint written); training goes on");
+    return "";
+  }
 }
 
 std::string Accelerator::load_state(const std::string& dir) {

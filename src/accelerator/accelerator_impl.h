@@ -59,6 +59,9 @@ struct Accelerator::Impl {
   /// begin() (train/resume_hook.h). Shared with the loaders, which may outlive the Accelerator.
   std::shared_ptr<detail::ResumeHook> resume_hook_ = std::make_shared<detail::ResumeHook>();
   bool resume_armed_ = false;
+  /// Recovery::kReplaceFailedWorker (LaunchContract::recovers_in_place, joins_running_group).
+  bool recovers_in_place_ = false;
+  bool joins_running_group_ = false;
   bool warned_unsharded_data_ = false;
   /// A TokenWindows stream was prepared: each rank draws its own data.
   bool prepared_token_windows_ = false;

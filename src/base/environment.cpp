@@ -79,7 +79,16 @@ const std::vector<EnvVariable> kTable = {
      "(docs/security.md).",
      kContract},
     {"ACCELERANT_RESTART_COUNT", "integer ≥ 0", "TORCHELASTIC_RESTART_COUNT",
-     "How many times the launcher restarted the group.", kContract},
+     "The group's generation: how many times it was formed again (restarted, or regrouped "
+     "around a replacement).",
+     kContract},
+    {"ACCELERANT_RECOVER_IN_PLACE", "bool", "false",
+     "Set by the launcher under Recovery::kReplaceFailedWorker: a failed process is replaced "
+     "alone and the Accelerator recovers its step in place.",
+     kContract},
+    {"ACCELERANT_JOINS_RUNNING_GROUP", "bool", "false",
+     "Set by the launcher on a replacement: it takes its training state from a survivor.",
+     kContract},
     {"ACCELERANT_DEBUG_MODE", "bool", "false",
      "Check every collective across ranks (and a dry fork first).", kContract},
     {"ACCELERANT_TIMEOUT_MS", "integer ≥ 1", "unset (the library's default)",

@@ -354,7 +354,8 @@ class Agent {
   }
 
   // What local worker `local` of this machine is started with, in the current generation.
-  WorkerSpec worker_spec(int local, bool debug) const {
+  // `replacement`: it joins a running group in place of a failed worker.
+  WorkerSpec worker_spec(int local, bool debug, bool replacement = false) const {
     LaunchContract env;
     env.source = EnvSource::kAccelerant;
     env.rank = o_.node_rank() * o_.processes_per_node() + local;
@@ -368,6 +369,8 @@ class Agent {
     env.master_port = port_;
     env.agent_hosts_store = nodes_->hosts_workers_store();
     env.restart_count = generation_;
+    env.recovers_in_place = o_.recovery() == Recovery::kReplaceFailedWorker;
+    env.joins_running_group = replacement;
     env.debug = debug;
     env.collective_timeout = timeout_;
     env.join_timeout = o_.join_timeout();
@@ -417,7 +420,7 @@ class Agent {
                    o_.max_restarts());
     }
     workers_[static_cast<size_t>(local)] =
-        start_worker(worker_spec(local, debug_), body_, hooks_, relay_);
+        start_worker(worker_spec(local, debug_, /*replacement=*/true), body_, hooks_, relay_);
     first_failure_ = WorkerExit{};
     flight_records_.clear();
   }

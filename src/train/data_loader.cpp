@@ -80,6 +80,8 @@ struct DataLoader::EpochRun {
     }
     changed.notify_all();
     for (auto& worker : workers) worker.join();
+    // Ended or left early: no epoch runs (set_position, rewind_current_batch).
+    if (shared->before_current.epoch == epoch) shared->before_current = {-1, 0};
   }
 };
 
@@ -126,7 +128,16 @@ DataLoader detail::DataLoaderAccess::sharded(const DataLoader& loader, LoaderSha
   copy->state = std::move(how.state);
   copy->transform = std::move(how.transform);
   copy->resume = std::move(how.resume);
+  copy->on_batch = std::move(how.on_batch);
   return DataLoader(std::move(copy));
+}
+
+void detail::DataLoaderAccess::rewind_current_batch(DataLoader& loader) {
+  DataLoader::Shared& shared = *loader.shared_;
+  if (shared.before_current.epoch < 0) return;  // no epoch runs
+  shared.position = shared.before_current;
+  shared.epoch = shared.before_current.epoch + 1;  // begin() counted the running epoch
+  shared.repeat_current = true;
 }
 
 // The getters read this process's copy and nothing else (resume_hook.h).
@@ -153,7 +164,10 @@ void DataLoader::set_position(DataPosition position) {
                     " samples. Likely cause: a position saved for another dataset. Fix: use the ",
                     "dataset the position was saved with."));
   }
-  shared_->epoch = position.epoch;
+  // While an epoch runs, begin() has counted it already: the next to begin is the one after.
+  shared_->epoch = shared_->before_current.epoch == position.epoch && position.epoch >= 0
+                       ? position.epoch + 1
+                       : position.epoch;
   shared_->position = position;
 }
 
@@ -211,6 +225,14 @@ void DataLoader::Iterator::fetch() {
     detail::PhaseTimer waiting(detail::StepPhase::data, "data wait");
     current_ = run_->take(index_);
   }
+  hand_out();
+}
+
+void DataLoader::Iterator::hand_out() {
+  Shared& shared = *run_->shared;
+  shared.before_current = {
+      run_->epoch, run_->first_position + static_cast<int64_t>(index_) * run_->samples_per_step};
+  if (shared.on_batch) shared.on_batch();
   // Counted when handed out: a checkpoint taken after this batch's step resumes at the next one.
   const bool last = index_ + 1 == run_->shard.batches.size();
   const int64_t done =
@@ -225,6 +247,11 @@ void DataLoader::Iterator::fetch() {
 }
 
 DataLoader::Iterator& DataLoader::Iterator::operator++() {
+  if (run_->shared->repeat_current) {  // rewind_current_batch: this batch once more
+    run_->shared->repeat_current = false;
+    hand_out();
+    return *this;
+  }
   if (++index_ >= run_->shard.batches.size()) {
     run_.reset();  // joins the workers
     current_ = Batch();

@@ -27,6 +27,14 @@ struct DataLoader::Shared {
   std::function<Batch(Batch)> transform;
   /// Fired by begin() only (resume_hook.h); null before prepare.
   std::shared_ptr<detail::ResumeHook> resume;
+  /// Called as each batch is handed out (again, after a rewind); null: none. In-place recovery
+  /// reseeds the random generators there (Accelerator).
+  std::function<void()> on_batch;
+  /// Where the epoch stood before the batch handed out last, while an epoch runs: what
+  /// rewind_current_batch goes back to.
+  DataPosition before_current{-1, 0};
+  /// Set by rewind_current_batch: the running epoch hands out its current batch once more.
+  bool repeat_current = false;
 };
 
 namespace detail {
@@ -42,12 +50,18 @@ struct LoaderSharding {
   std::function<Batch(Batch)> transform;
   /// auto_resume's hook, fired by begin(); null: none.
   std::shared_ptr<ResumeHook> resume;
+  /// Called as each batch is handed out; null: none.
+  std::function<void()> on_batch;
 };
 
 struct DataLoaderAccess {
   /// A copy of `loader` (same position) that yields rank `how.rank`'s share of each epoch.
   /// Throws Error when the sharding cannot work (split_batches that do not divide).
   static DataLoader sharded(const DataLoader& loader, LoaderSharding how);
+  /// A step was abandoned (in-place recovery): the running epoch's next batch is the one it
+  /// handed out last, again, and position() is where it stood before that batch. Nothing to do
+  /// when no epoch runs.
+  static void rewind_current_batch(DataLoader& loader);
 };
 
 }  // namespace detail

@@ -536,6 +536,22 @@ std::vector<torch::Tensor> GradientReducer::gradient_shares() const {
   return s.scatters_gradients() ? s.averaged_share : std::vector<torch::Tensor>();
 }
 
+void GradientReducer::abandon_pass() {
+  {
+    State& s = *state_;
+    std::lock_guard<std::mutex> lock(s.mutex);
+    for (auto& pending : s.in_flight) {
+      try {
+        pending.wait();
+      } catch (...) {  // the failure is the one being recovered from
+      }
+      pending = PendingCollective();
+    }
+    s.in_backward = false;
+  }
+  zero_gradients();
+}
+
 void GradientReducer::zero_gradients() {
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mutex);

@@ -56,6 +56,11 @@ bool PreparedOptimizer::step() { return impl_->step(); }
 
 bool PreparedOptimizer::Impl::step() {
   if (!state_->sync_gradients) return false;
+  if (state_->step_abandoned) {  // done again from its batch: nothing to update now
+    state_->step_abandoned = false;
+    state_->last_step_skipped = true;
+    return false;
+  }
   if (detail::recording_step()) return step_in_graph();
   bool stepped = true;
   {

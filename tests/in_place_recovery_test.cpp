@@ -1,0 +1,159 @@
+// In-place recovery (issue 37, Recovery::kReplaceFailedWorker): a worker SIGKILLed in the middle
+// of training is replaced alone; the survivors are not restarted, the group forms again with the
+// replacement, the replacement takes a survivor's state, the abandoned step is done again from
+// its batch, and the run ends bit for bit as the uninterrupted one.
+#include <accelerant/accelerant.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <fstream>
+
+#include "test_support.h"
+
+using namespace accelerant;
+using namespace accelerant::testing;
+
+namespace {
+
+constexpr int64_t kSamples = 96;
+
+// Dropout draws from the global generator: the replacement must draw as the failed one would.
+torch::nn::Sequential make_net() {
+  return torch::nn::Sequential(torch::nn::Linear(8, 32), torch::nn::ReLU(), torch::nn::Dropout(0.2),
+                               torch::nn::Linear(32, 3));
+}
+
+// Where the victim dies: between a step's forward and backward, inside its backward (while the
+// others wait in the gradients' all-reduce), or as the others save a checkpoint after the step.
+enum class Death { kBeforeBackward, kInBackward, kDuringSave };
+
+// Three epochs of SGD with momentum, a step schedule and a shuffled loader, with a checkpoint
+// saved into `dir` after step 5. In generation 0, rank `victim` SIGKILLs itself where `death`
+// says, in the step after `kill_after` steps (-1: nobody). Records each process's pid in `dir`.
+// Returns the final parameters, then the generation, the optimizer steps taken and whether the
+// save after step 5 wrote a checkpoint.
+torch::Tensor train(const std::string& dir, int victim, int64_t kill_after,
+                    Death death = Death::kBeforeBackward) {
+  std::ofstream(dir + "/pid." + std::to_string(::getpid())) << ::getpid();
+  Accelerator acc(AcceleratorOptions().seed(11).fused_optimizers(false));
+  torch::manual_seed(3);
+  auto net = make_net();
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  torch::optim::StepLR schedule(sgd, 4, 0.5);
+  torch::manual_seed(5);
+  auto x = torch::randn({kSamples, 8});
+  auto y = torch::randint(0, 3, {kSamples}, torch::kLong);
+  auto [model, opt, sched, loader] = acc.prepare(
+      net, sgd, schedule, make_data_loader(x, y, DataLoaderOptions().batch_size(8).shuffle(true)));
+  auto& process = ProcessState::get();
+  auto dies_now = [&](Death where) {
+    return where == death && process.restart_count() == 0 && acc.rank() == victim &&
+           acc.state()->optimizer_steps == kill_after;
+  };
+  // The first layer's gradient comes last in backward, when the rest of the gradients are ready.
+  model->parameters()[0].register_hook([&](torch::Tensor grad) {
+    if (dies_now(Death::kInBackward)) ::raise(SIGKILL);
+    return grad;
+  });
+  double saved = -1;
+  while (loader.epoch() < 3) {
+    for (auto& batch : loader) {
+      auto loss = torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target);
+      if (dies_now(Death::kBeforeBackward)) ::raise(SIGKILL);
+      acc.backward(loss);
+      opt.step();
+      opt.zero_grad();
+      sched.step();
+      if (acc.state()->optimizer_steps == 5) {
+        if (dies_now(Death::kDuringSave)) ::raise(SIGKILL);
+        saved = acc.save_state(dir + "/step_5").empty() ? 0 : 1;
+      }
+    }
+  }
+  torch::Tensor flat;
+  {
+    std::vector<torch::Tensor> parts;
+    for (const auto& p : model->parameters()) parts.push_back(p.detach().reshape(-1));
+    flat = torch::cat(parts);
+  }
+  return torch::cat({flat.to(torch::kDouble),
+                     torch::tensor({static_cast<double>(process.restart_count()),
+                                    static_cast<double>(acc.state()->optimizer_steps), saved},
+                                   torch::kDouble)});
+}
+
+LaunchOptions in_place(int n) {
+  return LaunchOptions()
+      .processes_per_node(n)
+      .collective_timeout(std::chrono::seconds(4))
+      .max_restarts(1)
+      .recovery(Recovery::kReplaceFailedWorker)
+      .verbose(false);
+}
+
+void recovers_bit_for_bit(int processes, int victim, int64_t kill_after, int64_t steps,
+                          Death death = Death::kBeforeBackward) {
+  const std::string clean_dir = make_temp_dir(), failed_dir = make_temp_dir();
+  const auto uninterrupted =
+      launch([&](int) { return train(clean_dir, -1, -1); }, in_place(processes));
+  const auto start = std::chrono::steady_clock::now();
+  const auto recovered = launch([&](int) { return train(failed_dir, victim, kill_after, death); },
+                                in_place(processes));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (int r = 0; r < processes; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    const int64_t n = uninterrupted[r].numel();
+    EXPECT_EQ(uninterrupted[r][n - 3].item<double>(), 0.0);
+    EXPECT_EQ(recovered[r][n - 3].item<double>(), 1.0) << "generation 1: one regroup";
+    EXPECT_EQ(recovered[r][n - 2].item<double>(), static_cast<double>(steps));
+    EXPECT_EQ(uninterrupted[r][n - 1].item<double>(), 1.0) << "the save after step 5 wrote";
+    // The survivors abandoned a save during which a process died; a replacement that joined
+    // after step 5 never reached that save.
+    const double saved =
+        r == victim ? (kill_after >= 5 ? -1.0 : 1.0) : (death == Death::kDuringSave ? 0.0 : 1.0);
+    EXPECT_EQ(recovered[r][n - 1].item<double>(), saved);
+    const torch::Tensor got = recovered[r].narrow(0, 0, n - 3);
+    const torch::Tensor want = uninterrupted[r].narrow(0, 0, n - 3);
+    EXPECT_TRUE(torch::equal(got, want))
+        << "max difference " << (got - want).abs().max().item<double>();
+  }
+  // Each worker started once, and one replacement: the survivors were not restarted.
+  const auto pids = read_pid_files(failed_dir);
+  EXPECT_EQ(pids.size(), static_cast<size_t>(processes + 1));
+  EXPECT_TRUE(wait_until_dead(pids, std::chrono::milliseconds(0)).empty()) << "orphan workers";
+  EXPECT_LT(seconds, 60.0) << "bounded";
+  remove_tree(clean_dir);
+  remove_tree(failed_dir);
+}
+
+}  // namespace
+
+TEST(InPlaceRecovery, AWorkerKilledMidStepOnTwoProcessesIsReplacedAndTheRunEndsBitForBit) {
+  // 96 samples / (8 x 2) = 6 steps per epoch: step 8 is in the middle of the second epoch.
+  recovers_bit_for_bit(2, 1, 7, 18);
+}
+
+TEST(InPlaceRecovery, AWorkerKilledMidStepOnFourProcessesIsReplacedAndTheRunEndsBitForBit) {
+  recovers_bit_for_bit(4, 2, 4, 9);
+}
+
+TEST(InPlaceRecovery, AWorkerKilledInBackwardWhileTheOthersAllReduce) {
+  recovers_bit_for_bit(2, 1, 7, 18, Death::kInBackward);
+  recovers_bit_for_bit(4, 3, 4, 9, Death::kInBackward);
+}
+
+TEST(InPlaceRecovery, AWorkerKilledAsTheOthersSaveAbandonsTheSaveAndTrainingGoesOn) {
+  recovers_bit_for_bit(2, 1, 5, 18, Death::kDuringSave);
+  recovers_bit_for_bit(4, 0, 5, 9, Death::kDuringSave);
+}
+
+// Over Gloo alone, the main process (rank 0) the one that dies: its replacement takes rank 1's
+// state.
+TEST(InPlaceRecovery, OverGlooTheMainProcessKilledIsReplacedToo) {
+  ::setenv("ACCELERANT_SHM_ALLREDUCE", "0", 1);
+  recovers_bit_for_bit(4, 0, 4, 9);
+  recovers_bit_for_bit(2, 0, 7, 18, Death::kInBackward);
+  ::unsetenv("ACCELERANT_SHM_ALLREDUCE");
+}
