@@ -129,6 +129,31 @@ TEST(Launch, AKilledWorkerIsRestartedAndTheRunCompletes) {
   EXPECT_NE(out.find("signal 9"), std::string::npos) << "the restart should say why: " << out;
 }
 
+// --recovery replace_failed_worker: only the killed worker is started again, as generation 1,
+// told that it joins a running group; the other one is not restarted.
+TEST(Launch, RecoveryReplaceFailedWorkerStartsOnlyTheKilledWorkerAgain) {
+  std::string out;
+  ASSERT_EQ(
+      run({"-n", "2", "--main_process_port", "0", "--max_restarts", "1", "--recovery",
+           "replace_failed_worker", "/bin/sh", "-c",
+           "if [ \"$ACCELERANT_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 1 ]; then kill -9 $$; fi; "
+           "echo \"done rank $RANK generation $ACCELERANT_RESTART_COUNT in place "
+           "$ACCELERANT_RECOVER_IN_PLACE joins ${ACCELERANT_JOINS_RUNNING_GROUP:-0}\""},
+          out),
+      0)
+      << out;
+  EXPECT_NE(out.find("done rank 0 generation 0 in place 1 joins 0"), std::string::npos) << out;
+  EXPECT_NE(out.find("done rank 1 generation 1 in place 1 joins 1"), std::string::npos) << out;
+  EXPECT_EQ(out.find("done rank 0 generation 1"), std::string::npos) << "rank 0 ran again: " << out;
+  EXPECT_NE(out.find("starting a replacement in its place"), std::string::npos) << out;
+}
+
+TEST(Launch, ARecoveryTheLauncherDoesNotKnowIsRefusedNamingTheChoices) {
+  std::string out;
+  EXPECT_NE(run({"-n", "2", "--recovery", "in_place", "/bin/true"}, out), 0);
+  EXPECT_NE(out.find("restart_group or replace_failed_worker"), std::string::npos) << out;
+}
+
 TEST(Launch, SigintStopsEveryWorkerAndLeavesNoProcess) {
   ScratchDir dir;
   ::setenv("XDG_CACHE_HOME", "/nonexistent/accelerant-test-cache", 1);

@@ -30,11 +30,13 @@ enum class Death { kBeforeBackward, kInBackward, kDuringSave };
 
 // Three epochs of SGD with momentum, a step schedule and a shuffled loader, with a checkpoint
 // saved into `dir` after step 5. In generation 0, rank `victim` SIGKILLs itself where `death`
-// says, in the step after `kill_after` steps (-1: nobody). Records each process's pid in `dir`.
+// says, in the step after `kill_after` steps (-1: nobody); in generation 1, rank `second_victim`
+// before the backward of the step after `second_after` steps. Records each process's pid in `dir`.
 // Returns the final parameters, then the generation, the optimizer steps taken and whether the
 // save after step 5 wrote a checkpoint.
 torch::Tensor train(const std::string& dir, int victim, int64_t kill_after,
-                    Death death = Death::kBeforeBackward) {
+                    Death death = Death::kBeforeBackward, int second_victim = -1,
+                    int64_t second_after = -1) {
   std::ofstream(dir + "/pid." + std::to_string(::getpid())) << ::getpid();
   Accelerator acc(AcceleratorOptions().seed(11).fused_optimizers(false));
   torch::manual_seed(3);
@@ -48,8 +50,13 @@ torch::Tensor train(const std::string& dir, int victim, int64_t kill_after,
       net, sgd, schedule, make_data_loader(x, y, DataLoaderOptions().batch_size(8).shuffle(true)));
   auto& process = ProcessState::get();
   auto dies_now = [&](Death where) {
+    const int64_t steps = acc.state()->optimizer_steps;
+    if (process.restart_count() == 1 && where == Death::kBeforeBackward &&
+        acc.rank() == second_victim && steps == second_after) {
+      return true;
+    }
     return where == death && process.restart_count() == 0 && acc.rank() == victim &&
-           acc.state()->optimizer_steps == kill_after;
+           steps == kill_after;
   };
   // The first layer's gradient comes last in backward, when the rest of the gradients are ready.
   model->parameters()[0].register_hook([&](torch::Tensor grad) {
@@ -147,6 +154,28 @@ TEST(InPlaceRecovery, AWorkerKilledInBackwardWhileTheOthersAllReduce) {
 TEST(InPlaceRecovery, AWorkerKilledAsTheOthersSaveAbandonsTheSaveAndTrainingGoesOn) {
   recovers_bit_for_bit(2, 1, 5, 18, Death::kDuringSave);
   recovers_bit_for_bit(4, 0, 5, 9, Death::kDuringSave);
+}
+
+// Two failures, one after the other, within max_restarts, each recovered in place: rank 1 in
+// generation 0, then rank 0 (the main process) in generation 1.
+TEST(InPlaceRecovery, RepeatedFailuresWithinMaxRestartsAreEachRecovered) {
+  const std::string clean_dir = make_temp_dir(), failed_dir = make_temp_dir();
+  const auto options = in_place(2).max_restarts(2);
+  const auto uninterrupted = launch([&](int) { return train(clean_dir, -1, -1); }, options);
+  const auto recovered =
+      launch([&](int) { return train(failed_dir, 1, 3, Death::kBeforeBackward, 0, 11); }, options);
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    const int64_t n = uninterrupted[r].numel();
+    EXPECT_EQ(recovered[r][n - 3].item<double>(), 2.0) << "generation 2: two regroups";
+    EXPECT_EQ(recovered[r][n - 2].item<double>(), 18.0);
+    EXPECT_TRUE(
+        torch::equal(recovered[r].narrow(0, 0, n - 3), uninterrupted[r].narrow(0, 0, n - 3)));
+  }
+  EXPECT_EQ(read_pid_files(failed_dir).size(), 4u) << "2 workers and 2 replacements";
+  EXPECT_TRUE(wait_until_dead(read_pid_files(failed_dir), std::chrono::milliseconds(0)).empty());
+  remove_tree(clean_dir);
+  remove_tree(failed_dir);
 }
 
 // Over Gloo alone, the main process (rank 0) the one that dies: its replacement takes rank 1's

@@ -61,6 +61,9 @@ struct Config {
   /// collective in the workers.
   bool debug = false;
   int max_restarts = 0;  ///< how often the whole group is restarted after a worker fails, ≥ 0
+  /// What a failure within max_restarts leads to (LaunchOptions::recovery); in the file as
+  /// restart_group or replace_failed_worker, read by parse_recovery.
+  Recovery recovery = Recovery::kRestartGroup;
   /// Time between checks of the workers. (The durations are seconds in the file.)
   std::chrono::milliseconds monitor_interval{100};
   /// How long the launchers, and the workers at start-up, wait for each other.

@@ -59,4 +59,23 @@ const char* to_string(MixedPrecision precision);
 /// spellings. `from` as for parse_bool.
 MixedPrecision parse_mixed_precision(const std::string& text, const std::string& from);
 
+/// What the launcher does when a worker fails, while LaunchOptions::max_restarts allows. Written
+/// "restart_group" and "replace_failed_worker" (parse_recovery).
+enum class Recovery {
+  /// Stops every worker and starts the whole group again (torchrun's way); each process resumes
+  /// from the last checkpoint (auto_resume).
+  kRestartGroup,
+  /// Starts a replacement for the failed worker only, as the group's next generation
+  /// (ProcessState::restart_count); the other workers keep running and form the group again with
+  /// it (ProcessState::regroup). One machine only for now. The Accelerator does not yet regroup
+  /// by itself (issue 37): a program that calls regroup itself uses this.
+  kReplaceFailedWorker,
+};
+
+/// "restart_group" or "replace_failed_worker".
+const char* to_string(Recovery recovery);
+/// The one parser of a Recovery (LaunchOptions, the config file's recovery, accelerant launch
+/// --recovery): restart_group or replace_failed_worker, in any case. `from` as for parse_bool.
+Recovery parse_recovery(const std::string& text, const std::string& from);
+
 }  // namespace accelerant

@@ -12,23 +12,11 @@
 #include <utility>
 #include <vector>
 
-#include "accelerant/environment.h"  // MixedPrecision
+#include "accelerant/environment.h"  // MixedPrecision, Recovery
 #include "accelerant/error.h"
 #include "accelerant/options.h"
 
 namespace accelerant {
-
-/// What the launcher does when a worker fails, while LaunchOptions::max_restarts allows.
-enum class Recovery {
-  /// Stops every worker and starts the whole group again (torchrun's way); each process resumes
-  /// from the last checkpoint (auto_resume).
-  kRestartGroup,
-  /// Starts a replacement for the failed worker only, as the group's next generation
-  /// (ProcessState::restart_count); the other workers keep running and form the group again with
-  /// it (ProcessState::regroup). One machine only for now. The Accelerator does not yet regroup
-  /// by itself (issue 37): a program that calls regroup itself uses this.
-  kReplaceFailedWorker,
-};
 
 /// Options of launch() and launch_program(), set with chained setters
 /// (`LaunchOptions().processes_per_node(4)`): the size and shape of the group, its rendezvous,

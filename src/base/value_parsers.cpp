@@ -42,6 +42,25 @@ const char* to_string(MixedPrecision precision) {
   return "unknown";
 }
 
+const char* to_string(Recovery recovery) {
+  switch (recovery) {
+    case Recovery::kRestartGroup:
+      return "restart_group";
+    case Recovery::kReplaceFailedWorker:
+      return "replace_failed_worker";
+  }
+  return "unknown";
+}
+
+Recovery parse_recovery(const std::string& text, const std::string& from) {
+  const std::string v = detail::lower(text);
+  if (v == "restart_group") return Recovery::kRestartGroup;
+  if (v == "replace_failed_worker") return Recovery::kReplaceFailedWorker;
+  refuse(text, from, "not a known recovery", "restart_group or replace_failed_worker",
+         "use restart_group (every worker restarts from the last checkpoint) or "
+         "replace_failed_worker (only the failed one is replaced; the others go on)");
+}
+
 MixedPrecision parse_mixed_precision(const std::string& text, const std::string& from) {
   const std::string v = detail::lower(text);
   if (v == "no") return MixedPrecision::kNo;

@@ -58,6 +58,15 @@ Field field(const char* key, const char* type, T Config::*member) {
           }};
 }
 
+// Recovery: text in the file, the enum in Config (parse_recovery, the one parser).
+Field recovery_field(const char* key, Recovery Config::*member) {
+  return {key, "restart_group or replace_failed_worker",
+          [member, key](const YAML::Node& node, Config& c) {
+            c.*member = parse_recovery(node.Scalar(), key);
+          },
+          [member](const Config& c) { return std::string(to_string(c.*member)); }, true};
+}
+
 // Mixed precision: text in the file, the enum in Config (parse_mixed_precision, the one parser).
 Field precision_field(const char* key, MixedPrecision Config::*member) {
   return {key, "no, fp16 or bf16",
@@ -92,6 +101,7 @@ const std::vector<Field>& fields() {
       field("cpu", kBoolType, &Config::cpu),
       field("debug", kBoolType, &Config::debug),
       field("max_restarts", "a whole number", &Config::max_restarts),
+      recovery_field("recovery", &Config::recovery),
       seconds_field("monitor_interval", &Config::monitor_interval),
       seconds_field("join_timeout", &Config::join_timeout),
       seconds_field("collective_timeout", &Config::collective_timeout),
@@ -307,6 +317,11 @@ void validate_config(const Config& c, const std::string& where) {
   }
   if (c.max_restarts < 0)
     problems.push_back(detail::str("max_restarts is ", c.max_restarts, "; it must be 0 or more"));
+  if (c.recovery == Recovery::kReplaceFailedWorker && c.num_nodes > 1) {
+    problems.push_back(detail::str("recovery is replace_failed_worker with num_nodes ", c.num_nodes,
+                                   "; replacing a worker in place works on one machine only for "
+                                   "now (use restart_group)"));
+  }
   // Text (the file, the flags) was range-checked where it became a duration
   // (seconds_to_duration); a Config built in code is checked here against the same range.
   const auto check_duration = [&](const char* key, std::chrono::milliseconds d) {

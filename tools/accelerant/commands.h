@@ -44,7 +44,7 @@ struct LaunchFlags {
   std::string config_file;
   std::optional<int> world_size, processes_per_node, num_nodes, node_rank, master_port,
       max_restarts, threads_per_process, gradient_accumulation_steps;
-  std::optional<std::string> master_addr, mixed_precision;
+  std::optional<std::string> master_addr, mixed_precision, recovery;
   std::optional<double> monitor_interval, join_timeout, collective_timeout;
   std::string log_dir;
   bool cpu = false, debug = false, prefix_output = false, tee = false;

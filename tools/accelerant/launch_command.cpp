@@ -43,6 +43,7 @@ Config resolve_launch_config(const LaunchFlags& f) {
     c.world_size = total;
   }
   if (f.max_restarts) c.max_restarts = *f.max_restarts;
+  if (f.recovery) c.recovery = parse_recovery(*f.recovery, "--recovery");
   if (f.threads_per_process) c.threads_per_process = *f.threads_per_process;
   if (f.mixed_precision)
     c.mixed_precision = parse_mixed_precision(*f.mixed_precision, "--mixed_precision");
@@ -69,6 +70,7 @@ int run_launch(const LaunchFlags& flags, const std::vector<std::string>& command
                      .master_addr(c.master_addr)
                      .master_port(c.master_port)
                      .max_restarts(c.max_restarts)
+                     .recovery(c.recovery)
                      .monitor_interval(c.monitor_interval)
                      .join_timeout(c.join_timeout)
                      .mixed_precision(c.mixed_precision)
@@ -118,7 +120,14 @@ void add_launch_command(CLI::App& app, Action& action) {
   launch->add_option(flag_names("master_addr"), flags->master_addr, "The main machine's address");
   launch->add_option(flag_names("master_port"), flags->master_port,
                      "Its port (default 0 = a free port, one machine only)");
-  launch->add_option("--max_restarts", flags->max_restarts, "Restarts of a failed group");
+  launch->add_option("--max_restarts", flags->max_restarts,
+                     "Restarts of a failed group (or replacements of failed workers)");
+  launch->add_option("--recovery", flags->recovery,
+                     "What a failure within --max_restarts leads to: restart_group (default: every "
+                     "worker restarts and resumes from the last checkpoint) or "
+                     "replace_failed_worker (only the failed worker is replaced; the others keep "
+                     "their state and redo at most the step that failed; one machine; "
+                     "docs/launching.md)");
   launch->add_option("--monitor_interval", flags->monitor_interval,
                      "Seconds between checks of the workers");
   launch->add_option("--join_timeout", flags->join_timeout,
