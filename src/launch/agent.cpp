@@ -458,6 +458,12 @@ class Agent {
       if (first_failure_.rank < 0 && !all_done && early_exit_found_idle()) {
         first_failure_ = early_exit_.exit;
       }
+      if (first_failure_.rank >= 0 && replaces_in_place(attempt)) {
+        // Not drained: that would close the survivors' output too, which goes on.
+        first_failure_.stderr_tail = relay_.stderr_tail(first_failure_.rank);
+        replace_failed_worker(attempt);
+        continue;
+      }
       if (first_failure_.rank >= 0) {
         relay_.drain(500);  // the failed worker's last words belong in the report
         first_failure_.stderr_tail = relay_.stderr_tail(first_failure_.rank);
@@ -474,10 +480,6 @@ class Agent {
               str(news.text, "\nOn this machine, as a consequence, worker rank ",
                   first_failure_.rank, " failed with ", describe_exit(first_failure_), ".");
           return Outcome::kAborted;
-        }
-        if (replaces_in_place(attempt)) {
-          replace_failed_worker(attempt);
-          continue;
         }
         return Outcome::kFailedHere;
       }
