@@ -38,7 +38,12 @@ torch::Tensor train(const std::string& dir, int victim, int64_t kill_after,
                     Death death = Death::kBeforeBackward, int second_victim = -1,
                     int64_t second_after = -1) {
   std::ofstream(dir + "/pid." + std::to_string(::getpid())) << ::getpid();
-  Accelerator acc(AcceleratorOptions().seed(11).fused_optimizers(false));
+  Accelerator acc(AcceleratorOptions()
+                      .seed(11)
+                      .fused_optimizers(false)
+                      .project_dir(dir + "/project")
+                      .log_with({"csv"}));
+  acc.init_trackers("run", {});
   torch::manual_seed(3);
   auto net = make_net();
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
@@ -125,6 +130,18 @@ void recovers_bit_for_bit(int processes, int victim, int64_t kill_after, int64_t
     const torch::Tensor want = uninterrupted[r].narrow(0, 0, n - 3);
     EXPECT_TRUE(torch::equal(got, want))
         << "max difference " << (got - want).abs().max().item<double>();
+  }
+  // The membership change is in the trackers, at the step the run went on from; the survivors'
+  // main process also logs how long it took and what was done again.
+  const std::string scalars = slurp(failed_dir + "/project/run/scalars.csv");
+  const int64_t resumed_at = death == Death::kDuringSave ? 5 : kill_after;
+  EXPECT_TRUE(contains(scalars, std::to_string(resumed_at) + ",recovery/generation,1\n"))
+      << scalars;
+  if (victim != 0) {
+    EXPECT_TRUE(contains(scalars, std::to_string(resumed_at) + ",recovery/steps_done_again," +
+                                      (death == Death::kDuringSave ? "0" : "1") + "\n"))
+        << scalars;
+    EXPECT_TRUE(contains(scalars, ",recovery/seconds_to_resume,")) << scalars;
   }
   // Each worker started once, and one replacement: the survivors were not restarted.
   const auto pids = read_pid_files(failed_dir);

@@ -711,11 +711,18 @@ void Accelerator::regroup_in_place(const std::string& what_failed, const std::ex
             << std::endl;
   ProcessState::get().regroup();
   join_running_group(/*joining=*/false);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (is_main_process()) {
-    print_line(
-        detail::str("Recovered in place in ",
-                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-                    " s (generation ", ProcessState::get().restart_count(), "): ", outcome, "."));
+    print_line(detail::str("Recovered in place in ", seconds, " s (generation ",
+                           ProcessState::get().restart_count(), "): ", outcome, "."));
+  }
+  // The membership change in the trackers, at the step the run goes on from.
+  if (!impl_->tracker_dir_.empty()) {
+    log({{"recovery/generation", ProcessState::get().restart_count()},
+         {"recovery/seconds_to_resume", seconds},
+         {"recovery/steps_done_again", impl_->state_->step_abandoned ? 1.0 : 0.0}},
+        impl_->state_->optimizer_steps);
   }
 }
 
@@ -735,6 +742,12 @@ void Accelerator::join_running_group(bool joining) {
                             "checkpoint)."));
   }
   sync_state_from(source);
+  // A replacement that is the main process now logs its arrival (the survivors' main, when there
+  // is one, logs the rest in regroup_in_place).
+  if (joining && is_main_process() && !impl_->tracker_dir_.empty()) {
+    log({{"recovery/generation", ProcessState::get().restart_count()}},
+        impl_->state_->optimizer_steps);
+  }
 }
 
 void Accelerator::warn_if_data_unsharded() {

@@ -133,10 +133,37 @@ void step_time_section(std::ostream& out, const RunReport& r) {
   out << "</table></section>\n";
 }
 
+// Failed workers replaced in place (accelerant launch --recovery replace_failed_worker), from the
+// recovery/* scalars the Accelerator logs at each: the group went on without a restart.
+void in_place_recoveries(std::ostream& out, const RunReport& r) {
+  const auto generations = r.scalars.find("recovery/generation");
+  if (generations == r.scalars.end() || generations->second.empty()) return;
+  auto value_at = [&](const char* tag, int64_t step) -> const double* {
+    const auto series = r.scalars.find(tag);
+    if (series == r.scalars.end()) return nullptr;
+    const auto point = series->second.find(step);
+    return point == series->second.end() ? nullptr : &point->second;
+  };
+  out << "<p id=\"in-place\" data-recoveries=\"" << generations->second.size() << "\">"
+      << generations->second.size()
+      << " failed worker(s) replaced in place, the others going on without a restart:</p><ul>\n";
+  for (const auto& [step, generation] : generations->second) {
+    out << "<li class=\"recovery\" data-step=\"" << step << "\">generation "
+        << short_number(generation) << " formed at step " << step;
+    if (const double* again = value_at("recovery/steps_done_again", step))
+      out << ", " << short_number(*again) << " step(s) done again";
+    if (const double* seconds = value_at("recovery/seconds_to_resume", step))
+      out << ", resumed in " << short_number(*seconds) << " s";
+    out << "</li>\n";
+  }
+  out << "</ul>\n";
+}
+
 void attempts_section(std::ostream& out, const RunReport& r) {
   const size_t n = r.attempts.size();
   out << "<section id=\"attempts\" data-attempts=\"" << n << "\" data-restarts=\""
       << (n ? n - 1 : 0) << "\"><h2>Restarts and failures</h2>\n";
+  in_place_recoveries(out, r);
   if (r.log_dir.empty()) {
     out << "<p class=\"none\">No launcher logs: run with <code>accelerant launch --log_dir "
            "DIR</code> and pass <code>--log_dir DIR</code> (or keep them in RUN_DIR/logs).</p>"
