@@ -19,10 +19,18 @@ namespace {
 constexpr int64_t kSamples = 96;
 
 // Dropout draws from the global generator: the replacement must draw as the failed one would.
-torch::nn::Sequential make_net() {
-  return torch::nn::Sequential(torch::nn::Linear(8, 32), torch::nn::ReLU(), torch::nn::Dropout(0.2),
-                               torch::nn::Linear(32, 3));
+torch::nn::Sequential make_net(int64_t hidden) {
+  return torch::nn::Sequential(torch::nn::Linear(8, hidden), torch::nn::ReLU(),
+                               torch::nn::Dropout(0.2), torch::nn::Linear(hidden, 3));
 }
+
+// What a run varies besides where the victim dies: the hidden layer's width (600 makes the
+// gradients 1.4 MiB: two buckets of at most 1 MiB, so that a failure leaves one in flight) and
+// the collective timeout (above 10 s the collective watchdog runs beside the recovery).
+struct RunShape {
+  int64_t hidden = 32;
+  std::chrono::seconds collective_timeout{4};
+};
 
 // Where the victim dies: between a step's forward and backward, inside its backward (while the
 // others wait in the gradients' all-reduce), or as the others save a checkpoint after the step.
@@ -36,16 +44,17 @@ enum class Death { kBeforeBackward, kInBackward, kDuringSave };
 // save after step 5 wrote a checkpoint.
 torch::Tensor train(const std::string& dir, int victim, int64_t kill_after,
                     Death death = Death::kBeforeBackward, int second_victim = -1,
-                    int64_t second_after = -1) {
+                    int64_t second_after = -1, RunShape shape = {}) {
   std::ofstream(dir + "/pid." + std::to_string(::getpid())) << ::getpid();
   Accelerator acc(AcceleratorOptions()
                       .seed(11)
                       .fused_optimizers(false)
                       .project_dir(dir + "/project")
-                      .log_with({"csv"}));
+                      .log_with({"csv"})
+                      .bucket_cap_mb(1));
   acc.init_trackers("run", {});
   torch::manual_seed(3);
-  auto net = make_net();
+  auto net = make_net(shape.hidden);
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   torch::optim::StepLR schedule(sgd, 4, 0.5);
   torch::manual_seed(5);
@@ -71,11 +80,13 @@ torch::Tensor train(const std::string& dir, int victim, int64_t kill_after,
   double saved = -1;
   while (loader.epoch() < 3) {
     for (auto& batch : loader) {
+      // Gradients cleared first: a save after the step sees that step's (the in-place recovery
+      // of a save must not take them for gradient accumulation in progress).
+      opt.zero_grad();
       auto loss = torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target);
       if (dies_now(Death::kBeforeBackward)) ::raise(SIGKILL);
       acc.backward(loss);
       opt.step();
-      opt.zero_grad();
       sched.step();
       if (acc.state()->optimizer_steps == 5) {
         if (dies_now(Death::kDuringSave)) ::raise(SIGKILL);
@@ -95,23 +106,25 @@ torch::Tensor train(const std::string& dir, int victim, int64_t kill_after,
                                    torch::kDouble)});
 }
 
-LaunchOptions in_place(int n) {
+LaunchOptions in_place(int n, std::chrono::seconds collective_timeout = std::chrono::seconds(4)) {
   return LaunchOptions()
       .processes_per_node(n)
-      .collective_timeout(std::chrono::seconds(4))
+      .collective_timeout(collective_timeout)
       .max_restarts(1)
       .recovery(Recovery::kReplaceFailedWorker)
       .verbose(false);
 }
 
 void recovers_bit_for_bit(int processes, int victim, int64_t kill_after, int64_t steps,
-                          Death death = Death::kBeforeBackward) {
+                          Death death = Death::kBeforeBackward, RunShape shape = {}) {
   const std::string clean_dir = make_temp_dir(), failed_dir = make_temp_dir();
   const auto uninterrupted =
-      launch([&](int) { return train(clean_dir, -1, -1); }, in_place(processes));
+      launch([&](int) { return train(clean_dir, -1, -1, death, -1, -1, shape); },
+             in_place(processes, shape.collective_timeout));
   const auto start = std::chrono::steady_clock::now();
-  const auto recovered = launch([&](int) { return train(failed_dir, victim, kill_after, death); },
-                                in_place(processes));
+  const auto recovered =
+      launch([&](int) { return train(failed_dir, victim, kill_after, death, -1, -1, shape); },
+             in_place(processes, shape.collective_timeout));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (int r = 0; r < processes; ++r) {
@@ -173,6 +186,16 @@ TEST(InPlaceRecovery, AWorkerKilledAsTheOthersSaveAbandonsTheSaveAndTrainingGoes
   recovers_bit_for_bit(4, 0, 5, 9, Death::kDuringSave);
 }
 
+// Gradients in two buckets, one still in flight when the peer dies, and the collective watchdog
+// running (a 30 s timeout): neither gets in the recovery's way.
+TEST(InPlaceRecovery, TwoBucketsAndTheWatchdogRunning) {
+  RunShape shape;
+  shape.hidden = 600;
+  shape.collective_timeout = std::chrono::seconds(30);
+  recovers_bit_for_bit(2, 1, 7, 18, Death::kInBackward, shape);
+  recovers_bit_for_bit(4, 2, 4, 9, Death::kBeforeBackward, shape);
+}
+
 // Two failures, one after the other, within max_restarts, each recovered in place: rank 1 in
 // generation 0, then rank 0 (the main process) in generation 1.
 TEST(InPlaceRecovery, RepeatedFailuresWithinMaxRestartsAreEachRecovered) {
@@ -202,4 +225,19 @@ TEST(InPlaceRecovery, OverGlooTheMainProcessKilledIsReplacedToo) {
   recovers_bit_for_bit(4, 0, 4, 9);
   recovers_bit_for_bit(2, 0, 7, 18, Death::kInBackward);
   ::unsetenv("ACCELERANT_SHM_ALLREDUCE");
+}
+
+// What the recovery cannot do is refused before training, saying so and the fix: ZeRO (each
+// process holds only its shard of the state).
+TEST(InPlaceRecovery, ZeroIsRefusedWithTheFix) {
+  const std::string error = error_message([] {
+    launch(
+        [](int) {
+          Accelerator acc(AcceleratorOptions().zero_stage(1));
+          return 0;
+        },
+        in_place(2).max_restarts(0));
+  });
+  EXPECT_TRUE(contains(error, "zero_stage 1")) << error;
+  EXPECT_TRUE(contains(error, "Fix: launch with Recovery::kRestartGroup")) << error;
 }

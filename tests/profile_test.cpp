@@ -232,6 +232,10 @@ TEST(Profile, Stage3NamesItsAllGathersAndReduceScatters) {
     EXPECT_LE(bytes, (8 * 16 + 16) * 4 + 2 * 2 * 16 * 4);
     const auto scatters = events(trace, "X", "ZeRO-3 gradient reduce-scatter");
     EXPECT_EQ(scatters.size(), 3u * 2) << "one per block per step";
+    // The block's wait for each gather: a phase of the step-time breakdown (all_reduce).
+    const auto waits = events(trace, "X", "ZeRO-3 all-gather wait");
+    EXPECT_EQ(waits.size(), gathers.size());
+    if (!waits.empty()) EXPECT_EQ(waits[0]["cat"], "step");
   }
 }
 

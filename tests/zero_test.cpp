@@ -852,12 +852,12 @@ double status_kib(const std::string& field) {
   return -1;
 }
 
-// 8 sharded blocks of 4 MiB each (32 MiB whole), built sharded under `acc` (stage 3).
-torch::nn::Sequential eight_sharded_blocks(Accelerator& acc) {
+// `count` sharded blocks of 4 MiB each, built sharded under `acc` (stage 3).
+torch::nn::Sequential sharded_blocks_of_4_mib(Accelerator& acc, int count) {
   torch::manual_seed(9);
   const ShardedStart start = acc.sharded_start();
   torch::nn::Sequential blocks;
-  for (int b = 0; b < 8; ++b) {
+  for (int b = 0; b < count; ++b) {
     blocks->push_back(Sharded(torch::nn::Linear(torch::nn::LinearOptions(2048, 512).bias(false))));
   }
   return blocks;
@@ -874,22 +874,24 @@ double peak_added_mib(const std::function<void()>& work) {
   return (status_kib("VmHWM") - before) / 1024;
 }
 
-// What save_model adds to a stage-3 process's peak RSS, in MiB, for eight_sharded_blocks, and
-// whether the saved weights are the model's.
+// What save_model adds to a stage-3 process's peak RSS, in MiB, for 16 blocks of 4 MiB (64 MiB
+// whole), and whether the saved weights are the model's.
 torch::Tensor stage3_save_model_peak(const std::string& dir) {
   Accelerator acc(AcceleratorOptions().cpu(true).zero_stage(3));
-  auto m = acc.prepare(eight_sharded_blocks(acc));
+  auto m = acc.prepare(sharded_blocks_of_4_mib(acc, 16));
   const double added = peak_added_mib([&] { acc.save_model(m, dir); });
   GatheredParameters whole(*m);
   const auto saved = read_model_safetensors(dir);
-  bool same = saved.size() == 8;
+  bool same = saved.size() == 16;
   for (const auto& p : m->named_parameters())
     same = same && torch::equal(saved.at(p.key()), p.value());
   return torch::tensor({added, same ? 1.0 : 0.0}, torch::kDouble);
 }
 
-// save_model under stage 3 streams the weights one block at a time: the peak grows by a block or
-// two (4 MiB each), not by the whole model (32 MiB), and the file holds the whole weights.
+// save_model under stage 3 streams the weights one block at a time: the peak grows by a few
+// blocks (4 MiB each; the bound leaves room for what the allocator keeps of freed blocks, more
+// when the machine is busy), not by the whole model (64 MiB), and the file holds the whole
+// weights.
 TEST(Zero, Stage3SaveModelGathersOneBlockAtATime) {
   const std::string dir = make_temp_dir();
   const auto results = launch([&](int) { return stage3_save_model_peak(dir + "/weights"); },
@@ -897,19 +899,18 @@ TEST(Zero, Stage3SaveModelGathersOneBlockAtATime) {
   for (size_t r = 0; r < results.size(); ++r) {
     const double added = results[r][0].item<double>();
     std::printf("rank %zu: save_model added %.1f MiB to the peak RSS\n", r, added);
-    // Measured: about 9 MiB streaming, 33 MiB with every block gathered at once.
-    EXPECT_LT(added, 16.0) << "rank " << r << ": save_model held more than about two blocks";
+    EXPECT_LT(added, 32.0) << "rank " << r << ": save_model held half the model or more";
     EXPECT_EQ(results[r][1].item<double>(), 1.0) << "rank " << r << ": the saved weights differ";
   }
   remove_tree(dir);
 }
 
-// What save_state and then load_state add to a stage-3 process's peak RSS, in MiB, for
-// eight_sharded_blocks, and whether the load brought back the saved weights (the shares are
+// What save_state and then load_state add to a stage-3 process's peak RSS, in MiB, for 16 blocks
+// of 4 MiB (64 MiB whole), and whether the load brought back the saved weights (the shares are
 // zeroed in between, so that it has something to restore).
 torch::Tensor stage3_checkpoint_peaks(const std::string& dir) {
   Accelerator acc(AcceleratorOptions().cpu(true).zero_stage(3));
-  auto m = acc.prepare(eight_sharded_blocks(acc));
+  auto m = acc.prepare(sharded_blocks_of_4_mib(acc, 16));
   std::vector<torch::Tensor> saved;
   {
     GatheredParameters whole(*m);
@@ -933,10 +934,10 @@ torch::Tensor stage3_checkpoint_peaks(const std::string& dir) {
 }
 
 // save_state and load_state under stage 3 stream the model file one block at a time, so neither
-// holds the whole model (32 MiB): a save adds a block or two (4 MiB each) to the peak; a load
-// adds as much and the copy of this process's shares (8 MiB on 4 processes) that it puts back
-// if any process fails. The file is safetensors that an independent reader
-// (tests/safetensors_interop.py, json + numpy) reads.
+// holds the whole model (64 MiB): a save adds a few blocks (4 MiB each) to the peak; a load adds
+// as much and the copy of this process's shares (16 MiB on 4 processes) that it puts back if any
+// process fails. The bounds leave room for what the allocator keeps of freed blocks. The file is
+// safetensors that an independent reader (tests/safetensors_interop.py, json + numpy) reads.
 TEST(Zero, Stage3SaveStateAndLoadStateHoldOneBlockAtATime) {
   const std::string dir = make_temp_dir();
   const auto results = launch([&](int) { return stage3_checkpoint_peaks(dir + "/ckpt"); },
@@ -946,10 +947,8 @@ TEST(Zero, Stage3SaveStateAndLoadStateHoldOneBlockAtATime) {
     const double load_added = results[r][1].item<double>();
     std::printf("rank %zu: save_state added %.1f MiB to the peak RSS, load_state %.1f MiB\n", r,
                 save_added, load_added);
-    // Measured: about 10 MiB, against 33 MiB with every block gathered at once.
-    EXPECT_LT(save_added, 16.0) << "rank " << r << ": save_state held more than about two blocks";
-    // Measured: about 26 MiB (the shares' copy, the block, and freed blocks the allocator kept).
-    EXPECT_LT(load_added, 32.0) << "rank " << r << ": load_state held the whole model";
+    EXPECT_LT(save_added, 24.0) << "rank " << r << ": save_state held more than a few blocks";
+    EXPECT_LT(load_added, 48.0) << "rank " << r << ": load_state held nearly the whole model";
     EXPECT_EQ(results[r][2].item<double>(), 1.0) << "rank " << r << ": the loaded weights differ";
   }
   EXPECT_FALSE(std::ifstream(dir + "/ckpt/model_0.pt").good())
@@ -964,15 +963,17 @@ TEST(Zero, Stage3SaveStateAndLoadStateHoldOneBlockAtATime) {
   std::string out;
   ASSERT_EQ(finish_program(run, out, std::chrono::seconds(60)), 0) << out;
   const auto summary = nlohmann::json::parse(out);
-  EXPECT_EQ(summary["tensors"].get<size_t>(), 8u) << out;
+  EXPECT_EQ(summary["tensors"].get<size_t>(), 16u) << out;
   EXPECT_EQ(summary["format"], "pt") << out;
   // The checks of the files: the whole file's CRC-32 (read a piece at a time), its contents.
   EXPECT_NO_THROW(verify_checkpoint_contents(dir + "/ckpt"));
   {
     std::fstream file(dir + "/ckpt/model_0.safetensors",
                       std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(-5, std::ios::end);
+    const char byte = static_cast<char>(file.get());
     file.seekp(-5, std::ios::end);
-    file.put('\x7f');
+    file.put(static_cast<char>(byte ^ 0x5a));  // another byte, whatever it was
   }
   const std::string damaged = error_message([&] { verify_checkpoint(dir + "/ckpt"); });
   EXPECT_TRUE(contains(damaged, "model_0.safetensors is corrupted")) << damaged;

@@ -67,8 +67,8 @@ enum class Recovery {
   kRestartGroup,
   /// Starts a replacement for the failed worker only, as the group's next generation
   /// (ProcessState::restart_count); the other workers keep running and form the group again with
-  /// it (ProcessState::regroup). One machine only for now. The Accelerator does not yet regroup
-  /// by itself (issue 37): a program that calls regroup itself uses this.
+  /// it (ProcessState::regroup). One machine only for now. The Accelerator recovers a failed
+  /// step by itself (docs/launching.md); a program without one calls regroup itself.
   kReplaceFailedWorker,
 };
 

@@ -32,8 +32,9 @@ struct TrainingState {
   /// abandoned.
   bool last_step_skipped = false;
   /// The step in progress was abandoned: a process died during its backward and the group
-  /// recovered in place (Recovery::kReplaceFailedWorker). The next optimizer step() skips it, and
-  /// the loader hands out the same batch again, so the step is done again in full.
+  /// recovered in place (Recovery::kReplaceFailedWorker). Until the loader hands out the next
+  /// batch (the same one again, so that the step is done again in full), backward does nothing
+  /// and every optimizer's step() skips.
   bool step_abandoned = false;
 };
 

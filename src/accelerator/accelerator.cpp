@@ -293,19 +293,27 @@ Accelerator::Accelerator(AcceleratorOptions options)
   impl_->rank_prefix_ = process.rank_prefix();
   impl_->recovers_in_place_ = process.env().recovers_in_place && process.distributed();
   impl_->joins_running_group_ = impl_->recovers_in_place_ && process.env().joins_running_group;
+  impl_->device_ = impl_->settings_.cpu ? torch::Device(torch::kCPU) : process.device();
   if (impl_->recovers_in_place_ &&
-      (impl_->options_.zero_stage() > 0 || impl_->settings_.gradient_accumulation_steps > 1)) {
+      (impl_->options_.zero_stage() > 0 || impl_->settings_.gradient_accumulation_steps > 1 ||
+       !impl_->device_.is_cpu())) {
     throw Error(detail::str(
         process.rank_prefix(),
         "the launcher replaces a failed worker in place (Recovery::kReplaceFailedWorker), which "
-        "the Accelerator supports only when every process holds the whole training state and a "
-        "step is one batch; this run has zero_stage ",
-        impl_->options_.zero_stage(), " and gradient_accumulation_steps ",
-        impl_->settings_.gradient_accumulation_steps,
+        "the Accelerator supports only when every process holds the whole training state, a "
+        "step is one batch and training runs on the CPU (NCCL does not fail a collective whose "
+        "peer died: it would wait); this run has zero_stage ",
+        impl_->options_.zero_stage(), ", gradient_accumulation_steps ",
+        impl_->settings_.gradient_accumulation_steps, " and device ", impl_->device_,
         ". Fix: launch with Recovery::kRestartGroup (the group restarts from the last "
-        "checkpoint), or train with zero_stage 0 and no accumulation."));
+        "checkpoint), or train with zero_stage 0 and no accumulation on the CPU."));
   }
-  impl_->device_ = impl_->settings_.cpu ? torch::Device(torch::kCPU) : process.device();
+  if (impl_->joins_running_group_) {
+    // A replacement meets the survivors at its first batch or backward, once its objects are
+    // prepared (auto_resume is not armed then: the state comes from them).
+    impl_->resume_armed_ = true;
+    impl_->resume_hook_->arm([this] { join_running_group(/*joining=*/true); });
+  }
   if (impl_->settings_.mixed_precision == MixedPrecision::kFp16 && !impl_->device_.is_cuda()) {
     throw Error(detail::str(process.rank_prefix(),
                             "mixed_precision fp16 needs a CUDA device, but this ",
@@ -639,12 +647,7 @@ DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
     prepared.set_seed(saved.seed);
     prepared.set_position({saved.epoch, saved.samples_done});
   }
-  // Armed once, by the first loader. A replacement meets the survivors there instead.
-  if (impl_->joins_running_group_ && !impl_->resume_armed_) {
-    impl_->resume_armed_ = true;
-    impl_->resume_hook_->arm([this] { join_running_group(/*joining=*/true); });
-  }
-  if (impl_->options_.auto_resume() && !impl_->resume_armed_) {
+  if (impl_->options_.auto_resume() && !impl_->resume_armed_) {  // armed once, by the first loader
     impl_->resume_armed_ = true;
     impl_->resume_hook_->arm([this] { resume_from_latest(); });
   }
@@ -659,6 +662,10 @@ void Accelerator::backward(const torch::Tensor& loss) {
         ". Fix: reduce it first, e.g. loss.mean()."));
   }
   warn_if_data_unsharded();
+  if (impl_->joins_running_group_) impl_->resume_hook_->fire();  // a loop without a loader
+  // The rest of an abandoned iteration (a second backward) meets no one: the replacement's first
+  // collective is the redone step's.
+  if (impl_->state_->step_abandoned) return;
   torch::Tensor scaled = loss;
   if (impl_->settings_.gradient_accumulation_steps > 1)
     scaled = scaled / impl_->settings_.gradient_accumulation_steps;
@@ -677,6 +684,7 @@ std::function<void()> Accelerator::reseed_at_each_batch() const {
   // from a seed of the run's seed, the rank and the step instead, the same for whoever computes
   // that step.
   return [state = impl_->state_, seed = impl_->settings_.seed.value_or(0), rank = impl_->rank_] {
+    state->step_abandoned = false;  // the batch handed out now starts a step afresh
     uint64_t mixed = seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(rank);
     mixed = mixed * 0xBF58476D1CE4E5B9ull + static_cast<uint64_t>(state->optimizer_steps);
     torch::manual_seed(mixed ^ (mixed >> 31));
@@ -710,7 +718,13 @@ void Accelerator::regroup_in_place(const std::string& what_failed, const std::ex
                            "replaces the failed one.")
             << std::endl;
   ProcessState::get().regroup();
+  // What the source hands over replaces this process's gradients too (none are pending with one
+  // batch per step; a save's are those of the step it followed).
+  for (auto& prepared : impl_->models_) prepared.reducer->zero_gradients();
   join_running_group(/*joining=*/false);
+  // Whether the next batch is this one again follows the source: a process that left the failed
+  // step at another point than the source did goes where the source goes.
+  for (auto& loader : impl_->checkpointed_->loaders) detail::DataLoaderAccess::follow_sync(loader);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (is_main_process()) {
@@ -742,6 +756,7 @@ void Accelerator::join_running_group(bool joining) {
                             "checkpoint)."));
   }
   sync_state_from(source);
+  impl_->joins_running_group_ = false;  // joined: from now on a process like the others
   // A replacement that is the main process now logs its arrival (the survivors' main, when there
   // is one, logs the rest in regroup_in_place).
   if (joining && is_main_process() && !impl_->tracker_dir_.empty()) {
@@ -879,6 +894,13 @@ torch::Tensor Accelerator::clip_grad_norm_tensor(const std::vector<torch::Tensor
 }
 
 GraphStep Accelerator::compile(GraphStep::Function step, GraphStepOptions options) {
+  if (impl_->recovers_in_place_) {
+    throw Error(impl_->rank_prefix_ +
+                "Accelerator::compile under in-place recovery (Recovery::kReplaceFailedWorker): "
+                "a compiled step's collectives run outside backward, where a failed one cannot "
+                "be abandoned and redone. Fix: train with eager steps, or launch with "
+                "Recovery::kRestartGroup.");
+  }
   if (impl_->sharding_parameters()) {
     throw Error(impl_->rank_prefix_ +
                 "Accelerator::compile under ZeRO stage 3: each sharded block all-gathers its "

@@ -192,7 +192,20 @@ void ProcessState::regroup() {
   // of the last generation, which must not judge the new one.
   s.communicator_ = Communicator();
   ++s.env_.restart_count;
-  s.rendezvous();
+  try {
+    s.rendezvous();
+  } catch (const std::exception& e) {
+    // Not a communicator of one process, whose collectives would return their input: one of the
+    // whole group that refuses every collective, saying why.
+    auto broken = std::make_unique<detail::CommunicatorAccess::Impl>();
+    broken->rank = s.env_.rank;
+    broken->size = s.env_.world_size;
+    broken->rank_prefix = s.rank_prefix();
+    broken->broken_reason = detail::str("forming the group again (generation ",
+                                        s.env_.restart_count, ") failed: ", e.what());
+    s.communicator_ = detail::CommunicatorAccess::make(std::move(broken));
+    throw;
+  }
 }
 
 namespace {

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <set>
 #include <thread>
 
 #include "accelerant/cpu_settings.h"
@@ -346,6 +347,8 @@ class Agent {
   void start_group(int attempt, bool debug) {
     relay_.reset(attempt);
     workers_.clear();
+    replacement_pids_.clear();
+    failures_seen_ = 0;
     first_failure_ = WorkerExit{};
     flight_records_.clear();
     if (attempt > 0) ++generation_;  // a whole restart forms the next generation too
@@ -399,9 +402,13 @@ class Agent {
 
   // Recovery::kReplaceFailedWorker: whether the failure at hand is replaced in place (a worker
   // that failed, not one that returned early, while restarts are left).
+  // Two failures at once, or a replacement's own failure (it may have died before its group
+  // formed, where the survivors wait for it), restart the whole group instead: the survivors
+  // could wait for a generation that never forms.
   bool replaces_in_place(int attempt) const {
     return o_.recovery() == Recovery::kReplaceFailedWorker && is_failure(first_failure_) &&
-           attempt + replacements_ < o_.max_restarts();
+           attempt + replacements_ < o_.max_restarts() && failures_seen_ == 1 &&
+           !replacement_pids_.count(first_failure_.pid);
   }
 
   // Starts a replacement for the failed worker as the next generation; the others keep running
@@ -421,6 +428,8 @@ class Agent {
     }
     workers_[static_cast<size_t>(local)] =
         start_worker(worker_spec(local, debug_, /*replacement=*/true), body_, hooks_, relay_);
+    replacement_pids_.insert(workers_[static_cast<size_t>(local)].pid);
+    failures_seen_ = 0;
     first_failure_ = WorkerExit{};
     flight_records_.clear();
   }
@@ -437,6 +446,7 @@ class Agent {
         w.running = false;
         w.wait_status = status;
         auto exit = worker_exit_from_status(w.spec.rank, w.spec.local_rank, w.pid, status);
+        if (is_failure(exit)) ++failures_seen_;
         if (is_failure(exit) && first_failure_.rank < 0) first_failure_ = exit;
         // The first rank that returned: the report names it even when the rank it left waiting
         // failed in the same instant (both reaped here at once, under load).
@@ -586,6 +596,8 @@ class Agent {
   // each worker replaced in place; and how many were replaced so far (they count as restarts).
   int generation_ = 0;
   int replacements_ = 0;
+  int failures_seen_ = 0;             // failed workers reaped since the group (re)formed
+  std::set<pid_t> replacement_pids_;  // the workers started in place of failed ones
   std::chrono::milliseconds timeout_{0};
   std::string workdir_;
   std::unique_ptr<NodeGroup> nodes_;

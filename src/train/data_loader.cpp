@@ -132,6 +132,27 @@ DataLoader detail::DataLoaderAccess::sharded(const DataLoader& loader, LoaderSha
   return DataLoader(std::move(copy));
 }
 
+void detail::DataLoaderAccess::follow_sync(DataLoader& loader) {
+  DataLoader::Shared& shared = *loader.shared_;
+  if (shared.before_current.epoch < 0) return;  // no epoch runs: begin() starts at the position
+  const auto same = [](const DataPosition& a, const DataPosition& b) {
+    return a.epoch == b.epoch && a.samples_done == b.samples_done;
+  };
+  if (same(shared.position, shared.before_current)) {
+    shared.repeat_current = true;
+  } else if (same(shared.position, shared.after_current)) {
+    shared.repeat_current = false;
+  } else {
+    throw Error(detail::str(
+        "in-place recovery: the process whose state was taken is at epoch ", shared.position.epoch,
+        ", sample ", shared.position.samples_done,
+        ", but this process is at the batch from sample ", shared.before_current.samples_done,
+        " to ", shared.after_current.samples_done, " of epoch ", shared.before_current.epoch,
+        ": more than a batch apart, so this process cannot follow it. Fix: launch with "
+        "Recovery::kRestartGroup, which restarts every process from the last checkpoint."));
+  }
+}
+
 void detail::DataLoaderAccess::rewind_current_batch(DataLoader& loader) {
   DataLoader::Shared& shared = *loader.shared_;
   if (shared.before_current.epoch < 0) return;  // no epoch runs
@@ -240,6 +261,7 @@ void DataLoader::Iterator::hand_out() {
   run_->shared->position =
       last ? DataPosition{run_->epoch + 1, 0}
            : DataPosition{run_->epoch, std::min(done, run_->shared->dataset_size)};
+  shared.after_current = shared.position;
   if (auto& state = run_->shared->state) {
     state->end_of_dataloader = last;
     state->padding_in_last_step = last ? run_->shard.padding : 0;

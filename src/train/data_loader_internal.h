@@ -33,6 +33,8 @@ struct DataLoader::Shared {
   /// Where the epoch stood before the batch handed out last, while an epoch runs: what
   /// rewind_current_batch goes back to.
   DataPosition before_current{-1, 0};
+  /// ... and where it stands after that batch.
+  DataPosition after_current{-1, 0};
   /// Set by rewind_current_batch: the running epoch hands out its current batch once more.
   bool repeat_current = false;
 };
@@ -62,6 +64,11 @@ struct DataLoaderAccess {
   /// handed out last, again, and position() is where it stood before that batch. Nothing to do
   /// when no epoch runs.
   static void rewind_current_batch(DataLoader& loader);
+  /// After another process's position was taken (sync_state_from): the running epoch's next
+  /// batch is its current one again when the position is before it, the next one when the
+  /// position is after it. Throws Error when it is neither (the processes are more than a batch
+  /// apart). Nothing to do when no epoch runs.
+  static void follow_sync(DataLoader& loader);
 };
 
 }  // namespace detail

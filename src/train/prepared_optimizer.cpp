@@ -56,8 +56,7 @@ bool PreparedOptimizer::step() { return impl_->step(); }
 
 bool PreparedOptimizer::Impl::step() {
   if (!state_->sync_gradients) return false;
-  if (state_->step_abandoned) {  // done again from its batch: nothing to update now
-    state_->step_abandoned = false;
+  if (state_->step_abandoned) {  // done again from its batch (every optimizer skips it)
     state_->last_step_skipped = true;
     return false;
   }

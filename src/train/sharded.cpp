@@ -23,6 +23,7 @@
 #include <unordered_set>
 
 #include "accelerant/error.h"
+#include "base/step_timing.h"
 #include "base/text.h"
 #include "base/trace_events.h"
 #include "comm/collective_label.h"
@@ -333,7 +334,11 @@ struct ShardedImpl::State {
   // Waits for the gathers in flight; the time it blocks is the gather's cost the step sees.
   void finish_gather_locked() {
     const auto start = std::chrono::steady_clock::now();
-    for (auto& pending : gathering) pending.wait();
+    {
+      // In the step-time breakdown a wait on the other ranks, as the gradients' all-reduce is.
+      detail::PhaseTimer waiting(detail::StepPhase::all_reduce, "ZeRO-3 all-gather wait");
+      for (auto& pending : gathering) pending.wait();
+    }
     gathering.clear();
     // On a lane of its own: a gather overlaps other blocks' compute (a prefetch).
     if (gather_traced_from_us >= 0) {
