@@ -977,6 +977,28 @@ TEST(Zero, Stage3SaveStateAndLoadStateHoldOneBlockAtATime) {
   }
   const std::string damaged = error_message([&] { verify_checkpoint(dir + "/ckpt"); });
   EXPECT_TRUE(contains(damaged, "model_0.safetensors is corrupted")) << damaged;
+  // load_state refuses it on every process, naming the file, and changes nothing.
+  const auto refused = launch(
+      [&](int) {
+        Accelerator acc(AcceleratorOptions().cpu(true).zero_stage(3));
+        auto m = acc.prepare(sharded_blocks_of_4_mib(acc, 16));
+        auto whole_now = [&] {
+          GatheredParameters whole(*m);
+          std::vector<torch::Tensor> values;
+          for (const auto& p : m->parameters()) values.push_back(p.detach().clone());
+          return torch::cat(values);  // 1-D weights of equal width: one tensor
+        };
+        const torch::Tensor before = whole_now();
+        const std::string e = error_message([&] { acc.load_state(dir + "/ckpt"); });
+        return torch::tensor({contains(e, "model_0.safetensors is corrupted") ? 1.0 : 0.0,
+                              torch::equal(before, whole_now()) ? 1.0 : 0.0},
+                             torch::kDouble);
+      },
+      LaunchOptions().processes_per_node(4).verbose(false));
+  for (size_t r = 0; r < refused.size(); ++r) {
+    EXPECT_EQ(refused[r][0].item<double>(), 1.0) << "rank " << r << " was not told the file";
+    EXPECT_EQ(refused[r][1].item<double>(), 1.0) << "rank " << r << "'s weights changed";
+  }
   remove_tree(dir);
 }
 

@@ -491,6 +491,9 @@ class Accelerator {
   /// Under in-place recovery, what each prepared loader calls as it hands out a batch (the
   /// generators reseeded from the seed, the rank and the step); null otherwise.
   std::function<void()> reseed_at_each_batch() const;
+  /// Throws Error, with the fix, when preparing `what` (a kind of loader that keeps a position per
+  /// process) under in-place recovery, which hands over data loaders' positions only.
+  void refuse_under_in_place_recovery(const char* what) const;
   void start_step_breakdown();
   /// Flushes and closes the trackers (end_training, the destructor); reports no error twice.
   void close_trackers();

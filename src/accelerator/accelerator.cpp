@@ -691,6 +691,16 @@ std::function<void()> Accelerator::reseed_at_each_batch() const {
   };
 }
 
+void Accelerator::refuse_under_in_place_recovery(const char* what) const {
+  if (!impl_->recovers_in_place_) return;
+  throw Error(detail::str(
+      impl_->rank_prefix_, "prepare(", what,
+      "): in-place recovery (Recovery::kReplaceFailedWorker) rewinds and hands over the "
+      "positions of data loaders only (this one keeps a position per process, which a "
+      "replacement cannot take from a survivor). Fix: launch with Recovery::kRestartGroup, "
+      "or read the data through make_data_loader."));
+}
+
 bool Accelerator::recoverable_in_place() const {
   return impl_->recovers_in_place_ && !communicator().broken_reason().empty();
 }

@@ -14,15 +14,7 @@
 namespace accelerant {
 
 TokenWindows Accelerator::prepare_token_windows(const TokenWindows& windows) {
-  if (impl_->recovers_in_place_) {
-    throw Error(detail::str(
-        impl_->rank_prefix_, "prepare(",
-        "token windows"
-        "): in-place recovery (Recovery::kReplaceFailedWorker) rewinds and hands over the "
-        "positions of data loaders only (this one keeps a position per process, which a "
-        "replacement cannot take from a survivor). Fix: launch with Recovery::kRestartGroup, "
-        "or read the data through make_data_loader."));
-  }
+  refuse_under_in_place_recovery("token windows");
   TokenWindows prepared = [&] {
     try {
       return windows.for_process(impl_->rank_, impl_->device_);

@@ -17,15 +17,7 @@
 namespace accelerant {
 
 StreamLoader Accelerator::prepare_stream_loader(const StreamLoader& loader) {
-  if (impl_->recovers_in_place_) {
-    throw Error(detail::str(
-        impl_->rank_prefix_, "prepare(",
-        "stream loader"
-        "): in-place recovery (Recovery::kReplaceFailedWorker) rewinds and hands over the "
-        "positions of data loaders only (this one keeps a position per process, which a "
-        "replacement cannot take from a survivor). Fix: launch with Recovery::kRestartGroup, "
-        "or read the data through make_data_loader."));
-  }
+  refuse_under_in_place_recovery("stream loader");
   const torch::Device device = impl_->device_;
   const bool downcast = impl_->settings_.downcast_bf16;
   // As prepare_data_loader moves a DataLoader's batches (in the worker threads when there are).

@@ -213,50 +213,55 @@ CheckpointManifest verify_checkpoint_layout(const std::string& dir) {
   return check_checkpoint(dir, false);
 }
 
-std::string read_checked_file(const std::string& dir, const CheckpointManifest& manifest,
-                              const std::string& name) {
+namespace {
+
+// The manifest's entry of `name`, or the damaged-checkpoint error.
+const CheckpointFileEntry& listed_entry(const std::string& dir, const CheckpointManifest& manifest,
+                                        const std::string& name) {
   const auto listed = std::find_if(manifest.files.begin(), manifest.files.end(),
                                    [&](const auto& f) { return f.path == name; });
-  const std::string path = dir + "/" + name;
   if (listed == manifest.files.end()) {
-    throw_damaged(dir, {detail::str(name, " is not in the manifest's file list")}, path);
+    throw_damaged(dir, {detail::str(name, " is not in the manifest's file list")},
+                  dir + "/" + name);
   }
+  return *listed;
+}
+
+// The damaged-checkpoint error when `name`'s size or CRC-32 is not the manifest's.
+void check_size_and_crc(const std::string& dir, const CheckpointFileEntry& listed,
+                        const std::string& name, uint64_t size, uint32_t crc) {
+  if (size == listed.size && crc == listed.crc32) return;
+  throw_damaged(
+      dir,
+      {size != listed.size ? detail::str(name, " has ", size, " bytes, the manifest says ",
+                                         listed.size, " (changed while loading)")
+                           : crc_problem(name, crc, listed.crc32)},
+      dir + "/" + name);
+}
+
+}  // namespace
+
+std::string read_checked_file(const std::string& dir, const CheckpointManifest& manifest,
+                              const std::string& name) {
+  const CheckpointFileEntry& listed = listed_entry(dir, manifest, name);
+  const std::string path = dir + "/" + name;
   // JSON files are read within their bound (layout::kMaxJsonBytes), as everywhere else.
   const bool json = name.size() > 5 && name.compare(name.size() - 5, 5, ".json") == 0;
   std::string bytes = json ? read_json_file(path) : read_file(path);
-  const uint32_t crc = crc32_of(bytes);
-  if (bytes.size() != listed->size || crc != listed->crc32) {
-    throw_damaged(dir,
-                  {bytes.size() != listed->size
-                       ? detail::str(name, " has ", bytes.size(), " bytes, the manifest says ",
-                                     listed->size, " (changed while loading)")
-                       : crc_problem(name, crc, listed->crc32)},
-                  path);
-  }
+  check_size_and_crc(dir, listed, name, bytes.size(), crc32_of(bytes));
   return bytes;
 }
 
 void check_listed_file(const std::string& dir, const CheckpointManifest& manifest,
                        const std::string& name) {
-  const auto listed = std::find_if(manifest.files.begin(), manifest.files.end(),
-                                   [&](const auto& f) { return f.path == name; });
+  const CheckpointFileEntry& listed = listed_entry(dir, manifest, name);
   const std::string path = dir + "/" + name;
-  if (listed == manifest.files.end()) {
-    throw_damaged(dir, {detail::str(name, " is not in the manifest's file list")}, path);
-  }
   struct stat st {};
   uint32_t crc = 0;
   if (::stat(path.c_str(), &st) != 0 || !crc32_of_file(path, &crc)) {
     throw_damaged(dir, {detail::str(name, " cannot be read")}, path);
   }
-  if (static_cast<uint64_t>(st.st_size) != listed->size || crc != listed->crc32) {
-    throw_damaged(dir,
-                  {static_cast<uint64_t>(st.st_size) != listed->size
-                       ? detail::str(name, " has ", st.st_size, " bytes, the manifest says ",
-                                     listed->size, " (changed while loading)")
-                       : crc_problem(name, crc, listed->crc32)},
-                  path);
-  }
+  check_size_and_crc(dir, listed, name, static_cast<uint64_t>(st.st_size), crc);
 }
 
 }  // namespace detail
