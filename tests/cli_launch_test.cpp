@@ -130,32 +130,19 @@ TEST(Launch, AKilledWorkerIsRestartedAndTheRunCompletes) {
 }
 
 // --recovery replace_failed_worker: only the killed worker is started again, as generation 1,
-// told that it joins a running group; the other one is not restarted, and what it prints after
-// the replacement started still reaches the console.
+// told that it joins a running group; the other one is not restarted, regroups with it, and what
+// it prints after the replacement started still reaches the console.
 TEST(Launch, RecoveryReplaceFailedWorkerStartsOnlyTheKilledWorkerAgain) {
-  ScratchDir dir;
-  const std::string joined = dir.path + "/joined";
   std::string out;
-  ASSERT_EQ(
-      run({"-n", "2", "--main_process_port", "0", "--max_restarts", "1", "--recovery",
-           "replace_failed_worker", "/bin/sh", "-c",
-           "if [ \"$ACCELERANT_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 1 ]; then kill -9 $$; fi; "
-           "if [ \"$RANK\" = 1 ]; then touch " +
-               joined +
-               "; fi; "
-               "if [ \"$RANK\" = 0 ]; then i=0; while [ ! -e " +
-               joined +
-               " ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; "
-               "echo \"rank 0 after the replacement\"; fi; "
-               "echo \"done rank $RANK generation $ACCELERANT_RESTART_COUNT in place "
-               "$ACCELERANT_RECOVER_IN_PLACE joins ${ACCELERANT_JOINS_RUNNING_GROUP:-0}\""},
-          out),
-      0)
+  ASSERT_EQ(run({"-n", "2", "--main_process_port", "0", "--max_restarts", "1", "--recovery",
+                 "replace_failed_worker", launch_helper_path(), "replaced"},
+                out),
+            0)
       << out;
-  EXPECT_NE(out.find("rank 0 after the replacement"), std::string::npos) << out;
-  EXPECT_NE(out.find("done rank 0 generation 0 in place 1 joins 0"), std::string::npos) << out;
-  EXPECT_NE(out.find("done rank 1 generation 1 in place 1 joins 1"), std::string::npos) << out;
-  EXPECT_EQ(out.find("done rank 0 generation 1"), std::string::npos) << "rank 0 ran again: " << out;
+  EXPECT_NE(out.find("done rank 0 generation 1 in place 1 joins 0 sum 3"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("done rank 1 generation 1 in place 1 joins 1 sum 3"), std::string::npos)
+      << out;
   EXPECT_NE(out.find("starting a replacement in its place"), std::string::npos) << out;
 }
 

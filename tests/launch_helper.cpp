@@ -60,6 +60,24 @@ int main(int argc, char** argv) {
               << " path=" << state.communicator().all_reduce_path() << std::endl;
     return 0;
   }
+  if (mode == "replaced") {  // `accelerant launch --recovery replace_failed_worker`: rank 1 dies
+    auto& state = ProcessState::get();
+    Communicator& comm = state.communicator();
+    if (state.restart_count() == 0) {
+      comm.all_reduce(torch::ones({1}));  // the group formed
+      if (state.rank() == 1) ::raise(SIGKILL);
+      try {
+        comm.all_reduce(torch::ones({1}));
+      } catch (const CollectiveError&) {
+        state.regroup();  // with rank 1's replacement
+      }
+    }
+    auto sum = comm.all_reduce(torch::tensor({state.rank() + 1}), ReduceOp::kSum);
+    std::cout << "done rank " << state.rank() << " generation " << state.restart_count()
+              << " in place " << state.env().recovers_in_place << " joins "
+              << state.env().joins_running_group << " sum " << sum.item<int64_t>() << std::endl;
+    return 0;
+  }
   if (mode == "settings") {  // started by `accelerant launch`: the Accelerator's view of the launch
     Accelerator accelerator;
     const auto& s = accelerator.settings();

@@ -145,24 +145,28 @@ TEST(Launch, AFailedWorkerIsReplacedInPlaceAndTheOthersRegroupWithItOnFourProces
   replaced_in_place(4, 2);
 }
 
-// The same through Gloo alone (a peer's death is a broken connection there, not a dead pid).
-// A replacement that fails too (it may die before its group formed, where the survivors wait for
-// it) makes the launcher restart the whole group instead: no survivor waits for a generation
-// that never forms.
-TEST(Launch, AReplacementThatFailsTooRestartsTheWholeGroup) {
+// A replacement that dies before it joined (the survivors wait for it in the next generation)
+// makes the launcher restart the whole group instead: no survivor waits for a generation that
+// never forms.
+TEST(Launch, AReplacementThatDiesBeforeJoiningRestartsTheWholeGroup) {
   const std::string dir = make_temp_dir();
   const auto start = std::chrono::steady_clock::now();
   auto results = launch(
       [&dir](int index) {
         record_pid(dir, index);
+        // The replacement of generation 1 dies before it meets anyone.
+        if (index == 1 && read_launch_contract().restart_count == 1) ::raise(SIGKILL);
         auto& state = ProcessState::get();
-        if (index == 1 && state.restart_count() < 2)
-          ::raise(SIGKILL);  // itself, then its replacement
-        try {
-          state.communicator().all_reduce(torch::ones({1}));
-        } catch (const CollectiveError&) {
-          state.regroup();  // waits for generation 1, which never forms: stopped by the restart
+        if (state.restart_count() == 0) {
+          state.communicator().all_reduce(torch::ones({1}));  // generation 0 formed
+          if (index == 1) ::raise(SIGKILL);
+          try {
+            state.communicator().all_reduce(torch::ones({1}));
+          } catch (const CollectiveError&) {
+            state.regroup();  // waits for generation 1, which never forms: ended by the restart
+          }
         }
+        state.communicator().all_reduce(torch::ones({1}));
         return static_cast<int64_t>(state.restart_count());
       },
       quiet(2)
@@ -178,6 +182,7 @@ TEST(Launch, AReplacementThatFailsTooRestartsTheWholeGroup) {
   remove_tree(dir);
 }
 
+// The same through Gloo alone (a peer's death is a broken connection there, not a dead pid).
 TEST(Launch, AFailedWorkerIsReplacedInPlaceOverGloo) {
   ::setenv("ACCELERANT_SHM_ALLREDUCE", "0", 1);
   replaced_in_place(4, 0);

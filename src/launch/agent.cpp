@@ -347,7 +347,6 @@ class Agent {
   void start_group(int attempt, bool debug) {
     relay_.reset(attempt);
     workers_.clear();
-    replacement_pids_.clear();
     failures_seen_ = 0;
     first_failure_ = WorkerExit{};
     flight_records_.clear();
@@ -402,13 +401,15 @@ class Agent {
 
   // Recovery::kReplaceFailedWorker: whether the failure at hand is replaced in place (a worker
   // that failed, not one that returned early, while restarts are left).
-  // Two failures at once, or a replacement's own failure (it may have died before its group
-  // formed, where the survivors wait for it), restart the whole group instead: the survivors
-  // could wait for a generation that never forms.
-  bool replaces_in_place(int attempt) const {
+  // Only when the group had formed its current generation (every worker joined it) and one
+  // worker failed: otherwise the survivors could wait for a generation that never forms (a
+  // replacement that died before joining, a second worker failing while the group re-forms), so
+  // the whole group restarts instead. The store must be this launcher's: rank 0's would die with
+  // rank 0.
+  bool replaces_in_place(int attempt) {
     return o_.recovery() == Recovery::kReplaceFailedWorker && is_failure(first_failure_) &&
            attempt + replacements_ < o_.max_restarts() && failures_seen_ == 1 &&
-           !replacement_pids_.count(first_failure_.pid);
+           nodes_->generation_formed(generation_, o_.processes_per_node() * o_.num_nodes());
   }
 
   // Starts a replacement for the failed worker as the next generation; the others keep running
@@ -428,7 +429,6 @@ class Agent {
     }
     workers_[static_cast<size_t>(local)] =
         start_worker(worker_spec(local, debug_, /*replacement=*/true), body_, hooks_, relay_);
-    replacement_pids_.insert(workers_[static_cast<size_t>(local)].pid);
     failures_seen_ = 0;
     first_failure_ = WorkerExit{};
     flight_records_.clear();
@@ -596,8 +596,7 @@ class Agent {
   // each worker replaced in place; and how many were replaced so far (they count as restarts).
   int generation_ = 0;
   int replacements_ = 0;
-  int failures_seen_ = 0;             // failed workers reaped since the group (re)formed
-  std::set<pid_t> replacement_pids_;  // the workers started in place of failed ones
+  int failures_seen_ = 0;  // failed workers reaped since the group (re)formed
   std::chrono::milliseconds timeout_{0};
   std::string workdir_;
   std::unique_ptr<NodeGroup> nodes_;

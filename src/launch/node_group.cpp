@@ -119,6 +119,20 @@ NodeGroup::~NodeGroup() {
 
 int NodeGroup::store_port() const { return server_ ? server_->port() : port_; }
 
+bool NodeGroup::generation_formed(int generation, int world_size) {
+  if (!server_ || !store_) return false;
+  // The keys ProcessState::Impl::rendezvous claims, under its prefix for the generation.
+  const std::string prefix =
+      str(secret_.empty() ? "" : secret_ + "/", "accelerant/attempt_", generation, "/arrived/");
+  std::vector<std::string> keys;
+  for (int r = 0; r < world_size; ++r) keys.push_back(prefix + std::to_string(r));
+  try {
+    return store_->check(keys);
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 std::string NodeGroup::key(const std::string& name) const {
   return (secret_.empty() ? "" : secret_ + "/") + "accelerant/launch/" + name;
 }

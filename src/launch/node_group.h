@@ -57,6 +57,10 @@ class NodeGroup {
   std::string workers_store_addr() const;
   /// The secret the job's keys live under (ACCELERANT_JOB_SECRET); empty on several machines.
   const std::string& job_secret() const { return secret_; }
+  /// Whether every one of `world_size` workers has joined generation `generation` of the group
+  /// (ProcessState's rendezvous claims one key per rank); false when this launcher does not host
+  /// the workers' store, or it cannot be read.
+  bool generation_formed(int generation, int world_size);
 
   /// Waits until every machine is ready to start `attempt`: kGo, kAbort or kInterrupted.
   NodeEvent start_attempt(int attempt, const std::function<bool()>& interrupted);
