@@ -241,3 +241,22 @@ TEST(InPlaceRecovery, ZeroIsRefusedWithTheFix) {
   EXPECT_TRUE(contains(error, "zero_stage 1")) << error;
   EXPECT_TRUE(contains(error, "Fix: launch with Recovery::kRestartGroup")) << error;
 }
+
+// ... and a loop without a prepared data loader, which the recovery could neither rewind nor
+// hand over: refused at its first backward.
+TEST(InPlaceRecovery, ALoopWithoutAPreparedLoaderIsRefusedWithTheFix) {
+  const std::string error = error_message([] {
+    launch(
+        [](int) {
+          Accelerator acc;
+          auto net = make_net(8);
+          torch::optim::SGD sgd(net->parameters(), 0.1);
+          auto [model, opt] = acc.prepare(net, sgd);
+          acc.backward(model->forward(torch::randn({4, 8})).sum());
+          return 0;
+        },
+        in_place(2).max_restarts(0));
+  });
+  EXPECT_TRUE(contains(error, "without a prepared data loader")) << error;
+  EXPECT_TRUE(contains(error, "Fix: prepare the loader")) << error;
+}

@@ -309,8 +309,8 @@ Accelerator::Accelerator(AcceleratorOptions options)
         "checkpoint), or train with zero_stage 0 and no accumulation on the CPU."));
   }
   if (impl_->joins_running_group_) {
-    // A replacement meets the survivors at its first batch or backward, once its objects are
-    // prepared (auto_resume is not armed then: the state comes from them).
+    // A replacement meets the survivors at its first batch, once its objects are prepared
+    // (auto_resume is not armed then: the state comes from them).
     impl_->resume_armed_ = true;
     impl_->resume_hook_->arm([this] { join_running_group(/*joining=*/true); });
   }
@@ -662,7 +662,15 @@ void Accelerator::backward(const torch::Tensor& loss) {
         ". Fix: reduce it first, e.g. loss.mean()."));
   }
   warn_if_data_unsharded();
-  if (impl_->joins_running_group_) impl_->resume_hook_->fire();  // a loop without a loader
+  if (impl_->recovers_in_place_ && impl_->checkpointed_->loaders.empty()) {
+    throw Error(detail::str(
+        impl_->rank_prefix_,
+        "backward() under in-place recovery (Recovery::kReplaceFailedWorker) without a prepared "
+        "data loader: the recovery rewinds the loader to the failed step's batch, hands its "
+        "position to the replacement and reseeds the generators at each of its batches. Fix: "
+        "prepare the loader, acc.prepare(model, opt, make_data_loader(...)), or launch with "
+        "Recovery::kRestartGroup."));
+  }
   // The rest of an abandoned iteration (a second backward) meets no one: the replacement's first
   // collective is the redone step's.
   if (impl_->state_->step_abandoned) return;
