@@ -65,11 +65,20 @@ std::string optimizer_bytes(const torch::optim::Optimizer& o) {
 
 constexpr int64_t kSamples = 96;
 
+// What run_training prepared, for a `before` that changes it.
+struct PreparedRun {
+  Accelerator& acc;
+  torch::nn::Module& model;
+  torch::optim::SGD& sgd;
+  PreparedScheduler& sched;
+  DataLoader& loader;
+};
+
 // One training run on fixed data: `epochs` epochs, SGD with momentum, a step LR schedule, a
 // shuffled loader. `before` runs after prepare; `after_step` after each optimizer step, and
 // ends the run early by returning true. Returns the final parameters.
 torch::Tensor run_training(const AcceleratorOptions& options, int64_t epochs,
-                           const std::function<void(Accelerator&)>& before,
+                           const std::function<void(PreparedRun&)>& before,
                            const std::function<bool(Accelerator&)>& after_step) {
   Accelerator acc(options);
   auto net = make_net();
@@ -81,7 +90,8 @@ torch::Tensor run_training(const AcceleratorOptions& options, int64_t epochs,
   torch::manual_seed(11 + acc.rank());
   auto [model, opt, sched, loader] = acc.prepare(
       net, sgd, schedule, make_data_loader(x, y, DataLoaderOptions().batch_size(8).shuffle(true)));
-  before(acc);
+  PreparedRun run{acc, *model, sgd, sched, loader};
+  before(run);
   while (loader.epoch() < epochs) {
     for (auto& batch : loader) {
       acc.backward(torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target));
@@ -92,6 +102,14 @@ torch::Tensor run_training(const AcceleratorOptions& options, int64_t epochs,
     }
   }
   return flat_parameters(*model);
+}
+
+// run_training with a `before` that needs only the Accelerator.
+torch::Tensor run_training(const AcceleratorOptions& options, int64_t epochs,
+                           const std::function<void(Accelerator&)>& before,
+                           const std::function<bool(Accelerator&)>& after_step) {
+  return run_training(
+      options, epochs, [&](PreparedRun& run) { before(run.acc); }, after_step);
 }
 
 // With `stop_after` >= 0 it saves into `dir` after that many steps and stops; with `resume` it
@@ -211,40 +229,30 @@ TEST(Checkpoint, ResumingMidEpochOnTwoProcessesEndsBitIdenticalToTheUninterrupte
 // both processes still take as many steps). Trains on to the end of epoch 3; returns the final
 // parameters and the step counter.
 torch::Tensor train_with_a_newcomer(const std::string& dir, bool sync) {
-  Accelerator acc(AcceleratorOptions().seed(11).fused_optimizers(false));
-  auto net = make_net();
-  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  torch::optim::StepLR schedule(sgd, 4, 0.5);
-  torch::manual_seed(5);
-  auto x = torch::randn({kSamples, 8});
-  auto y = torch::randint(0, 3, {kSamples}, torch::kLong);
-  torch::manual_seed(11 + acc.rank());
-  auto [model, opt, sched, loader] = acc.prepare(
-      net, sgd, schedule, make_data_loader(x, y, DataLoaderOptions().batch_size(8).shuffle(true)));
-  acc.load_state(dir);
-  if (acc.rank() == 1) {
-    {
-      // Not drawn from the global generator, which the newcomer keeps as its own: the run's
-      // dropout draws from it, so a drawn value would change the result through it.
-      torch::NoGradGuard no_grad;
-      for (auto& p : model->parameters()) p.fill_(0.5);
-    }
-    sgd.state().clear();
-    for (int k = 0; k < 3; ++k) sched.step();
-    if (sync) loader.set_position({0, 0});
-    acc.state()->optimizer_steps = 0;
-  }
-  if (sync) acc.sync_state_from(0);
-  while (loader.epoch() < 3) {
-    for (auto& batch : loader) {
-      acc.backward(torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target));
-      opt.step();
-      opt.zero_grad();
-      sched.step();
-    }
-  }
-  return torch::cat({flat_parameters(*model),
-                     torch::tensor({static_cast<double>(acc.state()->optimizer_steps)})});
+  int64_t steps = 0;
+  const torch::Tensor parameters = run_training(
+      AcceleratorOptions().seed(11).fused_optimizers(false), 3,
+      [&](PreparedRun& run) {
+        run.acc.load_state(dir);
+        if (run.acc.rank() == 1) {
+          {
+            // Not drawn from the global generator, which the newcomer keeps as its own: the
+            // run's dropout draws from it, so a drawn value would change the result through it.
+            torch::NoGradGuard no_grad;
+            for (auto& p : run.model.parameters()) p.fill_(0.5);
+          }
+          run.sgd.state().clear();
+          for (int k = 0; k < 3; ++k) run.sched.step();
+          if (sync) run.loader.set_position({0, 0});
+          run.acc.state()->optimizer_steps = 0;
+        }
+        if (sync) run.acc.sync_state_from(0);
+      },
+      [&](Accelerator& acc) {
+        steps = acc.state()->optimizer_steps;
+        return false;
+      });
+  return torch::cat({parameters, torch::tensor({static_cast<double>(steps)})});
 }
 
 // A process brought up to date from another's memory (sync_state_from, issue 37's in-place

@@ -522,7 +522,10 @@ std::vector<std::string> unpack_pieces(const std::string& bytes, const std::stri
     at += sizeof n;
     if (n > bytes.size() - at) {
       throw CheckpointError(str(what, ": the state received is cut short (a piece of ", n,
-                                " bytes with ", bytes.size() - at, " left)."));
+                                " bytes with ", bytes.size() - at,
+                                " left). Likely cause: the processes run different builds of the "
+                                "program or of Accelerant. Fix: run the same build on every "
+                                "process."));
     }
     pieces.push_back(bytes.substr(at, n));
     at += n;

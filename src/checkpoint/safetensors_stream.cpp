@@ -406,8 +406,7 @@ void MappedModelWeights::forget(const std::string& name) const {
   if (found == files_->tensors.end()) return;
   const Files::Where& w = found->second;
   const Files::Mapping& m = files_->mappings[w.mapping];
-  uint64_t bytes = c10::elementSize(w.dtype);
-  for (int64_t d : w.shape) bytes *= static_cast<uint64_t>(d);
+  const uint64_t bytes = TensorLayout{name, w.dtype, w.shape}.bytes();
   // Whole pages around the tensor: a neighbour's page dropped too is only read again.
   const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   const uint64_t begin = w.offset / page * page;

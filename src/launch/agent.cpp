@@ -16,7 +16,6 @@
 #include <filesystem>
 #include <map>
 #include <memory>
-#include <set>
 #include <thread>
 
 #include "accelerant/cpu_settings.h"

@@ -156,8 +156,7 @@ void detail::DataLoaderAccess::follow_sync(DataLoader& loader) {
 void detail::DataLoaderAccess::rewind_current_batch(DataLoader& loader) {
   DataLoader::Shared& shared = *loader.shared_;
   if (shared.before_current.epoch < 0) return;  // no epoch runs
-  shared.position = shared.before_current;
-  shared.epoch = shared.before_current.epoch + 1;  // begin() counted the running epoch
+  shared.position = shared.before_current;      // shared.epoch stays: begin() counted the run
   shared.repeat_current = true;
 }
 
