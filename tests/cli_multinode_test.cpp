@@ -168,6 +168,68 @@ INSTANTIATE_TEST_SUITE_P(EitherMachine, KillOneMachine, ::testing::Values(1, 0),
                            return info.param == 0 ? "MainMachine" : "OtherMachine";
                          });
 
+// In-place recovery across machines (issue 37): a worker SIGKILLed in its backward, on either
+// machine, is replaced alone by its machine's launcher; the other three workers, on both machines,
+// are not restarted (they end in generation 1 though they started in generation 0), and every
+// process ends with the parameters of the run without the failure, bit for bit.
+class ReplaceInPlaceOnTwoMachines : public TwoMachines, public ::testing::WithParamInterface<int> {
+ protected:
+  // Both machines' output of `launch_helper train victim` under in-place recovery.
+  std::string train(int victim) {
+    const std::vector<std::string> more{"-n",
+                                        "4",
+                                        "--recovery",
+                                        "replace_failed_worker",
+                                        "--max_restarts",
+                                        "1",
+                                        "--collective_timeout",
+                                        "10",
+                                        launch_helper_path(),
+                                        "train",
+                                        std::to_string(victim)};
+    auto m0 = start_machine(0, more);
+    auto m1 = start_machine(1, more);
+    std::string out0, out1;
+    const int status0 = finish_program(m0, out0, std::chrono::seconds(120));
+    const int status1 = finish_program(m1, out1, std::chrono::seconds(120));
+    EXPECT_EQ(exit_code(status0), 0) << out0 << "\n--- machine 1:\n" << out1;
+    EXPECT_EQ(exit_code(status1), 0) << out1 << "\n--- machine 0:\n" << out0;
+    return out0 + "\n--- machine 1:\n" + out1;
+  }
+};
+
+TEST_P(ReplaceInPlaceOnTwoMachines, OnlyTheKilledWorkerRestartsAndTheRunEndsBitForBit) {
+  const int victim = GetParam();
+  const std::string clean = train(-1);
+  if (HasFailure()) return;  // the uninterrupted run must work first
+  const std::string marker = "trained rank=0 started_in_generation=0 generation=0 steps=9 digest=";
+  const size_t at = clean.find(marker);
+  ASSERT_NE(at, std::string::npos) << clean;
+  const std::string digest =
+      clean.substr(at + marker.size(), clean.find('\n', at) - at - marker.size());
+  const std::string recovered = train(victim);
+  for (int r = 0; r < 4; ++r) {
+    const std::string rank = "trained rank=" + std::to_string(r);
+    EXPECT_TRUE(
+        contains(clean, rank + " started_in_generation=0 generation=0 steps=9 digest=" + digest))
+        << clean;
+    // A survivor started in generation 0 and is still the same process in generation 1.
+    const std::string started = r == victim ? "1" : "0";
+    EXPECT_TRUE(contains(recovered, rank + " started_in_generation=" + started +
+                                        " generation=1 steps=9 digest=" + digest))
+        << recovered;
+  }
+  EXPECT_TRUE(contains(recovered, "starting a replacement in its place")) << recovered;
+  EXPECT_FALSE(contains(recovered, "Restarting the group")) << recovered;
+}
+
+// Rank 3 lives on machine 1, whose launcher reaches the job's store on machine 0; rank 1 on
+// machine 0, with the store.
+INSTANTIATE_TEST_SUITE_P(EitherMachine, ReplaceInPlaceOnTwoMachines, ::testing::Values(3, 1),
+                         [](const auto& info) {
+                           return info.param == 1 ? "OnTheMainMachine" : "OnTheOtherMachine";
+                         });
+
 // The rest runs two launchers on loopback: what the launchers tell each other does not depend on
 // the network between them.
 

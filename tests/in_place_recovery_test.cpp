@@ -227,23 +227,91 @@ TEST(InPlaceRecovery, OverGlooTheMainProcessKilledIsReplacedToo) {
   ::unsetenv("ACCELERANT_SHM_ALLREDUCE");
 }
 
-// What the recovery cannot do is refused before training, saying so and the fix: ZeRO (each
-// process holds only its shard of the state).
-TEST(InPlaceRecovery, ZeroIsRefusedWithTheFix) {
-  const std::string error = error_message([] {
-    launch(
-        [](int) {
-          Accelerator acc(AcceleratorOptions().zero_stage(1));
-          return 0;
-        },
-        in_place(2).max_restarts(0));
-  });
-  EXPECT_TRUE(contains(error, "zero_stage 1")) << error;
-  EXPECT_TRUE(contains(error, "Fix: launch with Recovery::kRestartGroup")) << error;
+// Under ZeRO each process holds only its shard of the state, which a replacement could not take
+// from a survivor: the recovery falls back to the last checkpoint and says so. Rank 1 dies after
+// step 7; the whole group restarts (new processes), resumes from the checkpoint of step 5 and
+// ends as the uninterrupted run.
+namespace {
+
+torch::Tensor train_sharded(const std::string& dir, int stage, int victim) {
+  std::ofstream(dir + "/pid." + std::to_string(::getpid())) << ::getpid();
+  Accelerator acc(AcceleratorOptions()
+                      .seed(11)
+                      .fused_optimizers(false)
+                      .zero_stage(stage)
+                      .project_dir(dir + "/project")
+                      .auto_resume(true));
+  torch::manual_seed(3);
+  auto net = make_net(32);
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  torch::manual_seed(5);
+  auto x = torch::randn({kSamples, 8});
+  auto y = torch::randint(0, 3, {kSamples}, torch::kLong);
+  auto [model, opt, loader] = acc.prepare(
+      net, sgd, make_data_loader(x, y, DataLoaderOptions().batch_size(8).shuffle(true)));
+  while (loader.epoch() < 3) {
+    for (auto& batch : loader) {
+      opt.zero_grad();
+      auto loss = torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target);
+      if (ProcessState::get().restart_count() == 0 && acc.rank() == victim &&
+          acc.state()->optimizer_steps == 7) {
+        ::raise(SIGKILL);
+      }
+      acc.backward(loss);
+      opt.step();
+      if (acc.state()->optimizer_steps == 5) acc.save_state();
+    }
+  }
+  std::vector<torch::Tensor> parts;
+  for (const auto& p : model->parameters()) parts.push_back(p.detach().reshape(-1));
+  parts.push_back(torch::tensor({static_cast<float>(ProcessState::get().restart_count()),
+                                 static_cast<float>(acc.state()->optimizer_steps)}));
+  return torch::cat(parts);
 }
 
-// ... and a loop without a prepared data loader, which the recovery could neither rewind nor
-// hand over: refused at its first backward.
+}  // namespace
+
+class ZeroUnderInPlaceRecovery : public ::testing::TestWithParam<int> {};
+
+TEST_P(ZeroUnderInPlaceRecovery, FallsBackToTheLastCheckpointAndSaysSo) {
+  const int stage = GetParam();
+  const std::string clean_dir = make_temp_dir(), failed_dir = make_temp_dir();
+  const auto options = in_place(2).verbose(true);
+  const auto uninterrupted =
+      launch([&](int) { return train_sharded(clean_dir, stage, -1); }, options);
+  ::testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStderr();
+  const auto restarted = launch([&](int) { return train_sharded(failed_dir, stage, 1); }, options);
+  const std::string said =
+      ::testing::internal::GetCapturedStdout() + ::testing::internal::GetCapturedStderr();
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    const int64_t n = uninterrupted[r].numel();
+    EXPECT_EQ(restarted[r][n - 2].item<float>(), 1.0f) << "generation 1: one restart";
+    EXPECT_EQ(restarted[r][n - 1].item<float>(), 18.0f);
+    EXPECT_TRUE(
+        torch::equal(restarted[r].narrow(0, 0, n - 2), uninterrupted[r].narrow(0, 0, n - 2)));
+  }
+  // Said by the workers as they start, and by the launcher as it restarts them.
+  EXPECT_TRUE(contains(said,
+                       "In-place recovery (Recovery::kReplaceFailedWorker) falls back to "
+                       "the last checkpoint: under ZeRO stage " +
+                           std::to_string(stage)))
+      << said;
+  EXPECT_TRUE(contains(said, "The failed worker is not replaced in place: under ZeRO stage"))
+      << said;
+  EXPECT_TRUE(contains(said, "The group restarts from the last checkpoint instead.")) << said;
+  const auto pids = read_pid_files(failed_dir);
+  EXPECT_EQ(pids.size(), 4u) << "2 workers, then 2 again: the whole group restarted";
+  EXPECT_TRUE(wait_until_dead(pids, std::chrono::milliseconds(0)).empty()) << "orphan workers";
+  remove_tree(clean_dir);
+  remove_tree(failed_dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, ZeroUnderInPlaceRecovery, ::testing::Values(1, 2));
+
+// A loop without a prepared data loader, which the recovery could neither rewind nor hand over, is
+// refused at its first backward, with the fix.
 TEST(InPlaceRecovery, ALoopWithoutAPreparedLoaderIsRefusedWithTheFix) {
   const std::string error = error_message([] {
     launch(

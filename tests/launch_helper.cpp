@@ -10,6 +10,9 @@
 //   launch_helper stop                   rank 1 stops itself (SIGSTOP) after the first all-reduce
 //   launch_helper early                  rank 1 returns after the first all-reduce, rank 0 runs a
 //                                        second one
+//   launch_helper train VICTIM           9 steps of a small model through the Accelerator; in
+//                                        generation 0 rank VICTIM (-1: none) SIGKILLs itself in
+//                                        the backward of step 5; prints a digest of the result
 #include <accelerant/accelerant.h>
 #include <unistd.h>
 
@@ -76,6 +79,47 @@ int main(int argc, char** argv) {
     std::cout << "done rank " << state.rank() << " generation " << state.restart_count()
               << " in place " << state.env().recovers_in_place << " joins "
               << state.env().joins_running_group << " sum " << sum.item<int64_t>() << std::endl;
+    return 0;
+  }
+  if (mode == "train" && argc == 3) {
+    const int victim = std::stoi(argv[2]);
+    Accelerator acc(AcceleratorOptions().seed(11).fused_optimizers(false));
+    auto& process = ProcessState::get();
+    const int started_in = process.restart_count();
+    torch::manual_seed(3);
+    auto net = torch::nn::Sequential(torch::nn::Linear(8, 32), torch::nn::ReLU(),
+                                     torch::nn::Dropout(0.2), torch::nn::Linear(32, 3));
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    torch::manual_seed(5);
+    auto x = torch::randn({96, 8});
+    auto y = torch::randint(0, 3, {96}, torch::kLong);
+    auto [model, opt, loader] = acc.prepare(
+        net, sgd, make_data_loader(x, y, DataLoaderOptions().batch_size(8).shuffle(true)));
+    // The first layer's gradient comes last in backward: the others wait in its all-reduce.
+    model->parameters()[0].register_hook([&](torch::Tensor grad) {
+      if (process.restart_count() == 0 && acc.rank() == victim && acc.state()->optimizer_steps == 4)
+        ::raise(SIGKILL);
+      return grad;
+    });
+    while (loader.epoch() < 3) {
+      for (auto& batch : loader) {
+        opt.zero_grad();
+        acc.backward(
+            torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target));
+        opt.step();
+      }
+    }
+    // FNV-1a over the parameters' bytes: equal digests, equal parameters bit for bit.
+    uint64_t digest = 1469598103934665603ull;
+    for (const auto& p : model->parameters()) {
+      const auto values = p.detach().contiguous();
+      const auto* bytes = static_cast<const unsigned char*>(values.data_ptr());
+      for (int64_t i = 0; i < values.nbytes(); ++i) digest = (digest ^ bytes[i]) * 1099511628211ull;
+    }
+    std::cout << "trained rank=" << acc.rank() << " started_in_generation=" << started_in
+              << " generation=" << process.restart_count()
+              << " steps=" << acc.state()->optimizer_steps << " digest=" << std::hex << digest
+              << std::dec << std::endl;
     return 0;
   }
   if (mode == "settings") {  // started by `accelerant launch`: the Accelerator's view of the launch

@@ -27,12 +27,23 @@
 #include "checkpoint/durable_files.h"
 #include "checkpoint/training_checkpoint.h"
 #include "comm/collective_label.h"
+#include "comm/communicator_impl.h"
 #include "graph/metrics_recording.h"
 #include "train/data_loader_internal.h"
 #include "train/resume_hook.h"
 
 namespace accelerant {
 namespace {
+
+// Why ZeRO stage `stage` cannot recover in place: what a survivor would have to hand over.
+std::string in_place_refusal_under_zero(int stage) {
+  return detail::str("under ZeRO stage ", stage,
+                     " each process holds its own shard of the optimizer state",
+                     stage == 2 ? " and of the gradients" : "",
+                     stage >= 3 ? ", of the gradients and of the parameters" : "",
+                     ", which no other process has, so no survivor can hand a replacement the "
+                     "failed worker's.");
+}
 
 // An optimizer's parameters, group by group: the order FusedUpdater and its shard pieces count in.
 std::vector<torch::Tensor> optimizer_parameters(torch::optim::Optimizer& optimizer) {
@@ -294,19 +305,33 @@ Accelerator::Accelerator(AcceleratorOptions options)
   impl_->recovers_in_place_ = process.env().recovers_in_place && process.distributed();
   impl_->joins_running_group_ = impl_->recovers_in_place_ && process.env().joins_running_group;
   impl_->device_ = impl_->settings_.cpu ? torch::Device(torch::kCPU) : process.device();
+  if (impl_->recovers_in_place_ && impl_->options_.zero_stage() > 0) {
+    // The launcher reads the refusal before it would replace a failed worker of this generation,
+    // and restarts the whole group instead, saying why.
+    const std::string why = in_place_refusal_under_zero(impl_->options_.zero_stage());
+    detail::CommunicatorAccess::publish(process.communicator(), "in_place_refused", why);
+    if (process.is_main_process()) {
+      print_line(
+          detail::str("In-place recovery (Recovery::kReplaceFailedWorker) falls back to "
+                      "the last checkpoint: ",
+                      why,
+                      " A failed worker restarts the whole group, which resumes from the "
+                      "newest checkpoint (AcceleratorOptions::auto_resume)."));
+    }
+    impl_->recovers_in_place_ = false;
+    impl_->joins_running_group_ = false;
+  }
   if (impl_->recovers_in_place_ &&
-      (impl_->options_.zero_stage() > 0 || impl_->settings_.gradient_accumulation_steps > 1 ||
-       !impl_->device_.is_cpu())) {
+      (impl_->settings_.gradient_accumulation_steps > 1 || !impl_->device_.is_cpu())) {
     throw Error(detail::str(
         process.rank_prefix(),
         "the launcher replaces a failed worker in place (Recovery::kReplaceFailedWorker), which "
-        "the Accelerator supports only when every process holds the whole training state, a "
-        "step is one batch and training runs on the CPU (NCCL does not fail a collective whose "
-        "peer died: it would wait); this run has zero_stage ",
-        impl_->options_.zero_stage(), ", gradient_accumulation_steps ",
+        "the Accelerator supports only when a step is one batch and training runs on the CPU "
+        "(NCCL does not fail a collective whose peer died: it would wait); this run has "
+        "gradient_accumulation_steps ",
         impl_->settings_.gradient_accumulation_steps, " and device ", impl_->device_,
         ". Fix: launch with Recovery::kRestartGroup (the group restarts from the last "
-        "checkpoint), or train with zero_stage 0 and no accumulation on the CPU."));
+        "checkpoint), or train with no accumulation on the CPU."));
   }
   if (impl_->joins_running_group_) {
     // A replacement meets the survivors at its first batch, once its objects are prepared

@@ -56,6 +56,13 @@ struct CommunicatorAccess {
     made.impl_ = std::move(impl);
     return made;
   }
+  // Writes `value` under `key` in the store of the communicator's generation, for the launcher
+  // to read about it (agent.cpp); nothing with one process, which has no store.
+  static void publish(Communicator& communicator, const std::string& key,
+                      const std::string& value) {
+    if (!communicator.impl_ || !communicator.impl_->store) return;
+    communicator.impl_->store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+  }
   // The handle of a collective a *_async_ call started.
   static PendingCollective pending(std::shared_ptr<PendingState> state) {
     PendingCollective made;

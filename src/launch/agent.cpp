@@ -132,11 +132,6 @@ void validate(const LaunchOptions& o) {
         "pick a port, e.g. 29500, and pass it to every machine's launch");
   }
   if (o.max_restarts() < 0) bad_option(str("max_restarts is ", o.max_restarts()), "use 0 or more");
-  if (o.recovery() == Recovery::kReplaceFailedWorker && o.num_nodes() > 1) {
-    bad_option(str("recovery is Recovery::kReplaceFailedWorker with num_nodes ", o.num_nodes()),
-               "use Recovery::kRestartGroup on several machines (replacing a worker in place "
-               "works on one machine only for now)");
-  }
   if (o.gradient_accumulation_steps() && *o.gradient_accumulation_steps() < 1) {
     bad_option(str("gradient_accumulation_steps is ", *o.gradient_accumulation_steps()),
                "use 1 or more micro-batches per optimizer step");
@@ -272,8 +267,15 @@ class Agent {
       const std::string why = outcome == Outcome::kFailedHere ? report(attempt) : node_news_;
       if (attempt + replacements_ < o_.max_restarts()) {
         if (o_.verbose()) {
-          std::fprintf(stderr, "accelerant::launch: %s\nRestarting the group (restart %d of %d).\n",
-                       why.c_str(), attempt + replacements_ + 1, o_.max_restarts());
+          // Said when in-place recovery was asked for and the workers declined it.
+          const std::string fallback =
+              in_place_refusal_.empty()
+                  ? ""
+                  : str("\nThe failed worker is not replaced in place: ", in_place_refusal_,
+                        " The group restarts from the last checkpoint instead.");
+          std::fprintf(
+              stderr, "accelerant::launch: %s%s\nRestarting the group (restart %d of %d).\n",
+              why.c_str(), fallback.c_str(), attempt + replacements_ + 1, o_.max_restarts());
         }
         continue;
       }
@@ -349,7 +351,13 @@ class Agent {
     failures_seen_ = 0;
     first_failure_ = WorkerExit{};
     flight_records_.clear();
-    if (attempt > 0) ++generation_;  // a whole restart forms the next generation too
+    in_place_refusal_.clear();
+    if (attempt > 0) {
+      // A whole restart forms the next generation too, after any replacement on another machine.
+      // Replacements are claimed before the attempt's end and every machine's launcher gets here
+      // after the same barrier, so they all see the same claims and agree.
+      generation_ = nodes_->latest_generation(generation_) + 1;
+    }
     for (int local = 0; local < o_.processes_per_node(); ++local)
       workers_.push_back(start_worker(worker_spec(local, debug), body_, hooks_, relay_));
   }
@@ -400,15 +408,29 @@ class Agent {
 
   // Recovery::kReplaceFailedWorker: whether the failure at hand is replaced in place (a worker
   // that failed, not one that returned early, while restarts are left).
-  // Only when the group had formed its current generation (every worker joined it) and one
-  // worker failed: otherwise the survivors could wait for a generation that never forms (a
-  // replacement that died before joining, a second worker failing while the group re-forms), so
-  // the whole group restarts instead. The store must be this launcher's: rank 0's would die with
-  // rank 0.
+  // Only when the group had formed its current generation (every worker joined it), no worker
+  // declined (in_place_refusal_), one worker failed here, and no other machine is replacing one
+  // for the same generation: otherwise the survivors could wait for a generation that never forms
+  // (a replacement that died before joining, a second worker failing while the group re-forms),
+  // so the whole group restarts instead. The store must be the launchers': rank 0's would die
+  // with rank 0.
   bool replaces_in_place(int attempt) {
-    return o_.recovery() == Recovery::kReplaceFailedWorker && is_failure(first_failure_) &&
-           attempt + replacements_ < o_.max_restarts() && failures_seen_ == 1 &&
-           nodes_->generation_formed(generation_, o_.processes_per_node() * o_.num_nodes());
+    if (o_.recovery() != Recovery::kReplaceFailedWorker || !is_failure(first_failure_)) {
+      return false;
+    }
+    try {
+      generation_ = nodes_->latest_generation(generation_);  // another machine's replacements
+      // Read whatever else happened, so that the restart says why it is not done in place.
+      in_place_refusal_ = nodes_->in_place_refusal(generation_);
+      if (!in_place_refusal_.empty() || attempt + replacements_ >= o_.max_restarts() ||
+          failures_seen_ != 1 ||
+          !nodes_->generation_formed(generation_, o_.processes_per_node() * o_.num_nodes())) {
+        return false;
+      }
+      return nodes_->claim_generation(generation_ + 1);
+    } catch (const std::exception&) {
+      return false;  // the store is gone: the whole-group path reports why
+    }
   }
 
   // Starts a replacement for the failed worker as the next generation; the others keep running
@@ -596,6 +618,9 @@ class Agent {
   int generation_ = 0;
   int replacements_ = 0;
   int failures_seen_ = 0;  // failed workers reaped since the group (re)formed
+  // Why the workers declined in-place recovery in this attempt ("" when none did), for the
+  // restart's message.
+  std::string in_place_refusal_;
   std::chrono::milliseconds timeout_{0};
   std::string workdir_;
   std::unique_ptr<NodeGroup> nodes_;

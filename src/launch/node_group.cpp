@@ -120,17 +120,44 @@ NodeGroup::~NodeGroup() {
 int NodeGroup::store_port() const { return server_ ? server_->port() : port_; }
 
 bool NodeGroup::generation_formed(int generation, int world_size) {
-  if (!server_ || !store_) return false;
-  // The keys ProcessState::Impl::rendezvous claims, under its prefix for the generation.
-  const std::string prefix =
-      str(secret_.empty() ? "" : secret_ + "/", "accelerant/attempt_", generation, "/arrived/");
+  if (!workers_use_launchers_store()) return false;
   std::vector<std::string> keys;
-  for (int r = 0; r < world_size; ++r) keys.push_back(prefix + std::to_string(r));
+  for (int r = 0; r < world_size; ++r) keys.push_back(worker_key(generation, str("arrived/", r)));
   try {
     return store_->check(keys);
   } catch (const std::exception&) {
     return false;
   }
+}
+
+std::string NodeGroup::in_place_refusal(int generation) {
+  if (!workers_use_launchers_store()) return "";
+  const std::string refusal = worker_key(generation, "in_place_refused");
+  try {
+    return store_->check({refusal}) ? store_->get(refusal) : "";
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
+int NodeGroup::latest_generation(int known) {
+  if (!workers_use_launchers_store()) return known;
+  try {
+    while (store_->check({key(str("generation_", known + 1))})) ++known;
+  } catch (const std::exception&) {
+    // Unreadable: the store's loss ends the attempt through poll().
+  }
+  return known;
+}
+
+bool NodeGroup::claim_generation(int generation) {
+  if (!workers_use_launchers_store()) return true;  // one machine, whose launcher alone claims
+  return store_->add(key(str("generation_", generation)), 1) == 1;
+}
+
+std::string NodeGroup::worker_key(int generation, const std::string& name) const {
+  // ProcessState::Impl::rendezvous's prefix for the generation.
+  return str(secret_.empty() ? "" : secret_ + "/", "accelerant/attempt_", generation, "/", name);
 }
 
 std::string NodeGroup::key(const std::string& name) const {

@@ -58,9 +58,19 @@ class NodeGroup {
   /// The secret the job's keys live under (ACCELERANT_JOB_SECRET); empty on several machines.
   const std::string& job_secret() const { return secret_; }
   /// Whether every one of `world_size` workers has joined generation `generation` of the group
-  /// (ProcessState's rendezvous claims one key per rank); false when this launcher does not host
-  /// the workers' store, or it cannot be read.
+  /// (ProcessState's rendezvous claims one key per rank); false when the workers' store is not
+  /// the launchers' (rank 0 hosts it), or it cannot be read.
   bool generation_formed(int generation, int world_size);
+  /// Why the workers of `generation` said a failed worker cannot be replaced in place (the
+  /// Accelerator under ZeRO, whose shards have one copy each), or "" when none did.
+  std::string in_place_refusal(int generation);
+  /// `known`, or the newest generation claimed after it (claim_generation) without a gap: a
+  /// worker replaced on another machine moves the group to a generation this launcher did not
+  /// start itself.
+  int latest_generation(int known);
+  /// Claims `generation` for a replacement on this machine: false when another machine claimed
+  /// it first (two failures on two machines at once, which the group cannot both replace).
+  bool claim_generation(int generation);
 
   /// Waits until every machine is ready to start `attempt`: kGo, kAbort or kInterrupted.
   NodeEvent start_attempt(int attempt, const std::function<bool()>& interrupted);
@@ -77,7 +87,11 @@ class NodeGroup {
 
  private:
   bool multi_node() const { return options_.num_nodes() > 1; }
+  // Whether the workers meet in the launchers' store (on machine 0), which this launcher reads.
+  bool workers_use_launchers_store() const { return store_ && (server_ || multi_node()); }
   std::string key(const std::string& name) const;
+  // A key of generation `generation`'s workers (ProcessState's rendezvous prefix).
+  std::string worker_key(int generation, const std::string& name) const;
   void join_as_main();
   void join_as_other();
   NodeEvent check_store(int attempt);

@@ -317,11 +317,6 @@ void validate_config(const Config& c, const std::string& where) {
   }
   if (c.max_restarts < 0)
     problems.push_back(detail::str("max_restarts is ", c.max_restarts, "; it must be 0 or more"));
-  if (c.recovery == Recovery::kReplaceFailedWorker && c.num_nodes > 1) {
-    problems.push_back(detail::str("recovery is replace_failed_worker with num_nodes ", c.num_nodes,
-                                   "; replacing a worker in place works on one machine only for "
-                                   "now (use restart_group)"));
-  }
   // Text (the file, the flags) was range-checked where it became a duration
   // (seconds_to_duration); a Config built in code is checked here against the same range.
   const auto check_duration = [&](const char* key, std::chrono::milliseconds d) {
