@@ -8,8 +8,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
+#include <fstream>
 #include <thread>
 
 #include "test_support.h"
@@ -271,6 +273,147 @@ TEST(MultiMachineLaunch, WithoutRestartsAFailureElsewhereEndsEveryMachineWithIts
   EXPECT_TRUE(contains(out0, "machine 1 reported: worker rank 2")) << out0;
   EXPECT_TRUE(contains(out0, "exit code 7")) << out0;
   EXPECT_TRUE(contains(out1, "worker rank 2 (local rank 0 on node 1")) << out1;
+}
+
+// Elastic membership (--num_nodes MIN:MAX, issue 37), with two launchers on loopback: a job of
+// 1:2 machines goes on with one when the other is lost or never comes. Its result is held
+// against the uninterrupted run of 4 processes on one machine: the data re-sharded over 2
+// processes with 2 micro-batches per step sums the same samples per step (in another order, so
+// equal up to rounding).
+
+std::vector<std::string> elastic_args(int machine_rank, int port,
+                                      const std::vector<std::string>& more) {
+  std::vector<std::string> args{cli_path(),
+                                "launch",
+                                "--num_machines",
+                                "1:2",
+                                "--machine_rank",
+                                std::to_string(machine_rank),
+                                "--main_process_ip",
+                                "127.0.0.1",
+                                "--main_process_port",
+                                std::to_string(port),
+                                "--rejoin_timeout",
+                                "1",
+                                "-n",
+                                "4"};
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+// The checksum `launch_helper elastic` printed on the line that starts with `line`; NaN if none.
+double checksum_after(const std::string& out, const std::string& line) {
+  const size_t at = out.find(line + " checksum=");
+  if (at == std::string::npos) return std::nan("");
+  return std::stod(out.substr(at + line.size() + 10));
+}
+
+// Rank 0's checksum of the uninterrupted run: 4 processes on one machine.
+double uninterrupted_checksum() {
+  ScratchDir dir;
+  auto run = start_program({cli_path(), "launch", "-n", "4", "--main_process_port", "0",
+                            launch_helper_path(), "elastic", dir.path, "0"});
+  std::string out;
+  EXPECT_EQ(exit_code(finish_program(run, out, std::chrono::seconds(90))), 0) << out;
+  const double sum =
+      checksum_after(out, "elastic rank=0 world=4 accumulation=1 generation=0 steps=9");
+  EXPECT_FALSE(std::isnan(sum)) << out;
+  return sum;
+}
+
+TEST(ElasticMembership, AMachineLostUnderMinMaxLeavesTheOtherGoingOnWithFewerProcesses) {
+  isolate_from_user_config();
+  const double want = uninterrupted_checksum();
+  ScratchDir dir;
+  const int port = free_port();
+  const std::vector<std::string> more{"--max_restarts", "1",      launch_helper_path(),
+                                      "elastic",        dir.path, "1"};
+  auto m0 = start_program(elastic_args(0, port, more));
+  auto m1 = start_program(elastic_args(1, port, more));
+  // Every worker waits after step 4, past the checkpoint of step 3: machine 1 is lost then.
+  for (int i = 0; i < 600 && ::access((dir.path + "/paused").c_str(), F_OK) != 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ::kill(m1.pid, SIGKILL);
+  std::string out0, out1;
+  const int status0 = finish_program(m0, out0, std::chrono::seconds(120));
+  finish_program(m1, out1, std::chrono::seconds(10));
+  ASSERT_EQ(exit_code(status0), 0) << out0;
+  EXPECT_TRUE(contains(out0, "machine 1's launcher disconnected without a word")) << out0;
+  EXPECT_TRUE(contains(out0, "Under elastic membership (1:2 machines) the job goes on")) << out0;
+  EXPECT_TRUE(contains(out0,
+                       "attempt 2 runs on machine(s) 0 of 2 (2 processes); "
+                       "gradient_accumulation_steps 1 -> 2 keeps the global batch of 2 "
+                       "machines"))
+      << out0;
+  EXPECT_TRUE(contains(out0, "was saved by 4 process(es), this run has 2")) << out0;
+  const double got =
+      checksum_after(out0, "elastic rank=0 world=2 accumulation=2 generation=1 steps=9");
+  ASSERT_FALSE(std::isnan(got)) << out0;
+  EXPECT_NEAR(got, want, 5e-6 * std::max(1.0, std::abs(want))) << out0;
+}
+
+TEST(ElasticMembership, AMachineThatNeverComesIsGoneOnWithoutAfterTheRejoinTimeout) {
+  isolate_from_user_config();
+  const double want = uninterrupted_checksum();
+  ScratchDir dir;
+  auto m0 =
+      start_program(elastic_args(0, free_port(), {launch_helper_path(), "elastic", dir.path, "0"}));
+  std::string out;
+  ASSERT_EQ(exit_code(finish_program(m0, out, std::chrono::seconds(90))), 0) << out;
+  EXPECT_TRUE(contains(out,
+                       "machine(s) 1 of 2 did not join within the rejoin timeout of 1 s; "
+                       "the job starts with the 1 there (at least 1)"))
+      << out;
+  const double got =
+      checksum_after(out, "elastic rank=0 world=2 accumulation=2 generation=0 steps=9");
+  ASSERT_FALSE(std::isnan(got)) << out;
+  EXPECT_NEAR(got, want, 5e-6 * std::max(1.0, std::abs(want))) << out;
+}
+
+// A machine that arrives while the group runs on fewer joins at the next step boundary: every
+// worker stops after the same step with a checkpoint, and the group restarts with the new machine
+// from there (max_restarts 0: a membership change is not a restart).
+TEST(ElasticMembership, AMachineThatArrivesJoinsAtTheNextStepBoundary) {
+  isolate_from_user_config();
+  const double want = uninterrupted_checksum();
+  ScratchDir dir;
+  const int port = free_port();
+  const std::vector<std::string> more{"--max_restarts", "0",      launch_helper_path(),
+                                      "elastic",        dir.path, "2"};
+  // Machine 0 alone first, its output in a file to follow it while it runs.
+  std::string command;
+  for (const auto& arg : elastic_args(0, port, more)) command += "'" + arg + "' ";
+  auto m0 = start_program({"/bin/sh", "-c", command + "> " + dir.path + "/m0.log 2>&1"});
+  const auto log_says = [&](const std::string& what) {
+    for (int i = 0; i < 600; ++i) {
+      if (contains(slurp(dir.path + "/m0.log"), what)) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return false;
+  };
+  // Its workers wait after step 4 until machine 1 was taken in.
+  for (int i = 0; i < 600 && ::access((dir.path + "/paused").c_str(), F_OK) != 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  auto m1 = start_program(elastic_args(1, port, more));
+  const bool taken_in = log_says("machine(s) 1 arrived");
+  std::ofstream(dir.path + "/go") << "go\n";
+  std::string ignored, out1;
+  const int status0 = finish_program(m0, ignored, std::chrono::seconds(120));
+  const int status1 = finish_program(m1, out1, std::chrono::seconds(30));
+  const std::string out0 = slurp(dir.path + "/m0.log");
+  ASSERT_TRUE(taken_in) << out0;
+  ASSERT_EQ(exit_code(status0), 0) << out0 << "\n--- machine 1:\n" << out1;
+  ASSERT_EQ(exit_code(status1), 0) << out1 << "\n--- machine 0:\n" << out0;
+  EXPECT_TRUE(contains(out0, "attempt 1 runs on machine(s) 0 of 2 (2 processes)")) << out0;
+  EXPECT_TRUE(contains(out0, "every process stopped after step 6 with the checkpoint")) << out0;
+  EXPECT_TRUE(contains(out0, "(not counted as a restart)")) << out0;
+  EXPECT_TRUE(contains(out0, "attempt 2 runs on machine(s) 0, 1 of 2 (4 processes)")) << out0;
+  EXPECT_TRUE(contains(out0, "was saved by 2 process(es), this run has 4")) << out0;
+  EXPECT_TRUE(contains(out1, "elastic rank=2 world=4 accumulation=1 generation=1 steps=9")) << out1;
+  const double got =
+      checksum_after(out0, "elastic rank=0 world=4 accumulation=1 generation=1 steps=9");
+  ASSERT_FALSE(std::isnan(got)) << out0;
+  EXPECT_NEAR(got, want, 5e-6 * std::max(1.0, std::abs(want))) << out0;
 }
 
 class MissingMachine : public ::testing::TestWithParam<int> {};

@@ -140,6 +140,31 @@ TEST(ParseMixedPrecision, RefusesOthersNamingTheVariableTheValueAndTheAcceptedVa
   EXPECT_TRUE(contains(message, "full precision is written no")) << message;
 }
 
+TEST(ParseMachineCount, ReadsAFixedCountAndTorchrunsRange) {
+  const MachineCount fixed = parse_machine_count("3", "--num_nodes");
+  EXPECT_EQ(fixed.fewest, 3);
+  EXPECT_EQ(fixed.most, 3);
+  const MachineCount range = parse_machine_count("1:4", "--num_nodes");
+  EXPECT_EQ(range.fewest, 1);
+  EXPECT_EQ(range.most, 4);
+  const MachineCount same = parse_machine_count("2:2", "--num_nodes");
+  EXPECT_EQ(same.fewest, 2);
+  EXPECT_EQ(same.most, 2);
+}
+
+TEST(ParseMachineCount, RefusesOthersNamingTheSourceTheTextAndTheForms) {
+  for (const char* bad : {"", "0", "0:2", "3:2", "a", "1:", ":2", "1:2:3", "-1:2", "1.5", "2 "}) {
+    SCOPED_TRACE(std::string("'") + bad + "'");
+    const std::string message =
+        accelerant::testing::error_message([bad] { parse_machine_count(bad, "--num_nodes"); });
+    EXPECT_TRUE(contains(message, std::string("\"") + bad + "\" (from --num_nodes) is")) << message;
+    EXPECT_TRUE(contains(message, "MIN:MAX")) << message;
+  }
+  const std::string message =
+      accelerant::testing::error_message([] { parse_machine_count("3:2", "--num_nodes"); });
+  EXPECT_TRUE(contains(message, "whose fewest machines exceed its most")) << message;
+}
+
 // One rule for every source of the setting as text (the code's options take the enum): fp32 is
 // refused by each, BF16 accepted by each.
 TEST(ParseMixedPrecision, EverySourceTakesTheSameSpellings) {

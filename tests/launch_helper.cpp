@@ -13,6 +13,11 @@
 //   launch_helper train VICTIM           9 steps of a small model through the Accelerator; in
 //                                        generation 0 rank VICTIM (-1: none) SIGKILLs itself in
 //                                        the backward of step 5; prints a digest of the result
+//   launch_helper elastic DIR PAUSE      9 steps of a small model with a checkpoint in DIR every
+//                                        3 and auto_resume; with PAUSE=1 every worker of
+//                                        generation 0 waits after step 4 (DIR/paused says so), to
+//                                        be stopped, with PAUSE=2 until DIR/go exists; prints a
+//                                        checksum of the result
 #include <accelerant/accelerant.h>
 #include <unistd.h>
 
@@ -120,6 +125,57 @@ int main(int argc, char** argv) {
               << " generation=" << process.restart_count()
               << " steps=" << acc.state()->optimizer_steps << " digest=" << std::hex << digest
               << std::dec << std::endl;
+    return 0;
+  }
+  if (mode == "elastic" && argc == 4) {
+    const std::string dir = argv[2];
+    const std::string pause = argv[3];
+    Accelerator acc(AcceleratorOptions()
+                        .seed(11)
+                        .fused_optimizers(false)
+                        .project_dir(dir + "/project")
+                        .auto_resume(true));
+    auto& process = ProcessState::get();
+    torch::manual_seed(3);
+    // No dropout: each process draws its own, which a different world would draw differently.
+    auto net = torch::nn::Sequential(torch::nn::Linear(8, 32), torch::nn::ReLU(),
+                                     torch::nn::Linear(32, 3));
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    torch::manual_seed(5);
+    auto x = torch::randn({96, 8});
+    auto y = torch::randint(0, 3, {96}, torch::kLong);
+    auto [model, opt, loader] = acc.prepare(
+        net, sgd, make_data_loader(x, y, DataLoaderOptions().batch_size(8).shuffle(true)));
+    while (loader.epoch() < 3) {
+      for (auto& batch : loader) {
+        const int64_t before = acc.state()->optimizer_steps;
+        if (pause != "0" && process.restart_count() == 0 && before == 4) {
+          if (acc.is_main_process()) std::ofstream(dir + "/paused") << "4\n";
+          if (pause == "1") std::this_thread::sleep_for(std::chrono::minutes(2));
+          for (int i = 0; i < 2400 && ::access((dir + "/go").c_str(), F_OK) != 0; ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        auto guard = acc.accumulate(model);
+        acc.backward(
+            torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target));
+        opt.step();
+        opt.zero_grad();
+        const int64_t steps = acc.state()->optimizer_steps;
+        if (steps != before && steps % 3 == 0) acc.save_state();
+      }
+    }
+    // Weighted by position, so that values trading places change it.
+    double checksum = 0;
+    for (const auto& p : model->parameters()) {
+      const auto flat = p.detach().reshape(-1).to(torch::kDouble);
+      checksum += (flat * torch::arange(1, flat.numel() + 1, torch::kDouble)).sum().item<double>();
+    }
+    std::printf(
+        "elastic rank=%d world=%d accumulation=%lld generation=%d steps=%lld checksum=%.12g\n",
+        acc.rank(), acc.world_size(),
+        static_cast<long long>(acc.settings().gradient_accumulation_steps), process.restart_count(),
+        static_cast<long long>(acc.state()->optimizer_steps), checksum);
+    std::fflush(stdout);
     return 0;
   }
   if (mode == "settings") {  // started by `accelerant launch`: the Accelerator's view of the launch

@@ -43,6 +43,9 @@ struct Config {
   /// The schema version the file was written with, 1 to kConfigVersion; newer is refused.
   int config_version = kConfigVersion;
   int num_nodes = 1;  ///< machines taking part, each running its own `accelerant launch`
+  /// Elastic membership (LaunchOptions::min_nodes): the fewest machines the job goes on with,
+  /// 1 to num_nodes; 0 = num_nodes (every machine is needed).
+  int min_nodes = 0;
   int node_rank = 0;  ///< this machine's index, 0 (the main machine) to num_nodes - 1
   /// Address of the main machine (node_rank 0), where the job's store listens (MASTER_ADDR).
   std::string master_addr = "127.0.0.1";
@@ -68,6 +71,9 @@ struct Config {
   std::chrono::milliseconds monitor_interval{100};
   /// How long the launchers, and the workers at start-up, wait for each other.
   std::chrono::milliseconds join_timeout = std::chrono::minutes(10);
+  /// With min_nodes: how long the launchers wait for missing machines before going on without
+  /// them (LaunchOptions::rejoin_timeout).
+  std::chrono::milliseconds rejoin_timeout = std::chrono::seconds(60);
   /// How long a collective may wait before it fails naming the ranks it waited for
   /// (ACCELERANT_TIMEOUT_MS in the workers). `accelerant launch`: --collective_timeout, else the
   /// user's ACCELERANT_TIMEOUT_MS, else this key.

@@ -78,4 +78,14 @@ const char* to_string(Recovery recovery);
 /// --recovery): restart_group or replace_failed_worker, in any case. `from` as for parse_bool.
 Recovery parse_recovery(const std::string& text, const std::string& from);
 
+/// How many machines a job runs on: between `fewest` and `most` (elastic membership), or exactly
+/// `most` when both are equal.
+struct MachineCount {
+  int fewest = 1;  ///< the fewest machines the job goes on with (LaunchOptions::min_nodes)
+  int most = 1;    ///< the machines it starts with and may grow back to (LaunchOptions::num_nodes)
+};
+/// The one parser of a machine count (accelerant launch --num_nodes / --nnodes): "N" (exactly N)
+/// or torchrun's "MIN:MAX" (elastic: 1 <= MIN <= MAX). `from` as for parse_bool.
+MachineCount parse_machine_count(const std::string& text, const std::string& from);
+
 }  // namespace accelerant

@@ -78,6 +78,11 @@ struct LaunchContract {
   /// ACCELERANT_JOINS_RUNNING_GROUP: this process replaces a failed worker of a running group; its
   /// Accelerator takes the training state from a survivor instead of starting or resuming.
   bool joins_running_group = false;
+  /// ACCELERANT_MACHINES_MAY_JOIN: elastic membership runs this group on fewer machines than it
+  /// may have, so a machine may arrive: an Accelerator with auto_resume then stops every process
+  /// at the same step boundary, saves a checkpoint, and waits for the launcher to restart the
+  /// group with the new machine (docs/launching.md "Elastic membership").
+  bool machines_may_join = false;
   /// ACCELERANT_DEBUG_MODE; unset when the launcher did not choose (then the Accelerator's option
   /// or the config file decides, else off).
   std::optional<bool> debug;

@@ -37,8 +37,21 @@ struct LaunchOptions {
   ACCELERANT_OPTION(int, master_port) = 0;
   /// This machine's index among num_nodes. Default: 0.
   ACCELERANT_OPTION(int, node_rank) = 0;
-  /// Machines in the job, each running its own launch with the same processes_per_node. Default: 1.
+  /// Machines in the job, each running its own launch with the same processes_per_node; with
+  /// min_nodes, the most it runs on. Default: 1.
   ACCELERANT_OPTION(int, num_nodes) = 1;
+  /// Elastic membership (torchrun's --nnodes MIN:MAX, with num_nodes the MAX): the fewest machines
+  /// the job goes on with. A machine lost while at least min_nodes remain (machine 0, which hosts
+  /// the job's store, excepted) restarts the group on the others, which wait up to rejoin_timeout
+  /// for it or another launcher with its node_rank, then go on with the machines there: fewer
+  /// processes, the data re-sharded over them, each resuming from the last checkpoint, and the
+  /// global batch kept by raising gradient_accumulation_steps where it divides (said otherwise).
+  /// At the start the launchers wait for every machine until min_nodes are there, then up to
+  /// rejoin_timeout more. Default: unset = num_nodes (a lost machine ends the job).
+  ACCELERANT_OPTION(std::optional<int>, min_nodes) = std::nullopt;
+  /// With min_nodes below num_nodes: how long the launchers wait for missing machines (a lost one
+  /// coming back, one not yet started) before going on without them. Default: 60 s.
+  ACCELERANT_OPTION(std::chrono::milliseconds, rejoin_timeout) = std::chrono::seconds(60);
   /// How often the whole group is restarted after a worker fails (with
   /// Recovery::kReplaceFailedWorker: how many failed workers are replaced, and whole restarts,
   /// together). Default: 0.

@@ -333,6 +333,16 @@ Accelerator::Accelerator(AcceleratorOptions options)
         ". Fix: launch with Recovery::kRestartGroup (the group restarts from the last "
         "checkpoint), or train with no accumulation on the CPU."));
   }
+  if (process.env().machines_may_join && process.distributed()) {
+    if (impl_->options_.auto_resume()) {
+      impl_->membership_watch_ = std::make_shared<detail::MembershipWatch>(*this);
+    } else if (process.is_main_process()) {
+      print_line(
+          "Elastic membership: a machine that arrives joins this job at its next restart, not at "
+          "a step boundary, as AcceleratorOptions::auto_resume is off (the group restarts from a "
+          "checkpoint it saves there).");
+    }
+  }
   if (impl_->joins_running_group_) {
     // A replacement meets the survivors at its first batch, once its objects are prepared
     // (auto_resume is not armed then: the state comes from them).
@@ -399,7 +409,8 @@ void Accelerator::start_step_breakdown() {
 }
 
 Accelerator::~Accelerator() {
-  impl_->resume_hook_->disarm();   // it points at this Accelerator; loaders may outlive it
+  impl_->resume_hook_->disarm();  // it points at this Accelerator; loaders may outlive it
+  if (impl_->membership_watch_) impl_->membership_watch_->detach();  // so does the watch
   impl_->step_breakdown_.reset();  // so do the optimizers that end the steps it listens to
   try {
     close_trackers();
@@ -650,9 +661,16 @@ DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
       !device.is_cpu() && o.num_workers() == 0 ? loader.with_workers(1) : loader;
   DataLoader prepared = [&] {
     try {
+      std::function<void()> on_batch = reseed_at_each_batch();
+      if (impl_->membership_watch_) {
+        on_batch = [reseed = std::move(on_batch), watch = impl_->membership_watch_] {
+          if (reseed) reseed();
+          watch->at_batch();
+        };
+      }
       return detail::DataLoaderAccess::sharded(
           source, {rank(), world_size(), sharding, impl_->state_, std::move(transform),
-                   impl_->resume_hook_, reseed_at_each_batch()});
+                   impl_->resume_hook_, std::move(on_batch)});
     } catch (const Error& e) {
       throw Error(detail::str(impl_->rank_prefix_, "prepare(data loader): ", e.what()));
     }

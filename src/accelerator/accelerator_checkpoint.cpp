@@ -54,8 +54,25 @@ std::string Accelerator::load_state(const std::string& dir) {
   impl_->resume_hook_->disarm();  // an explicit load replaces auto_resume's
   // ZeRO stage 3: the weights load one gathered block at a time, each process keeping its pieces
   // in its shares.
-  return detail::load_training_state(*impl_->checkpointed_, checkpoint_ranks(), dir,
-                                     checkpoints_dir());
+  const std::string source = detail::load_training_state(*impl_->checkpointed_, checkpoint_ranks(),
+                                                         dir, checkpoints_dir());
+  const int saved_world = read_checkpoint_manifest(source).world_size;
+  if (saved_world != impl_->world_size_) {
+    // A membership change (an elastic restart on fewer or more machines): the checkpoint's
+    // micro-steps may be those of another accumulation (it holds no gradients in progress: those
+    // load on the same world only), so the next micro-step starts an optimizer step afresh.
+    TrainingState& s = *impl_->state_;
+    const int64_t accumulation = impl_->settings_.gradient_accumulation_steps;
+    if (s.micro_steps % accumulation != 0)
+      s.micro_steps += accumulation - s.micro_steps % accumulation;
+    if (!impl_->tracker_dir_.empty()) {
+      log({{"membership/world_size", impl_->world_size_},
+           {"membership/saved_world_size", saved_world},
+           {"membership/gradient_accumulation_steps", static_cast<double>(accumulation)}},
+          s.optimizer_steps);
+    }
+  }
+  return source;
 }
 
 void Accelerator::sync_state_from(int source_rank) {

@@ -9,6 +9,7 @@
 
 #include "accelerant/accelerator.h"
 #include "accelerant/sharded.h"
+#include "accelerator/membership_watch.h"
 #include "accelerator/step_breakdown.h"
 #include "checkpoint/training_checkpoint.h"
 #include "train/resume_hook.h"
@@ -62,6 +63,9 @@ struct Accelerator::Impl {
   /// Recovery::kReplaceFailedWorker (LaunchContract::recovers_in_place, joins_running_group).
   bool recovers_in_place_ = false;
   bool joins_running_group_ = false;
+  /// Elastic membership while machines may join (LaunchContract::machines_may_join, with
+  /// auto_resume): called at each batch a prepared loader hands out; null otherwise.
+  std::shared_ptr<detail::MembershipWatch> membership_watch_;
   bool warned_unsharded_data_ = false;
   /// A TokenWindows stream was prepared: each rank draws its own data.
   bool prepared_token_windows_ = false;

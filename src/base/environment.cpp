@@ -89,6 +89,11 @@ const std::vector<EnvVariable> kTable = {
     {"ACCELERANT_JOINS_RUNNING_GROUP", "bool", "false",
      "Set by the launcher on a replacement: it takes its training state from a survivor.",
      kContract},
+    {"ACCELERANT_MACHINES_MAY_JOIN", "bool", "false",
+     "Set by the launcher under elastic membership while the group runs on fewer machines than "
+     "it may: at a machine's arrival the Accelerator (with auto_resume) stops at a step boundary "
+     "and saves a checkpoint, and the group restarts with the new machine.",
+     kContract},
     {"ACCELERANT_DEBUG_MODE", "bool", "false",
      "Check every collective across ranks (and a dry fork first).", kContract},
     {"ACCELERANT_TIMEOUT_MS", "integer ≥ 1", "unset (the library's default)",

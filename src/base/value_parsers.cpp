@@ -61,6 +61,30 @@ Recovery parse_recovery(const std::string& text, const std::string& from) {
          "replace_failed_worker (only the failed one is replaced; the others go on)");
 }
 
+MachineCount parse_machine_count(const std::string& text, const std::string& from) {
+  const auto whole = [](const std::string& part, int& out) {
+    if (part.empty() || part.size() > 6 ||
+        part.find_first_not_of("0123456789") != std::string::npos)
+      return false;
+    out = std::stoi(part);
+    return out >= 1;
+  };
+  MachineCount count;
+  const size_t colon = text.find(':');
+  const bool read =
+      colon == std::string::npos
+          ? whole(text, count.most) && whole(text, count.fewest)
+          : whole(text.substr(0, colon), count.fewest) && whole(text.substr(colon + 1), count.most);
+  if (!read || count.fewest > count.most) {
+    refuse(text, from,
+           read ? "a range whose fewest machines exceed its most" : "not a machine count",
+           "N (exactly N machines) or MIN:MAX (elastic: at least MIN, at most MAX), whole numbers "
+           "from 1 with MIN <= MAX",
+           "write e.g. 2, or 1:2 to go on with one machine when the other is lost");
+  }
+  return count;
+}
+
 MixedPrecision parse_mixed_precision(const std::string& text, const std::string& from) {
   const std::string v = detail::lower(text);
   if (v == "no") return MixedPrecision::kNo;

@@ -63,6 +63,21 @@ struct CommunicatorAccess {
     if (!communicator.impl_ || !communicator.impl_->store) return;
     communicator.impl_->store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
   }
+  // Whether `key` is in that store; false with one process.
+  static bool has_key(Communicator& communicator, const std::string& key) {
+    if (!communicator.impl_ || !communicator.impl_->store) return false;
+    return communicator.impl_->store->check({key});
+  }
+  // Sets `key` to `desired` unless it holds a value other than `expected` ("" = absent); returns
+  // the value it holds then (c10d's compareSet). With one process: `desired`.
+  static std::string compare_set(Communicator& communicator, const std::string& key,
+                                 const std::string& expected, const std::string& desired) {
+    if (!communicator.impl_ || !communicator.impl_->store) return desired;
+    const auto held = communicator.impl_->store->compareSet(
+        key, std::vector<uint8_t>(expected.begin(), expected.end()),
+        std::vector<uint8_t>(desired.begin(), desired.end()));
+    return std::string(held.begin(), held.end());
+  }
   // The handle of a collective a *_async_ call started.
   static PendingCollective pending(std::shared_ptr<PendingState> state) {
     PendingCollective made;

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "accelerant/cpu_settings.h"
@@ -112,6 +113,14 @@ void validate(const LaunchOptions& o) {
   }
   check_limits(o);
   if (o.num_nodes() < 1) bad_option(str("num_nodes is ", o.num_nodes()), "use 1 or more");
+  if (o.min_nodes() && (*o.min_nodes() < 1 || *o.min_nodes() > o.num_nodes())) {
+    bad_option(str("min_nodes is ", *o.min_nodes(), " with num_nodes ", o.num_nodes()),
+               "use 1 to num_nodes (the fewest machines the job goes on with)");
+  }
+  if (o.rejoin_timeout().count() <= 0) {
+    bad_option(str("rejoin_timeout is ", o.rejoin_timeout().count(), " ms"),
+               "give a positive time");
+  }
   if (o.threads_per_process() < 0 || o.threads_per_process() > kMaxThreadsPerProcess) {
     bad_option(
         str("threads_per_process is ", o.threads_per_process()),
@@ -193,7 +202,14 @@ constexpr double kIdleCpuShare = 0.05;
 constexpr long long kIdleIoBytes = 1 << 20;
 
 // Why the local group stopped.
-enum class Outcome { kSucceeded, kFailedHere, kFailedElsewhere, kAborted, kInterrupted };
+enum class Outcome {
+  kSucceeded,
+  kFailedHere,
+  kFailedElsewhere,
+  kAborted,
+  kInterrupted,
+  kMembershipChange,  // elastic: a machine arrived and the workers stopped at a checkpoint
+};
 
 class Agent {
  public:
@@ -221,8 +237,12 @@ class Agent {
     if (o_.verbose()) print_banner();
     SignalGuard signals;
     auto interrupted = [&signals] { return signals.caught() != 0; };
-    for (int attempt = 0;; ++attempt) {
-      NodeEvent ready = nodes_->start_attempt(attempt, interrupted);
+    for (int attempt = nodes_->first_attempt();; ++attempt) {
+      // A whole restart forms the next generation, after any replacement on another machine.
+      // Machine 0's proposal is the one taken: a launcher that joined later knows none.
+      const int proposed = attempt > 0 ? nodes_->latest_generation(generation_) + 1 : generation_;
+      NodeEvent ready = nodes_->start_attempt(attempt, proposed, interrupted);
+      generation_ = nodes_->generation();
       Outcome outcome = ready.kind == NodeEvent::kGo            ? Outcome::kSucceeded
                         : ready.kind == NodeEvent::kInterrupted ? Outcome::kInterrupted
                                                                 : Outcome::kAborted;
@@ -262,10 +282,14 @@ class Agent {
         nodes_->leave(node_news_);
         cleanup();
         throw LaunchError("accelerant::launch: " + node_news_, first_failure_,
-                          attempt + replacements_);
+                          restarts_used(attempt));
+      }
+      if (outcome == Outcome::kMembershipChange) {
+        if (o_.verbose()) std::fprintf(stderr, "accelerant::launch: %s\n", node_news_.c_str());
+        continue;
       }
       const std::string why = outcome == Outcome::kFailedHere ? report(attempt) : node_news_;
-      if (attempt + replacements_ < o_.max_restarts()) {
+      if (restarts_used(attempt) < o_.max_restarts()) {
         if (o_.verbose()) {
           // Said when in-place recovery was asked for and the workers declined it.
           const std::string fallback =
@@ -275,13 +299,13 @@ class Agent {
                         " The group restarts from the last checkpoint instead.");
           std::fprintf(
               stderr, "accelerant::launch: %s%s\nRestarting the group (restart %d of %d).\n",
-              why.c_str(), fallback.c_str(), attempt + replacements_ + 1, o_.max_restarts());
+              why.c_str(), fallback.c_str(), restarts_used(attempt) + 1, o_.max_restarts());
         }
         continue;
       }
       nodes_->leave(why);
       cleanup();
-      throw LaunchError("accelerant::launch: " + why, first_failure_, attempt + replacements_);
+      throw LaunchError("accelerant::launch: " + why, first_failure_, restarts_used(attempt));
     }
   }
 
@@ -296,6 +320,8 @@ class Agent {
     switch (event.kind) {
       case NodeEvent::kRestart:
         return Outcome::kFailedElsewhere;
+      case NodeEvent::kRegroup:
+        return Outcome::kMembershipChange;
       case NodeEvent::kInterrupted:
         return Outcome::kInterrupted;
       default:
@@ -352,14 +378,49 @@ class Agent {
     first_failure_ = WorkerExit{};
     flight_records_.clear();
     in_place_refusal_.clear();
-    if (attempt > 0) {
-      // A whole restart forms the next generation too, after any replacement on another machine.
-      // Replacements are claimed before the attempt's end and every machine's launcher gets here
-      // after the same barrier, so they all see the same claims and agree.
-      generation_ = nodes_->latest_generation(generation_) + 1;
-    }
+    if (nodes_->elastic() && o_.verbose() && o_.node_rank() == 0) say_membership(attempt);
     for (int local = 0; local < o_.processes_per_node(); ++local)
       workers_.push_back(start_worker(worker_spec(local, debug), body_, hooks_, relay_));
+  }
+
+  // The restarts max_restarts counts by `attempt`: whole restarts after failures and workers
+  // replaced in place, not the membership changes of elastic membership.
+  int restarts_used(int attempt) { return attempt - nodes_->free_restarts() + replacements_; }
+
+  // The attempt's workers on every machine.
+  int world_size() const {
+    return o_.processes_per_node() * static_cast<int>(nodes_->members().size());
+  }
+
+  // The micro-batches per optimizer step for the attempt's workers: under elastic membership with
+  // fewer machines than num_nodes, scaled so that the global batch stays that of num_nodes
+  // machines, where it divides (say_membership says what became of it).
+  std::optional<int64_t> accumulation_steps() const {
+    const int present = static_cast<int>(nodes_->members().size());
+    if (!nodes_->elastic() || present == o_.num_nodes()) return o_.gradient_accumulation_steps();
+    const int64_t full = o_.gradient_accumulation_steps().value_or(1) * o_.num_nodes();
+    if (full % present != 0) return o_.gradient_accumulation_steps();
+    return full / present;
+  }
+
+  // Machine 0, under elastic membership, at each attempt: who takes part, and the global batch.
+  void say_membership(int attempt) const {
+    const int present = static_cast<int>(nodes_->members().size());
+    const int64_t base = o_.gradient_accumulation_steps().value_or(1);
+    const int64_t now = accumulation_steps().value_or(1);
+    std::string batch;
+    if (present < o_.num_nodes()) {
+      batch = now != base
+                  ? str("; gradient_accumulation_steps ", base, " -> ", now,
+                        " keeps the global batch of ", o_.num_nodes(), " machines")
+                  : str("; the global batch is ", present, "/", o_.num_nodes(),
+                        " of the full job's: its ", base * o_.num_nodes(),
+                        " micro-batches per step do not divide among ", present, " machines");
+    }
+    std::fprintf(stderr,
+                 "accelerant::launch: attempt %d runs on machine(s) %s of %d (%d processes)%s.\n",
+                 attempt + 1, join(nodes_->members(), ", ").c_str(), o_.num_nodes(), world_size(),
+                 batch.c_str());
   }
 
   // What local worker `local` of this machine is started with, in the current generation.
@@ -367,12 +428,13 @@ class Agent {
   WorkerSpec worker_spec(int local, bool debug, bool replacement = false) const {
     LaunchContract env;
     env.source = EnvSource::kAccelerant;
-    env.rank = o_.node_rank() * o_.processes_per_node() + local;
-    env.world_size = o_.processes_per_node() * o_.num_nodes();
+    // Under elastic membership the attempt's machines, numbered among themselves.
+    env.rank = nodes_->member_index() * o_.processes_per_node() + local;
+    env.world_size = world_size();
     env.local_rank = local;
     env.local_world_size = o_.processes_per_node();
-    env.node_rank = o_.node_rank();
-    env.num_nodes = o_.num_nodes();
+    env.node_rank = nodes_->member_index();
+    env.num_nodes = static_cast<int>(nodes_->members().size());
     env.master_addr = nodes_->workers_store_addr();
     env.job_secret = nodes_->job_secret();
     env.master_port = port_;
@@ -380,6 +442,7 @@ class Agent {
     env.restart_count = generation_;
     env.recovers_in_place = o_.recovery() == Recovery::kReplaceFailedWorker;
     env.joins_running_group = replacement;
+    env.machines_may_join = nodes_->machines_may_join();
     env.debug = debug;
     env.collective_timeout = timeout_;
     env.join_timeout = o_.join_timeout();
@@ -387,7 +450,7 @@ class Agent {
     env.threads_per_process = threads_;
     env.downcast_bf16 = o_.downcast_bf16();
     env.cpu = o_.cpu();
-    env.gradient_accumulation_steps = o_.gradient_accumulation_steps();
+    env.gradient_accumulation_steps = accumulation_steps();
     WorkerSpec spec;
     spec.rank = env.rank;
     spec.world_size = env.world_size;
@@ -422,9 +485,8 @@ class Agent {
       generation_ = nodes_->latest_generation(generation_);  // another machine's replacements
       // Read whatever else happened, so that the restart says why it is not done in place.
       in_place_refusal_ = nodes_->in_place_refusal(generation_);
-      if (!in_place_refusal_.empty() || attempt + replacements_ >= o_.max_restarts() ||
-          failures_seen_ != 1 ||
-          !nodes_->generation_formed(generation_, o_.processes_per_node() * o_.num_nodes())) {
+      if (!in_place_refusal_.empty() || restarts_used(attempt) >= o_.max_restarts() ||
+          failures_seen_ != 1 || !nodes_->generation_formed(generation_, world_size())) {
         return false;
       }
       return nodes_->claim_generation(generation_ + 1);
@@ -445,7 +507,7 @@ class Agent {
                    "replacement in its place (generation %d; restart %d of %d); the other workers "
                    "keep running.\n",
                    first_failure_.rank, static_cast<int>(first_failure_.pid),
-                   describe_exit(first_failure_).c_str(), generation_, attempt + replacements_,
+                   describe_exit(first_failure_).c_str(), generation_, restarts_used(attempt),
                    o_.max_restarts());
     }
     workers_[static_cast<size_t>(local)] =

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -83,6 +84,18 @@ std::string resolve_failure(const std::string& host) {
              "). Likely cause: a typo, or a name this machine's DNS or /etc/hosts does not know "
              "(yet). Fix: pass machine 0's IP address, or a name that `getent hosts ",
              host, "` finds on every machine.");
+}
+
+// "0,2,3" (as machine 0 writes the members) as node ranks.
+std::vector<int> node_list(const std::string& text) {
+  std::vector<int> nodes;
+  size_t start = 0;
+  while (start < text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    nodes.push_back(std::stoi(text.substr(start, comma - start)));
+    start = comma + 1;
+  }
+  return nodes;
 }
 
 }  // namespace
@@ -209,10 +222,28 @@ void NodeGroup::join_as_main() {
   if (!multi_node()) return;
   links_ = NodeLinks::listen({0, options_.num_nodes(), options_.processes_per_node()});
   store_->set(key("links_port"), std::to_string(links_.port()));
-  const auto missing = links_.accept_nodes(Clock::now() + options_.join_timeout());
+  const auto join_deadline = Clock::now() + options_.join_timeout();
+  // Elastic: enough machines first, then the rest for up to rejoin_timeout.
+  const int fewest = elastic() ? *options_.min_nodes() : options_.num_nodes();
+  auto missing = links_.accept_nodes(join_deadline, fewest - 1);
+  if (elastic() && options_.num_nodes() - static_cast<int>(missing.size()) >= fewest &&
+      !missing.empty()) {
+    missing =
+        links_.accept_nodes(std::min(join_deadline, Clock::now() + options_.rejoin_timeout()));
+    if (!missing.empty() && options_.verbose()) {
+      std::fprintf(stderr,
+                   "accelerant::launch: machine(s) %s of %d did not join within the rejoin "
+                   "timeout of %s; the job starts with the %d there (at least %d).\n",
+                   join(missing, ", ").c_str(), options_.num_nodes(),
+                   seconds(options_.rejoin_timeout()).c_str(),
+                   options_.num_nodes() - static_cast<int>(missing.size()), fewest);
+    }
+    return;
+  }
   if (missing.empty()) return;
   const std::string why =
       str("machine(s) ", join(missing, ", "), " of ", options_.num_nodes(),
+          elastic() ? str(" (at least ", fewest, " needed)") : std::string(),
           " did not join within the join "
           "timeout of ",
           seconds(options_.join_timeout()), " (machine 0 waits at ", options_.master_addr(), ":",
@@ -264,7 +295,7 @@ void NodeGroup::join_as_other() {
       {options_.node_rank(), options_.num_nodes(), options_.processes_per_node()}, deadline);
 }
 
-NodeEvent NodeGroup::check_links() {
+NodeEvent NodeGroup::check_links(int attempt) {
   const auto lost = links_.lost();
   if (lost.empty()) return {};
   if (options_.node_rank() != 0) {
@@ -284,18 +315,35 @@ NodeEvent NodeGroup::check_links() {
       if (why.empty()) continue;  // it left after the job was done
       reasons.push_back(str("machine ", node, " stopped: ", why));
     } else {
-      reasons.push_back(
+      const std::string what =
           str("machine ", node,
               "'s launcher disconnected without a word: it was killed (SIGKILL, out of "
-              "memory) or its machine went down or became unreachable. Its workers are gone, so "
-              "the job "
-              "cannot go on. Fix: find out on machine ",
-              node,
-              " what ended it, then restart the job on every "
-              "machine (from the last checkpoint)."));
+              "memory) or its machine went down or became unreachable.");
+      reasons.push_back(elastic() ? what
+                                  : str(what,
+                                        " Its workers are gone, so the job cannot go on. Fix: "
+                                        "find out on machine ",
+                                        node,
+                                        " what ended it, then restart the job on every machine "
+                                        "(from the last checkpoint)."));
     }
   }
   if (reasons.empty()) return {};
+  const int left = 1 + static_cast<int>(links_.connected().size());
+  if (elastic() && left >= *options_.min_nodes()) {
+    // Elastic: the others restart too (check_store), and the next attempt goes on without it.
+    const std::string text =
+        str(join(reasons, "\n"), "\nUnder elastic membership (", *options_.min_nodes(), ":",
+            options_.num_nodes(), " machines) the job goes on: the group restarts on the ", left,
+            " machine(s) left, after waiting up to the rejoin timeout of ",
+            seconds(options_.rejoin_timeout()), " for missing ones, from the last checkpoint.");
+    try {
+      store_->set(key(str("attempt_", attempt, "/lost")), text);
+    } catch (const std::exception&) {
+      // Our own store: it fails only as this machine goes down.
+    }
+    return {NodeEvent::kRestart, text};
+  }
   return {NodeEvent::kAbort, join(reasons, "\n")};
 }
 
@@ -303,6 +351,12 @@ NodeEvent NodeGroup::check_store(int attempt) {
   try {
     if (store_->check({key("abort")})) {
       return {NodeEvent::kAbort, "machine 0 ended the job: " + store_->get(key("abort"))};
+    }
+    if (elastic()) {
+      const std::string lost = key(str("attempt_", attempt, "/lost"));
+      if (store_->check({lost})) return {NodeEvent::kRestart, store_->get(lost)};
+      const std::string regroup = key(str("attempt_", attempt, "/regroup"));
+      if (store_->check({regroup})) return {NodeEvent::kRegroup, store_->get(regroup)};
     }
     const std::string failures = key(str("attempt_", attempt, "/failures"));
     if (store_->add(failures, 0) == 0) return {};
@@ -328,12 +382,14 @@ NodeEvent NodeGroup::poll(int attempt) {
   if (!multi_node()) return {};
   if (options_.node_rank() != 0) {
     // Without machine 0 there is no store to ask (and asking a vanished machine would block).
-    NodeEvent event = check_links();
+    NodeEvent event = check_links(attempt);
     return event.kind != NodeEvent::kNone ? event : check_store(attempt);
   }
   // A failure another machine published is more telling than the disconnect that follows it.
   NodeEvent event = check_store(attempt);
-  return event.kind != NodeEvent::kNone ? event : check_links();
+  if (event.kind == NodeEvent::kNone) event = check_links(attempt);
+  if (event.kind == NodeEvent::kNone && machines_may_join()) event = take_arrivals(attempt);
+  return event;
 }
 
 void NodeGroup::report_failure(int attempt, const std::string& report) {
@@ -347,19 +403,142 @@ void NodeGroup::report_failure(int attempt, const std::string& report) {
   }
 }
 
-NodeEvent NodeGroup::start_attempt(int attempt, const std::function<bool()>& interrupted) {
+bool NodeGroup::elastic() const {
+  return multi_node() && options_.min_nodes() && *options_.min_nodes() < options_.num_nodes();
+}
+
+int NodeGroup::first_attempt() {
+  if (!elastic() || options_.node_rank() == 0) return 0;
+  // Machine 0 records the attempt it forms before it takes launchers in (choose_members), and the
+  // next one once it started an attempt (take_arrivals takes them in while it runs): a launcher
+  // accepted now joins that attempt.
+  try {
+    return store_->check({key("attempt")}) ? std::stoi(store_->get(key("attempt"))) : 0;
+  } catch (const std::exception&) {
+    return 0;  // the lost store is phrased by start_attempt
+  }
+}
+
+bool NodeGroup::machines_may_join() const {
+  return elastic() && static_cast<int>(members_.size()) < options_.num_nodes();
+}
+
+int NodeGroup::free_restarts() {
+  if (!elastic()) return 0;
+  try {
+    return static_cast<int>(store_->add(key("free_restarts"), 0));
+  } catch (const std::exception&) {
+    return 0;  // the lost store ends the job anyway
+  }
+}
+
+NodeEvent NodeGroup::take_arrivals(int attempt) {
+  const int processes = static_cast<int>(members_.size()) * options_.processes_per_node();
+  try {
+    if (arrival_.empty()) {
+      try {
+        links_.accept_nodes(Clock::now());  // without waiting: a launcher already knocking
+      } catch (const LaunchError& e) {
+        // A launcher started for another job shape was refused (it says why); this job goes on.
+        if (options_.verbose()) std::fprintf(stderr, "accelerant::launch: %s\n", e.what());
+        return {};
+      }
+      std::vector<int> arrived;
+      for (int node : links_.connected()) {
+        if (std::find(members_.begin(), members_.end(), node) == members_.end())
+          arrived.push_back(node);
+      }
+      if (arrived.empty()) return {};
+      arrival_ = str("machine(s) ", join(arrived, ", "), " arrived");
+      // The workers of this generation read it at their next batch (membership_watch.cpp).
+      store_->set(worker_key(generation_, "membership_change"), arrival_);
+      if (options_.verbose()) {
+        std::fprintf(stderr,
+                     "accelerant::launch: %s; the workers stop at their next step boundary and "
+                     "save a checkpoint, then the group restarts with it from there.\n",
+                     arrival_.c_str());
+      }
+      return {};
+    }
+    std::vector<std::string> parked;
+    for (int r = 0; r < processes; ++r)
+      parked.push_back(worker_key(generation_, str("parked/", r)));
+    if (!store_->check(parked)) return {};
+    const std::string text =
+        str(arrival_,
+            ": every worker saved a checkpoint at the same step boundary, so the group "
+            "restarts with it from there (not counted as a restart).");
+    store_->add(key("free_restarts"), 1);  // before the news: whoever reads it counts it
+    store_->set(key(str("attempt_", attempt, "/regroup")), text);
+    return {NodeEvent::kRegroup, text};
+  } catch (const std::exception&) {
+    return {};  // our own store: it fails only as this machine goes down
+  }
+}
+
+int NodeGroup::member_index() const {
+  const auto it = std::find(members_.begin(), members_.end(), options_.node_rank());
+  return it == members_.end() ? -1 : static_cast<int>(it - members_.begin());
+}
+
+std::string NodeGroup::choose_members(int attempt) {
+  std::vector<int> connected = links_.connected();
+  if (attempt > 0 && static_cast<int>(connected.size()) < options_.num_nodes() - 1) {
+    if (options_.verbose()) {
+      std::fprintf(stderr,
+                   "accelerant::launch: %d of %d machines are there; waiting up to the rejoin "
+                   "timeout of %s for the others.\n",
+                   1 + static_cast<int>(connected.size()), options_.num_nodes(),
+                   seconds(options_.rejoin_timeout()).c_str());
+    }
+    links_.accept_nodes(Clock::now() + options_.rejoin_timeout());
+    links_.lost();  // one lost while waiting is not a member
+    connected = links_.connected();
+  }
+  members_ = {0};
+  members_.insert(members_.end(), connected.begin(), connected.end());
+  std::sort(members_.begin(), members_.end());
+  if (static_cast<int>(members_.size()) < *options_.min_nodes()) {
+    return str("only ", members_.size(), " machine(s) (", join(members_, ", "),
+               ") of the at least ", *options_.min_nodes(), " the job needs (--num_nodes ",
+               *options_.min_nodes(), ":", options_.num_nodes(),
+               ") are there after the rejoin timeout of ", seconds(options_.rejoin_timeout()),
+               ". Fix: bring the lost machines back (start `accelerant launch` with their "
+               "--node_rank), then restart the job from the last checkpoint.");
+  }
+  return "";
+}
+
+NodeEvent NodeGroup::start_attempt(int attempt, int proposed_generation,
+                                   const std::function<bool()>& interrupted) {
+  generation_ = proposed_generation;
+  arrival_.clear();
+  members_.clear();
+  for (int node = 0; node < options_.num_nodes(); ++node) members_.push_back(node);
   if (!multi_node()) return {NodeEvent::kGo, ""};
   const std::string prefix = str("attempt_", attempt, "/");
-  std::vector<std::string> joined;
-  for (int node = 0; node < options_.num_nodes(); ++node)
-    joined.push_back(key(str(prefix, "joined/node_", node)));
   const std::string go = key(prefix + "go");
+  const std::string chosen = key(prefix + "members");
+  const std::string generation = key(prefix + "generation");
+  if (elastic() && options_.node_rank() == 0) {
+    try {
+      store_->set(key("attempt"), std::to_string(attempt));
+    } catch (const std::exception&) {
+      return check_store(attempt);
+    }
+    const std::string too_few = choose_members(attempt);
+    if (!too_few.empty()) return {NodeEvent::kAbort, too_few};
+  }
+  std::vector<std::string> joined;
+  for (int node : members_) joined.push_back(key(str(prefix, "joined/node_", node)));
   // Machine 0 gives up first, so that the others hear its verdict naming the missing machines.
   const auto deadline =
       Clock::now() + options_.join_timeout() +
-      (options_.node_rank() == 0 ? std::chrono::seconds(0) : std::chrono::seconds(10));
+      (options_.node_rank() == 0 ? std::chrono::seconds(0) : std::chrono::seconds(10)) +
+      (elastic() && options_.node_rank() != 0 ? options_.rejoin_timeout()
+                                              : std::chrono::milliseconds(0));
   try {
-    store_->set(joined[options_.node_rank()], "1");
+    store_->set(key(str(prefix, "joined/node_", options_.node_rank())), "1");
   } catch (const std::exception&) {
     return check_store(attempt);  // phrases the lost store
   }
@@ -369,17 +548,31 @@ NodeEvent NodeGroup::start_attempt(int attempt, const std::function<bool()>& int
     if (event.kind == NodeEvent::kAbort) return event;
     try {
       if (options_.node_rank() == 0 && store_->check(joined)) {
+        store_->set(chosen, join(members_, ","));
+        store_->set(generation, std::to_string(generation_));
         store_->set(go, "1");
+        // A launcher that arrives while this attempt runs joins the next one.
+        if (elastic()) store_->set(key("attempt"), std::to_string(attempt + 1));
         return {NodeEvent::kGo, ""};
       }
-      if (options_.node_rank() != 0 && store_->check({go})) return {NodeEvent::kGo, ""};
+      if (options_.node_rank() != 0 && store_->check({go})) {
+        members_ = node_list(store_->get(chosen));
+        generation_ = std::stoi(store_->get(generation));
+        if (member_index() < 0) {
+          return {NodeEvent::kAbort,
+                  str("machine 0 started attempt ", attempt + 1, " with machines ",
+                      join(members_, ", "), ", without this one (", options_.node_rank(),
+                      "), which it had taken in. Fix: restart this machine's launcher.")};
+        }
+        return {NodeEvent::kGo, ""};
+      }
     } catch (const std::exception&) {
       return check_store(attempt);
     }
     if (Clock::now() >= deadline) {
       std::vector<int> missing;
-      for (int node = 0; node < options_.num_nodes(); ++node) {
-        if (!store_->check({joined[node]})) missing.push_back(node);
+      for (size_t i = 0; i < members_.size(); ++i) {
+        if (!store_->check({joined[i]})) missing.push_back(members_[i]);
       }
       return {
           NodeEvent::kAbort,
@@ -408,7 +601,8 @@ NodeEvent NodeGroup::finish(int attempt, const std::function<bool()>& interrupte
     NodeEvent event = poll(attempt);
     if (event.kind != NodeEvent::kNone) return event;
     try {
-      if (options_.node_rank() == 0 && store_->add(succeeded, 0) == options_.num_nodes()) {
+      if (options_.node_rank() == 0 &&
+          store_->add(succeeded, 0) == static_cast<int64_t>(members_.size())) {
         store_->set(done, "1");
         return {NodeEvent::kDone, ""};
       }

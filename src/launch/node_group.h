@@ -9,7 +9,11 @@
 //   - leave: a launcher that stops for good says why before closing its link, so the others stop
 //     with that reason; a launcher that dies without a word is named as lost.
 // A lost machine ends the job on every machine whatever max_restarts says: its workers are gone
-// and a group cannot be formed without them. On one machine all of this reduces to the store.
+// and a group cannot be formed without them. Under elastic membership (LaunchOptions::min_nodes)
+// machine 0 instead tells the others to restart (a restart), waits up to rejoin_timeout for
+// missing machines at the next attempt, and starts it with the machines there (members()); a
+// launcher that arrives is taken in at the start of an attempt. Machine 0 itself, which hosts the
+// store, cannot be lost. On one machine all of this reduces to the store.
 #pragma once
 
 #include <functional>
@@ -28,6 +32,7 @@ struct NodeEvent {
     kNone,         ///< nothing new
     kGo,           ///< every machine is ready for the attempt
     kRestart,      ///< a worker failed on another machine: restart this attempt's group
+    kRegroup,      ///< a machine arrived and the workers saved a checkpoint: restart with it
     kAbort,        ///< the job ends on every machine (text says why)
     kDone,         ///< every machine's group succeeded
     kInterrupted,  ///< this launcher caught a signal while waiting
@@ -72,8 +77,29 @@ class NodeGroup {
   /// it first (two failures on two machines at once, which the group cannot both replace).
   bool claim_generation(int generation);
 
-  /// Waits until every machine is ready to start `attempt`: kGo, kAbort or kInterrupted.
-  NodeEvent start_attempt(int attempt, const std::function<bool()>& interrupted);
+  /// Under elastic membership: min_nodes below num_nodes on several machines.
+  bool elastic() const;
+  /// The attempt to start with: 0, or for a launcher that joined a running elastic job, the one
+  /// machine 0 is forming.
+  int first_attempt();
+  /// Waits until every machine is ready to start `attempt` (under elastic membership, after
+  /// waiting up to rejoin_timeout for missing ones, every machine there): kGo, kAbort or
+  /// kInterrupted. With kGo, members() and generation() are those of the attempt, generation()
+  /// machine 0's `proposed_generation`.
+  NodeEvent start_attempt(int attempt, int proposed_generation,
+                          const std::function<bool()>& interrupted);
+  /// The machines (node ranks, ascending) of the attempt start_attempt started.
+  const std::vector<int>& members() const { return members_; }
+  /// This machine's index among members(): its node rank for the workers.
+  int member_index() const;
+  /// The workers' generation for the attempt start_attempt started.
+  int generation() const { return generation_; }
+  /// Under elastic membership, whether the attempt runs on fewer machines than num_nodes, so that
+  /// one may arrive (machine 0 takes it in while polling, and the workers, told through the store,
+  /// stop at a step boundary after a checkpoint: then poll says kRegroup).
+  bool machines_may_join() const;
+  /// The restarts that were membership changes (kRegroup), which max_restarts does not count.
+  int free_restarts();
   /// Without blocking: kNone, kRestart (a failure elsewhere in `attempt`) or kAbort.
   NodeEvent poll(int attempt);
   /// Tells the other machines that a worker here failed in `attempt`.
@@ -95,7 +121,13 @@ class NodeGroup {
   void join_as_main();
   void join_as_other();
   NodeEvent check_store(int attempt);
-  NodeEvent check_links();
+  NodeEvent check_links(int attempt);
+  // Machine 0 under elastic membership: waits up to rejoin_timeout for missing machines, then
+  // chooses the attempt's members; "" or why the job cannot go on (fewer than min_nodes).
+  std::string choose_members(int attempt);
+  // Machine 0 while machines_may_join(): takes in a launcher that arrived and tells the workers;
+  // kRegroup once every worker has saved and stopped.
+  NodeEvent take_arrivals(int attempt);
   void wait_for_others_to_disconnect(std::chrono::milliseconds limit);
 
   const LaunchOptions& options_;
@@ -105,6 +137,9 @@ class NodeGroup {
   int port_ = 0;        // without server_: the port rank 0's store will use
   std::string secret_;  // see job_secret()
   bool left_ = false;
+  std::vector<int> members_;  // see members()
+  int generation_ = 0;        // see generation()
+  std::string arrival_;       // machine 0: which machines arrived in this attempt ("" none)
 };
 
 }  // namespace accelerant::detail

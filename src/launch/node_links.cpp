@@ -179,7 +179,8 @@ NodeLinks NodeLinks::listen(const NodeShape& self) {
   return links;
 }
 
-std::vector<int> NodeLinks::accept_nodes(Clock::time_point deadline) {
+std::vector<int> NodeLinks::accept_nodes(Clock::time_point deadline, int wanted) {
+  if (wanted < 0) wanted = self_.num_nodes - 1;
   auto missing = [this] {
     std::vector<int> ranks;
     for (int r = 1; r < self_.num_nodes; ++r) {
@@ -190,7 +191,7 @@ std::vector<int> NodeLinks::accept_nodes(Clock::time_point deadline) {
     }
     return ranks;
   };
-  while (!missing().empty()) {
+  while (static_cast<int>(peers_.size()) < wanted) {
     pollfd p{listen_fd_, POLLIN, 0};
     const int ready = ::poll(&p, 1, std::min(poll_timeout_ms(deadline), 100));
     if (ready < 0 && errno != EINTR) break;
@@ -202,8 +203,8 @@ std::vector<int> NodeLinks::accept_nodes(Clock::time_point deadline) {
     if (fd < 0) continue;
     char hello[kHelloSize];
     // A connection that is not one of our launchers (a port scanner, a stale job) is dropped.
-    if (!read_exactly(fd, hello, sizeof hello,
-                      std::min(deadline, Clock::now() + std::chrono::seconds(5))) ||
+    // Its own deadline: accepting without waiting (deadline now) still reads a launcher's hello.
+    if (!read_exactly(fd, hello, sizeof hello, Clock::now() + std::chrono::seconds(5)) ||
         std::memcmp(hello, kMagic, sizeof kMagic) != 0) {
       ::close(fd);
       continue;

@@ -39,11 +39,11 @@ class NodeLinks {
   static NodeLinks listen(const NodeShape& self);
   /// The port listen() chose, for the other nodes to find through the store.
   int port() const { return port_; }
-  /// Node 0: accepts the other nodes until all have connected or `deadline`; refuses (with a
-  /// message to the connecting node) a node whose shape differs or whose rank is taken. Returns
-  /// the node ranks still missing (empty when all arrived). Throws LaunchError, naming both
-  /// shapes, when a node was started with a different job shape.
-  std::vector<int> accept_nodes(Clock::time_point deadline);
+  /// Node 0: accepts the other nodes until `wanted` of them are connected (-1: all) or
+  /// `deadline`; refuses (with a message to the connecting node) a node whose shape differs or
+  /// whose rank is taken. Returns the node ranks still missing (empty when all are connected).
+  /// Throws LaunchError, naming both shapes, when a node was started with a different job shape.
+  std::vector<int> accept_nodes(Clock::time_point deadline, int wanted = -1);
   /// Node r > 0: connects to node 0's launcher at host:port and introduces itself, retrying until
   /// `deadline`. Throws LaunchError when node 0 refuses it (shape or rank) or cannot be reached.
   static NodeLinks connect(const std::string& host, int port, const NodeShape& self,

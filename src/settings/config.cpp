@@ -92,6 +92,7 @@ const std::vector<Field>& fields() {
   static const std::vector<Field> all = {
       field("config_version", "a whole number", &Config::config_version),
       field("num_nodes", "a whole number", &Config::num_nodes),
+      field("min_nodes", "a whole number", &Config::min_nodes),
       field("node_rank", "a whole number", &Config::node_rank),
       field("master_addr", "a host name or address", &Config::master_addr),
       field("master_port", "a port number", &Config::master_port),
@@ -104,6 +105,7 @@ const std::vector<Field>& fields() {
       recovery_field("recovery", &Config::recovery),
       seconds_field("monitor_interval", &Config::monitor_interval),
       seconds_field("join_timeout", &Config::join_timeout),
+      seconds_field("rejoin_timeout", &Config::rejoin_timeout),
       seconds_field("collective_timeout", &Config::collective_timeout),
       field("threads_per_process", "a whole number", &Config::threads_per_process),
       field("gradient_accumulation_steps", "a whole number", &Config::gradient_accumulation_steps),
@@ -289,6 +291,10 @@ void validate_config(const Config& c, const std::string& where) {
   std::vector<std::string> problems;
   if (c.num_nodes < 1)
     problems.push_back(detail::str("num_nodes is ", c.num_nodes, "; it must be 1 or more"));
+  if (c.min_nodes < 0 || c.min_nodes > c.num_nodes) {
+    problems.push_back(detail::str("min_nodes is ", c.min_nodes, "; it must be 1 to num_nodes (",
+                                   c.num_nodes, "), or 0 for num_nodes"));
+  }
   if (c.node_rank < 0 || c.node_rank >= std::max(1, c.num_nodes)) {
     problems.push_back(detail::str("node_rank is ", c.node_rank,
                                    "; it must be between 0 and num_nodes - 1 (", c.num_nodes - 1,
@@ -327,6 +333,7 @@ void validate_config(const Config& c, const std::string& where) {
   };
   check_duration("monitor_interval", c.monitor_interval);
   check_duration("join_timeout", c.join_timeout);
+  check_duration("rejoin_timeout", c.rejoin_timeout);
   check_duration("collective_timeout", c.collective_timeout);
   if (c.threads_per_process < 0 || c.threads_per_process > kMaxThreadsPerProcess) {
     problems.push_back(detail::str("threads_per_process is ", c.threads_per_process, "; use 0 ",

@@ -99,6 +99,7 @@ void read_torchrun(const Reader& r, LaunchContract& env) {
   env.job_secret = r.text("ACCELERANT_JOB_SECRET").value_or("");
   env.recovers_in_place = r.flag("ACCELERANT_RECOVER_IN_PLACE");
   env.joins_running_group = r.flag("ACCELERANT_JOINS_RUNNING_GROUP");
+  env.machines_may_join = r.flag("ACCELERANT_MACHINES_MAY_JOIN");
   env.restart_count = static_cast<int>(
       r.integer("ACCELERANT_RESTART_COUNT", 0, kIntMax, "leave it to the launcher")
           .value_or(r.integer("TORCHELASTIC_RESTART_COUNT", 0, kIntMax, "leave it to the launcher")
@@ -311,6 +312,7 @@ std::map<std::string, std::string> to_environment(const LaunchContract& env) {
   if (!env.job_secret.empty()) vars["ACCELERANT_JOB_SECRET"] = env.job_secret;
   if (env.recovers_in_place) vars["ACCELERANT_RECOVER_IN_PLACE"] = "1";
   if (env.joins_running_group) vars["ACCELERANT_JOINS_RUNNING_GROUP"] = "1";
+  if (env.machines_may_join) vars["ACCELERANT_MACHINES_MAY_JOIN"] = "1";
   if (env.downcast_bf16) vars["ACCELERANT_DOWNCAST_BF16"] = *env.downcast_bf16 ? "1" : "0";
   if (env.cpu) vars["ACCELERANT_USE_CPU"] = *env.cpu ? "1" : "0";
   if (env.gradient_accumulation_steps) {

@@ -42,10 +42,11 @@ void add_test_command(CLI::App& app, Action& action);
 /// accelerant launch's flags; unset ones leave the config file's value.
 struct LaunchFlags {
   std::string config_file;
-  std::optional<int> world_size, processes_per_node, num_nodes, node_rank, master_port,
-      max_restarts, threads_per_process, gradient_accumulation_steps;
-  std::optional<std::string> master_addr, mixed_precision, recovery;
-  std::optional<double> monitor_interval, join_timeout, collective_timeout;
+  std::optional<int> world_size, processes_per_node, node_rank, master_port, max_restarts,
+      threads_per_process, gradient_accumulation_steps;
+  // num_nodes: N or MIN:MAX (parse_machine_count)
+  std::optional<std::string> num_nodes, master_addr, mixed_precision, recovery;
+  std::optional<double> monitor_interval, join_timeout, rejoin_timeout, collective_timeout;
   std::string log_dir;
   bool cpu = false, debug = false, prefix_output = false, tee = false;
 };

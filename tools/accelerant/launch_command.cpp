@@ -27,7 +27,11 @@ Config resolve_launch_config(const LaunchFlags& f) {
     c = load_config(path);
   }
   if (f.world_size) c.world_size = *f.world_size;
-  if (f.num_nodes) c.num_nodes = *f.num_nodes;
+  if (f.num_nodes) {
+    const MachineCount count = parse_machine_count(*f.num_nodes, "--num_nodes");
+    c.num_nodes = count.most;
+    c.min_nodes = count.fewest == count.most ? 0 : count.fewest;
+  }
   if (f.node_rank) c.node_rank = *f.node_rank;
   if (f.master_addr) c.master_addr = *f.master_addr;
   if (f.master_port) c.master_port = *f.master_port;
@@ -51,6 +55,7 @@ Config resolve_launch_config(const LaunchFlags& f) {
   if (f.monitor_interval)
     c.monitor_interval = seconds_to_duration(*f.monitor_interval, "monitor_interval");
   if (f.join_timeout) c.join_timeout = seconds_to_duration(*f.join_timeout, "join_timeout");
+  if (f.rejoin_timeout) c.rejoin_timeout = seconds_to_duration(*f.rejoin_timeout, "rejoin_timeout");
   if (f.collective_timeout) {
     c.collective_timeout = seconds_to_duration(*f.collective_timeout, "collective_timeout");
   }
@@ -66,6 +71,8 @@ int run_launch(const LaunchFlags& flags, const std::vector<std::string>& command
   auto options = LaunchOptions()
                      .processes_per_node(c.world_size / c.num_nodes)
                      .num_nodes(c.num_nodes)
+                     .min_nodes(c.min_nodes > 0 ? std::optional<int>(c.min_nodes) : std::nullopt)
+                     .rejoin_timeout(c.rejoin_timeout)
                      .node_rank(c.node_rank)
                      .master_addr(c.master_addr)
                      .master_port(c.master_port)
@@ -115,7 +122,9 @@ void add_launch_command(CLI::App& app, Action& action) {
   launch->add_option(flag_names("processes_per_node"), flags->processes_per_node,
                      "Processes on each machine (instead of --world_size: the total is this times "
                      "--num_nodes)");
-  launch->add_option(flag_names("num_nodes"), flags->num_nodes, "Machines taking part");
+  launch->add_option(flag_names("num_nodes"), flags->num_nodes,
+                     "Machines taking part: N, or MIN:MAX to go on with at least MIN when "
+                     "machines are lost (elastic; each resumes from the last checkpoint)");
   launch->add_option(flag_names("node_rank"), flags->node_rank, "This machine's rank (0 = main)");
   launch->add_option(flag_names("master_addr"), flags->master_addr, "The main machine's address");
   launch->add_option(flag_names("master_port"), flags->master_port,
@@ -126,13 +135,17 @@ void add_launch_command(CLI::App& app, Action& action) {
                      "What a failure within --max_restarts leads to: restart_group (default: every "
                      "worker restarts and resumes from the last checkpoint) or "
                      "replace_failed_worker (only the failed worker is replaced; the others keep "
-                     "their state and redo at most the step that failed; one machine; "
+                     "their state and redo at most the step that failed; under ZeRO the group "
+                     "restarts from the last checkpoint; "
                      "docs/launching.md)");
   launch->add_option("--monitor_interval", flags->monitor_interval,
                      "Seconds between checks of the workers");
   launch->add_option("--join_timeout", flags->join_timeout,
                      "Seconds the machines' launchers, and the workers at start-up, wait for each "
                      "other (default 600)");
+  launch->add_option("--rejoin_timeout", flags->rejoin_timeout,
+                     "With --num_nodes MIN:MAX: seconds to wait for a lost or missing machine "
+                     "before going on without it (default 60)");
   launch->add_option("--collective_timeout", flags->collective_timeout,
                      "Seconds a collective every rank entered may take before failing (default: "
                      "$ACCELERANT_TIMEOUT_MS / 1000, else the config's, else 1800); ranks in "

@@ -159,11 +159,38 @@ void in_place_recoveries(std::ostream& out, const RunReport& r) {
   out << "</ul>\n";
 }
 
+// Elastic membership changes (accelerant launch --num_nodes MIN:MAX), from the membership/*
+// scalars the Accelerator logs when it resumes from a checkpoint of another world size.
+void membership_changes(std::ostream& out, const RunReport& r) {
+  const auto worlds = r.scalars.find("membership/world_size");
+  if (worlds == r.scalars.end() || worlds->second.empty()) return;
+  auto value_at = [&](const char* tag, int64_t step) -> const double* {
+    const auto series = r.scalars.find(tag);
+    if (series == r.scalars.end()) return nullptr;
+    const auto point = series->second.find(step);
+    return point == series->second.end() ? nullptr : &point->second;
+  };
+  out << "<p id=\"membership\" data-changes=\"" << worlds->second.size() << "\">"
+      << worlds->second.size()
+      << " membership change(s), the run resuming from a checkpoint of another world "
+         "size:</p><ul>\n";
+  for (const auto& [step, world] : worlds->second) {
+    out << "<li class=\"membership-change\" data-step=\"" << step << "\">at step " << step;
+    if (const double* saved = value_at("membership/saved_world_size", step))
+      out << ": " << short_number(*saved) << " process(es) &rarr; " << short_number(world);
+    if (const double* accumulation = value_at("membership/gradient_accumulation_steps", step))
+      out << ", " << short_number(*accumulation) << " micro-batch(es) per step";
+    out << "</li>\n";
+  }
+  out << "</ul>\n";
+}
+
 void attempts_section(std::ostream& out, const RunReport& r) {
   const size_t n = r.attempts.size();
   out << "<section id=\"attempts\" data-attempts=\"" << n << "\" data-restarts=\""
       << (n ? n - 1 : 0) << "\"><h2>Restarts and failures</h2>\n";
   in_place_recoveries(out, r);
+  membership_changes(out, r);
   if (r.log_dir.empty()) {
     out << "<p class=\"none\">No launcher logs: run with <code>accelerant launch --log_dir "
            "DIR</code> and pass <code>--log_dir DIR</code> (or keep them in RUN_DIR/logs).</p>"

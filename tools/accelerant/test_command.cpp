@@ -193,7 +193,7 @@ void add_test_command(CLI::App& app, Action& action) {
       if (read_launch_contract().launched()) return run_checks();  // a worker of the outer job
       LaunchFlags flags;
       flags.config_file = *file;
-      flags.num_nodes = 1;  // a self-test of this machine
+      flags.num_nodes = "1";  // a self-test of this machine
       flags.node_rank = 0;
       flags.master_port = 0;
       flags.world_size = processes->value_or(std::max(2, resolve_launch_config(flags).world_size));
