@@ -170,14 +170,22 @@ INSTANTIATE_TEST_SUITE_P(EitherMachine, KillOneMachine, ::testing::Values(1, 0),
                            return info.param == 0 ? "MainMachine" : "OtherMachine";
                          });
 
-// In-place recovery across machines (issue 37): a worker SIGKILLed in its backward, on either
-// machine, is replaced alone by its machine's launcher; the other three workers, on both machines,
-// are not restarted (they end in generation 1 though they started in generation 0), and every
-// process ends with the parameters of the run without the failure, bit for bit.
-class ReplaceInPlaceOnTwoMachines : public TwoMachines, public ::testing::WithParamInterface<int> {
+// In-place recovery across machines (issue 37): a worker SIGKILLed in its backward (while the
+// others all-reduce), before it, or as the others save, on either machine, is replaced alone by
+// its machine's launcher; the other three workers, on both machines, are not restarted (they end
+// in generation 1 though they started in generation 0), and every process ends with the
+// parameters of the run without the failure, bit for bit.
+struct Victim {
+  int rank;
+  const char* where;  // launch_helper train's WHERE
+};
+
+class ReplaceInPlaceOnTwoMachines : public TwoMachines,
+                                    public ::testing::WithParamInterface<Victim> {
  protected:
-  // Both machines' output of `launch_helper train victim` under in-place recovery.
-  std::string train(int victim) {
+  // Both machines' output of `launch_helper train` under in-place recovery.
+  std::string train(int victim, const char* where) {
+    ScratchDir dir;
     const std::vector<std::string> more{"-n",
                                         "4",
                                         "--recovery",
@@ -188,7 +196,9 @@ class ReplaceInPlaceOnTwoMachines : public TwoMachines, public ::testing::WithPa
                                         "10",
                                         launch_helper_path(),
                                         "train",
-                                        std::to_string(victim)};
+                                        std::to_string(victim),
+                                        where,
+                                        dir.path};
     auto m0 = start_machine(0, more);
     auto m1 = start_machine(1, more);
     std::string out0, out1;
@@ -201,15 +211,15 @@ class ReplaceInPlaceOnTwoMachines : public TwoMachines, public ::testing::WithPa
 };
 
 TEST_P(ReplaceInPlaceOnTwoMachines, OnlyTheKilledWorkerRestartsAndTheRunEndsBitForBit) {
-  const int victim = GetParam();
-  const std::string clean = train(-1);
+  const int victim = GetParam().rank;
+  const std::string clean = train(-1, GetParam().where);
   if (HasFailure()) return;  // the uninterrupted run must work first
   const std::string marker = "trained rank=0 started_in_generation=0 generation=0 steps=9 digest=";
   const size_t at = clean.find(marker);
   ASSERT_NE(at, std::string::npos) << clean;
   const std::string digest =
       clean.substr(at + marker.size(), clean.find('\n', at) - at - marker.size());
-  const std::string recovered = train(victim);
+  const std::string recovered = train(victim, GetParam().where);
   for (int r = 0; r < 4; ++r) {
     const std::string rank = "trained rank=" + std::to_string(r);
     EXPECT_TRUE(
@@ -225,11 +235,18 @@ TEST_P(ReplaceInPlaceOnTwoMachines, OnlyTheKilledWorkerRestartsAndTheRunEndsBitF
   EXPECT_FALSE(contains(recovered, "Restarting the group")) << recovered;
 }
 
-// Rank 3 lives on machine 1, whose launcher reaches the job's store on machine 0; rank 1 on
-// machine 0, with the store.
-INSTANTIATE_TEST_SUITE_P(EitherMachine, ReplaceInPlaceOnTwoMachines, ::testing::Values(3, 1),
+// Ranks 2 and 3 live on machine 1, whose launcher reaches the job's store on machine 0; ranks 0
+// (the main process) and 1 on machine 0, with the store.
+INSTANTIATE_TEST_SUITE_P(EitherMachine, ReplaceInPlaceOnTwoMachines,
+                         ::testing::Values(Victim{3, "backward"}, Victim{1, "backward"},
+                                           Victim{2, "before"}, Victim{0, "save"}),
                          [](const auto& info) {
-                           return info.param == 1 ? "OnTheMainMachine" : "OnTheOtherMachine";
+                           const std::string where = info.param.where;
+                           return "Rank" + std::to_string(info.param.rank) +
+                                  (info.param.rank < 2 ? "OnTheMainMachine" : "OnTheOtherMachine") +
+                                  (where == "backward" ? "InBackward"
+                                   : where == "before" ? "BeforeBackward"
+                                                       : "AsTheOthersSave");
                          });
 
 // The rest runs two launchers on loopback: what the launchers tell each other does not depend on

@@ -10,9 +10,11 @@
 //   launch_helper stop                   rank 1 stops itself (SIGSTOP) after the first all-reduce
 //   launch_helper early                  rank 1 returns after the first all-reduce, rank 0 runs a
 //                                        second one
-//   launch_helper train VICTIM           9 steps of a small model through the Accelerator; in
-//                                        generation 0 rank VICTIM (-1: none) SIGKILLs itself in
-//                                        the backward of step 5; prints a digest of the result
+//   launch_helper train VICTIM WHERE DIR 9 steps of a small model through the Accelerator, with a
+//                                        save into DIR after step 5; in generation 0 rank VICTIM
+//                                        (-1: none) SIGKILLs itself WHERE: in the backward of step
+//                                        5 (backward), before it (before), or as the others save
+//                                        after step 5 (save); prints a digest of the result
 //   launch_helper elastic DIR PAUSE      9 steps of a small model with a checkpoint in DIR every
 //                                        3 and auto_resume; with PAUSE=1 every worker of
 //                                        generation 0 waits after step 4 (DIR/paused says so), to
@@ -86,8 +88,9 @@ int main(int argc, char** argv) {
               << state.env().joins_running_group << " sum " << sum.item<int64_t>() << std::endl;
     return 0;
   }
-  if (mode == "train" && argc == 3) {
+  if (mode == "train" && argc == 5) {
     const int victim = std::stoi(argv[2]);
+    const std::string where = argv[3], dir = argv[4];
     Accelerator acc(AcceleratorOptions().seed(11).fused_optimizers(false));
     auto& process = ProcessState::get();
     const int started_in = process.restart_count();
@@ -101,17 +104,25 @@ int main(int argc, char** argv) {
     auto [model, opt, loader] = acc.prepare(
         net, sgd, make_data_loader(x, y, DataLoaderOptions().batch_size(8).shuffle(true)));
     // The first layer's gradient comes last in backward: the others wait in its all-reduce.
+    auto dies_now = [&](const char* here, int64_t after) {
+      return where == here && process.restart_count() == 0 && acc.rank() == victim &&
+             acc.state()->optimizer_steps == after;
+    };
     model->parameters()[0].register_hook([&](torch::Tensor grad) {
-      if (process.restart_count() == 0 && acc.rank() == victim && acc.state()->optimizer_steps == 4)
-        ::raise(SIGKILL);
+      if (dies_now("backward", 4)) ::raise(SIGKILL);
       return grad;
     });
     while (loader.epoch() < 3) {
       for (auto& batch : loader) {
         opt.zero_grad();
-        acc.backward(
-            torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target));
+        auto loss = torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target);
+        if (dies_now("before", 4)) ::raise(SIGKILL);
+        acc.backward(loss);
         opt.step();
+        if (acc.state()->optimizer_steps == 5) {
+          if (dies_now("save", 5)) ::raise(SIGKILL);
+          acc.save_state(dir + "/step_5_generation_" + std::to_string(process.restart_count()));
+        }
       }
     }
     // FNV-1a over the parameters' bytes: equal digests, equal parameters bit for bit.
