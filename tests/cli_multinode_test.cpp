@@ -249,6 +249,97 @@ INSTANTIATE_TEST_SUITE_P(EitherMachine, ReplaceInPlaceOnTwoMachines,
                                                        : "AsTheOthersSave");
                          });
 
+// A machine lost (its launcher SIGKILLed, its workers with it) under in-place recovery: machine 0
+// waits for a launcher with its node_rank, which starts its workers as replacements in the running
+// group; machine 0's workers recover their step and are not restarted, and every process ends
+// with the parameters of the run without the loss, bit for bit.
+TEST_F(TwoMachines, ALostMachinesWorkersAreReplacedInPlaceWhenItsLauncherComesBack) {
+  std::string clean_out;
+  {
+    ScratchDir clean;
+    // The same recovery: it reseeds the generators at each batch (dropout).
+    const std::vector<std::string> more{
+        "-n", "4",        "--recovery", "replace_failed_worker", launch_helper_path(), "train",
+        "-1", "backward", clean.path};
+    auto m0 = start_machine(0, more);
+    auto m1 = start_machine(1, more);
+    std::string out1;
+    EXPECT_EQ(exit_code(finish_program(m0, clean_out, std::chrono::seconds(120))), 0) << clean_out;
+    EXPECT_EQ(exit_code(finish_program(m1, out1, std::chrono::seconds(120))), 0) << out1;
+  }
+  const std::string marker = "trained rank=0 started_in_generation=0 generation=0 steps=9 digest=";
+  const size_t at = clean_out.find(marker);
+  ASSERT_NE(at, std::string::npos) << clean_out;
+  const std::string digest =
+      clean_out.substr(at + marker.size(), clean_out.find('\n', at) - at - marker.size());
+
+  ScratchDir dir;
+  const std::vector<std::string> more{"-n",
+                                      "4",
+                                      "--recovery",
+                                      "replace_failed_worker",
+                                      "--max_restarts",
+                                      "1",
+                                      "--rejoin_timeout",
+                                      "60",
+                                      "--collective_timeout",
+                                      "10",
+                                      launch_helper_path(),
+                                      "train",
+                                      "-1",
+                                      "pause",
+                                      dir.path};
+  // Machine 0's output in a file, to follow it while it runs.
+  std::vector<std::string> argv{ip_, "netns", "exec", ns_[0], "/bin/sh", "-c"};
+  std::string command;
+  for (const auto& arg : launch_args(0, "10.99.0.1", 29500, more)) command += "'" + arg + "' ";
+  argv.push_back(command + "> " + dir.path + "/m0.log 2>&1");
+  auto m0 = start_program(argv);
+  auto m1 = start_machine(1, more);
+  for (int i = 0; i < 600 && ::access((dir.path + "/paused").c_str(), F_OK) != 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ::kill(m1.pid, SIGKILL);  // its workers die with it
+  std::string lost_out;
+  finish_program(m1, lost_out, std::chrono::seconds(10));
+  const auto log_says = [&](const std::string& what) {
+    for (int i = 0; i < 600; ++i) {
+      if (contains(slurp(dir.path + "/m0.log"), what)) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return false;
+  };
+  const bool awaited = log_says("Its workers are replaced in place (generation 1)");
+  auto again = start_machine(1, more);
+  const bool back = log_says("machine 1's launcher is back");
+  std::ofstream(dir.path + "/go") << "go\n";
+  std::string ignored, out1;
+  const int status0 = finish_program(m0, ignored, std::chrono::seconds(120));
+  const int status1 = finish_program(again, out1, std::chrono::seconds(60));
+  const std::string out0 = slurp(dir.path + "/m0.log");
+  ASSERT_TRUE(awaited && back) << out0;
+  ASSERT_EQ(exit_code(status0), 0) << out0 << "\n--- machine 1 again:\n" << out1;
+  ASSERT_EQ(exit_code(status1), 0) << out1 << "\n--- machine 0:\n" << out0;
+  EXPECT_TRUE(contains(out0, "machine 1's launcher disconnected without a word")) << out0;
+  EXPECT_TRUE(contains(out1,
+                       "this machine's workers join the running group (attempt 1, "
+                       "generation 1) in place of the lost ones"))
+      << out1;
+  // Machine 0's workers started in generation 0 and are the same processes in generation 1.
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(
+        contains(out0, "trained rank=" + std::to_string(r) +
+                           " started_in_generation=0 generation=1 steps=9 digest=" + digest))
+        << out0;
+  }
+  for (int r = 2; r < 4; ++r) {
+    EXPECT_TRUE(
+        contains(out1, "trained rank=" + std::to_string(r) +
+                           " started_in_generation=1 generation=1 steps=9 digest=" + digest))
+        << out1;
+  }
+  EXPECT_FALSE(contains(out0, "Restarting the group")) << out0;
+}
+
 // The rest runs two launchers on loopback: what the launchers tell each other does not depend on
 // the network between them.
 

@@ -14,7 +14,9 @@
 //                                        save into DIR after step 5; in generation 0 rank VICTIM
 //                                        (-1: none) SIGKILLs itself WHERE: in the backward of step
 //                                        5 (backward), before it (before), or as the others save
-//                                        after step 5 (save); prints a digest of the result
+//                                        after step 5 (save); with WHERE pause every worker of
+//                                        generation 0 waits after step 4 (DIR/paused says so)
+//                                        until DIR/go exists; prints a digest of the result
 //   launch_helper elastic DIR PAUSE      9 steps of a small model with a checkpoint in DIR every
 //                                        3 and auto_resume; with PAUSE=1 every worker of
 //                                        generation 0 waits after step 4 (DIR/paused says so), to
@@ -114,6 +116,11 @@ int main(int argc, char** argv) {
     });
     while (loader.epoch() < 3) {
       for (auto& batch : loader) {
+        if (where == "pause" && process.restart_count() == 0 && acc.state()->optimizer_steps == 4) {
+          if (acc.is_main_process()) std::ofstream(dir + "/paused") << "4\n";
+          for (int i = 0; i < 2400 && ::access((dir + "/go").c_str(), F_OK) != 0; ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
         opt.zero_grad();
         auto loss = torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target);
         if (dies_now("before", 4)) ::raise(SIGKILL);

@@ -72,7 +72,8 @@ struct Config {
   /// How long the launchers, and the workers at start-up, wait for each other.
   std::chrono::milliseconds join_timeout = std::chrono::minutes(10);
   /// With min_nodes: how long the launchers wait for missing machines before going on without
-  /// them (LaunchOptions::rejoin_timeout).
+  /// them; under replace_failed_worker, for a lost machine's launcher to come back
+  /// (LaunchOptions::rejoin_timeout).
   std::chrono::milliseconds rejoin_timeout = std::chrono::seconds(60);
   /// How long a collective may wait before it fails naming the ranks it waited for
   /// (ACCELERANT_TIMEOUT_MS in the workers). `accelerant launch`: --collective_timeout, else the

@@ -50,7 +50,10 @@ struct LaunchOptions {
   /// rejoin_timeout more. Default: unset = num_nodes (a lost machine ends the job).
   ACCELERANT_OPTION(std::optional<int>, min_nodes) = std::nullopt;
   /// With min_nodes below num_nodes: how long the launchers wait for missing machines (a lost one
-  /// coming back, one not yet started) before going on without them. Default: 60 s.
+  /// coming back, one not yet started) before going on without them. Under
+  /// Recovery::kReplaceFailedWorker on several machines: how long machine 0 waits for a launcher
+  /// to come back for a lost machine, whose workers it starts as replacements while the others go
+  /// on (then the loss ends the job, or restarts it on fewer machines). Default: 60 s.
   ACCELERANT_OPTION(std::chrono::milliseconds, rejoin_timeout) = std::chrono::seconds(60);
   /// How often the whole group is restarted after a worker fails (with
   /// Recovery::kReplaceFailedWorker: how many failed workers are replaced, and whole restarts,

@@ -237,18 +237,33 @@ class Agent {
     if (o_.verbose()) print_banner();
     SignalGuard signals;
     auto interrupted = [&signals] { return signals.caught() != 0; };
-    for (int attempt = nodes_->first_attempt();; ++attempt) {
-      // A whole restart forms the next generation, after any replacement on another machine.
-      // Machine 0's proposal is the one taken: a launcher that joined later knows none.
-      const int proposed = attempt > 0 ? nodes_->latest_generation(generation_) + 1 : generation_;
-      NodeEvent ready = nodes_->start_attempt(attempt, proposed, interrupted);
+    nodes_->on_lost_machine([this](int node) { return replace_lost_machine(node); });
+    // A launcher started again for a lost machine whose workers are replaced in place joins the
+    // running attempt, its workers as replacements.
+    std::optional<int> rejoining = nodes_->rejoin_running_attempt();
+    for (int attempt = rejoining ? *rejoining : nodes_->first_attempt();; ++attempt) {
+      current_attempt_ = attempt;
+      NodeEvent ready{NodeEvent::kGo, ""};
+      if (!rejoining) {
+        // A whole restart forms the next generation, after any replacement on another machine.
+        // Machine 0's proposal is the one taken: a launcher that joined later knows none.
+        const int proposed = attempt > 0 ? nodes_->latest_generation(generation_) + 1 : generation_;
+        ready = nodes_->start_attempt(attempt, proposed, interrupted);
+      }
       generation_ = nodes_->generation();
       Outcome outcome = ready.kind == NodeEvent::kGo            ? Outcome::kSucceeded
                         : ready.kind == NodeEvent::kInterrupted ? Outcome::kInterrupted
                                                                 : Outcome::kAborted;
       if (outcome == Outcome::kAborted) node_news_ = ready.text;
       if (outcome == Outcome::kSucceeded) {
-        start_group(attempt, debug);
+        if (rejoining && o_.verbose()) {
+          std::fprintf(stderr,
+                       "accelerant::launch: this machine's workers join the running group "
+                       "(attempt %d, generation %d) in place of the lost ones.\n",
+                       attempt + 1, generation_);
+        }
+        start_group(attempt, debug, rejoining.has_value());
+        rejoining.reset();
         outcome = monitor(attempt, signals);
       }
       if (outcome == Outcome::kSucceeded) {
@@ -371,7 +386,9 @@ class Agent {
     std::fflush(stdout);
   }
 
-  void start_group(int attempt, bool debug) {
+  // `replacing`: the workers replace those of this machine, lost with its launcher, in a running
+  // group (rejoin_running_attempt).
+  void start_group(int attempt, bool debug, bool replacing = false) {
     relay_.reset(attempt);
     workers_.clear();
     failures_seen_ = 0;
@@ -380,7 +397,7 @@ class Agent {
     in_place_refusal_.clear();
     if (nodes_->elastic() && o_.verbose() && o_.node_rank() == 0) say_membership(attempt);
     for (int local = 0; local < o_.processes_per_node(); ++local)
-      workers_.push_back(start_worker(worker_spec(local, debug), body_, hooks_, relay_));
+      workers_.push_back(start_worker(worker_spec(local, debug, replacing), body_, hooks_, relay_));
   }
 
   // The restarts max_restarts counts by `attempt`: whole restarts after failures and workers
@@ -493,6 +510,29 @@ class Agent {
     } catch (const std::exception&) {
       return false;  // the store is gone: the whole-group path reports why
     }
+  }
+
+  // Machine 0, when machine `node`'s launcher is lost (NodeGroup::on_lost_machine): whether its
+  // workers are replaced in place, as for a failed worker (replaces_in_place): the generation
+  // claimed for them, or -1.
+  int replace_lost_machine(int /*node*/) {
+    if (o_.recovery() != Recovery::kReplaceFailedWorker ||
+        restarts_used(current_attempt_) >= o_.max_restarts()) {
+      return -1;
+    }
+    try {
+      generation_ = nodes_->latest_generation(generation_);
+      in_place_refusal_ = nodes_->in_place_refusal(generation_);
+      if (!in_place_refusal_.empty() || !nodes_->generation_formed(generation_, world_size()) ||
+          !nodes_->claim_generation(generation_ + 1)) {
+        return -1;
+      }
+    } catch (const std::exception&) {
+      return -1;
+    }
+    ++replacements_;  // NodeGroup says which machine and generation
+    ++generation_;
+    return generation_;
   }
 
   // Starts a replacement for the failed worker as the next generation; the others keep running
@@ -680,6 +720,7 @@ class Agent {
   int generation_ = 0;
   int replacements_ = 0;
   int failures_seen_ = 0;  // failed workers reaped since the group (re)formed
+  int current_attempt_ = 0;
   // Why the workers declined in-place recovery in this attempt ("" when none did), for the
   // restart's message.
   std::string in_place_refusal_;

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "accelerant/error.h"
@@ -310,24 +311,37 @@ NodeEvent NodeGroup::check_links(int attempt) {
   std::vector<std::string> reasons;
   for (int node : lost) {
     const std::string said = key(str("left/node_", node));
+    std::string reason;
     if (store_->check({said})) {
       const std::string why = store_->get(said);
       if (why.empty()) continue;  // it left after the job was done
-      reasons.push_back(str("machine ", node, " stopped: ", why));
+      reason = str("machine ", node, " stopped: ", why);
     } else {
-      const std::string what =
-          str("machine ", node,
-              "'s launcher disconnected without a word: it was killed (SIGKILL, out of "
-              "memory) or its machine went down or became unreachable.");
-      reasons.push_back(elastic() ? what
-                                  : str(what,
-                                        " Its workers are gone, so the job cannot go on. Fix: "
-                                        "find out on machine ",
-                                        node,
-                                        " what ended it, then restart the job on every machine "
-                                        "(from the last checkpoint)."));
+      reason = str("machine ", node,
+                   "'s launcher disconnected without a word: it was killed (SIGKILL, out of "
+                   "memory) or its machine went down or became unreachable.");
     }
+    const int generation = replace_lost_machine_ ? replace_lost_machine_(node) : -1;
+    if (generation >= 0) {
+      // Its workers are replaced in place by the launcher that comes back (rejoin_running_attempt)
+      // while the others' recover their step and wait for them (check_awaited).
+      store_->set(key(str("attempt_", attempt, "/rejoin/node_", node)), std::to_string(generation));
+      awaited_[node] = Clock::now() + options_.rejoin_timeout();
+      if (options_.verbose()) {
+        std::fprintf(stderr,
+                     "accelerant::launch: %s Its workers are replaced in place (generation %d): "
+                     "waiting up to the rejoin timeout of %s for a launcher with --node_rank %d; "
+                     "the other machines' workers keep running.\n",
+                     reason.c_str(), generation, seconds(options_.rejoin_timeout()).c_str(), node);
+      }
+      continue;
+    }
+    reasons.push_back(reason);
   }
+  return lost_for_good(attempt, reasons);
+}
+
+NodeEvent NodeGroup::lost_for_good(int attempt, const std::vector<std::string>& reasons) {
   if (reasons.empty()) return {};
   const int left = 1 + static_cast<int>(links_.connected().size());
   if (elastic() && left >= *options_.min_nodes()) {
@@ -344,7 +358,57 @@ NodeEvent NodeGroup::check_links(int attempt) {
     }
     return {NodeEvent::kRestart, text};
   }
-  return {NodeEvent::kAbort, join(reasons, "\n")};
+  return {NodeEvent::kAbort,
+          str(join(reasons, "\n"),
+              "\nIts workers are gone, so the job cannot go on. Fix: find out what ended it, "
+              "then restart the job on every machine (from the last checkpoint).")};
+}
+
+NodeEvent NodeGroup::check_awaited(int attempt) {
+  if (awaited_.empty()) return {};
+  try {
+    links_.accept_nodes(Clock::now());  // without waiting: a launcher already knocking
+  } catch (const LaunchError& e) {
+    if (options_.verbose()) std::fprintf(stderr, "accelerant::launch: %s\n", e.what());
+  }
+  const auto connected = links_.connected();
+  std::vector<std::string> reasons;
+  for (auto it = awaited_.begin(); it != awaited_.end();) {
+    const int node = it->first;
+    if (std::find(connected.begin(), connected.end(), node) != connected.end()) {
+      if (options_.verbose()) {
+        std::fprintf(stderr,
+                     "accelerant::launch: machine %d's launcher is back; its workers join the "
+                     "running group.\n",
+                     node);
+      }
+      it = awaited_.erase(it);
+    } else if (Clock::now() >= it->second) {
+      reasons.push_back(str("machine ", node,
+                            "'s launcher was lost and none came back with --node_rank ", node,
+                            " within the rejoin timeout of ", seconds(options_.rejoin_timeout()),
+                            " to replace its workers."));
+      it = awaited_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return lost_for_good(attempt, reasons);
+}
+
+std::optional<int> NodeGroup::rejoin_running_attempt() {
+  if (!multi_node() || options_.node_rank() == 0) return std::nullopt;
+  try {
+    if (!store_->check({key("running_attempt")})) return std::nullopt;
+    const int attempt = std::stoi(store_->get(key("running_attempt")));
+    const std::string rejoin = key(str("attempt_", attempt, "/rejoin/node_", options_.node_rank()));
+    if (!store_->check({rejoin})) return std::nullopt;
+    generation_ = std::stoi(store_->get(rejoin));
+    members_ = node_list(store_->get(key(str("attempt_", attempt, "/members"))));
+    return attempt;
+  } catch (const std::exception&) {
+    return std::nullopt;  // the lost store is phrased by start_attempt
+  }
 }
 
 NodeEvent NodeGroup::check_store(int attempt) {
@@ -388,6 +452,7 @@ NodeEvent NodeGroup::poll(int attempt) {
   // A failure another machine published is more telling than the disconnect that follows it.
   NodeEvent event = check_store(attempt);
   if (event.kind == NodeEvent::kNone) event = check_links(attempt);
+  if (event.kind == NodeEvent::kNone) event = check_awaited(attempt);
   if (event.kind == NodeEvent::kNone && machines_may_join()) event = take_arrivals(attempt);
   return event;
 }
@@ -513,6 +578,7 @@ NodeEvent NodeGroup::start_attempt(int attempt, int proposed_generation,
                                    const std::function<bool()>& interrupted) {
   generation_ = proposed_generation;
   arrival_.clear();
+  awaited_.clear();
   members_.clear();
   for (int node = 0; node < options_.num_nodes(); ++node) members_.push_back(node);
   if (!multi_node()) return {NodeEvent::kGo, ""};
@@ -551,6 +617,7 @@ NodeEvent NodeGroup::start_attempt(int attempt, int proposed_generation,
         store_->set(chosen, join(members_, ","));
         store_->set(generation, std::to_string(generation_));
         store_->set(go, "1");
+        store_->set(key("running_attempt"), std::to_string(attempt));
         // A launcher that arrives while this attempt runs joins the next one.
         if (elastic()) store_->set(key("attempt"), std::to_string(attempt + 1));
         return {NodeEvent::kGo, ""};

@@ -16,8 +16,11 @@
 // store, cannot be lost. On one machine all of this reduces to the store.
 #pragma once
 
+#include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "accelerant/launch_options.h"
@@ -100,6 +103,18 @@ class NodeGroup {
   bool machines_may_join() const;
   /// The restarts that were membership changes (kRegroup), which max_restarts does not count.
   int free_restarts();
+  /// Machine 0: asked when a machine's launcher is lost while its group runs, whether that
+  /// machine's workers are replaced in place (Recovery::kReplaceFailedWorker): the generation
+  /// they join as, which the answer claimed, or -1 for no (the loss then ends or, elastic,
+  /// restarts the group). Replaced in place, machine 0 waits up to rejoin_timeout for a launcher
+  /// with its node_rank (check_awaited) while the others' workers go on. Default: always -1.
+  void on_lost_machine(std::function<int(int node)> replace) {
+    replace_lost_machine_ = std::move(replace);
+  }
+  /// A launcher that came back for a lost machine whose workers are replaced in place: the
+  /// running attempt it joins (members() and generation() then set), without start_attempt;
+  /// std::nullopt otherwise.
+  std::optional<int> rejoin_running_attempt();
   /// Without blocking: kNone, kRestart (a failure elsewhere in `attempt`) or kAbort.
   NodeEvent poll(int attempt);
   /// Tells the other machines that a worker here failed in `attempt`.
@@ -128,6 +143,12 @@ class NodeGroup {
   // Machine 0 while machines_may_join(): takes in a launcher that arrived and tells the workers;
   // kRegroup once every worker has saved and stopped.
   NodeEvent take_arrivals(int attempt);
+  // Machine 0: lost machines whose launchers it waits for (on_lost_machine), until they connect
+  // or their deadline passes (then lost_for_good).
+  NodeEvent check_awaited(int attempt);
+  // Machine 0: machines lost for good, `reasons` saying how: an elastic restart on the machines
+  // left, or the end of the job; kNone without reasons.
+  NodeEvent lost_for_good(int attempt, const std::vector<std::string>& reasons);
   void wait_for_others_to_disconnect(std::chrono::milliseconds limit);
 
   const LaunchOptions& options_;
@@ -140,6 +161,8 @@ class NodeGroup {
   std::vector<int> members_;  // see members()
   int generation_ = 0;        // see generation()
   std::string arrival_;       // machine 0: which machines arrived in this attempt ("" none)
+  std::function<int(int)> replace_lost_machine_;                  // see on_lost_machine()
+  std::map<int, std::chrono::steady_clock::time_point> awaited_;  // lost node -> deadline
 };
 
 }  // namespace accelerant::detail

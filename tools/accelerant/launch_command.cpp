@@ -145,7 +145,8 @@ void add_launch_command(CLI::App& app, Action& action) {
                      "other (default 600)");
   launch->add_option("--rejoin_timeout", flags->rejoin_timeout,
                      "With --num_nodes MIN:MAX: seconds to wait for a lost or missing machine "
-                     "before going on without it (default 60)");
+                     "before going on without it; with --recovery replace_failed_worker: for a "
+                     "lost machine's launcher to come back and replace its workers (default 60)");
   launch->add_option("--collective_timeout", flags->collective_timeout,
                      "Seconds a collective every rank entered may take before failing (default: "
                      "$ACCELERANT_TIMEOUT_MS / 1000, else the config's, else 1800); ranks in "
