@@ -12,6 +12,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "test_support.h"
@@ -29,12 +30,14 @@ void isolate_from_user_config() {
   ::setenv("XDG_CACHE_HOME", "/nonexistent/accelerant-test-cache", 1);
 }
 
+// `machines`: --num_machines's value, 2 or an elastic range such as 1:2.
 std::vector<std::string> launch_args(int machine_rank, const std::string& ip, int port,
-                                     const std::vector<std::string>& more) {
+                                     const std::vector<std::string>& more,
+                                     const std::string& machines = "2") {
   std::vector<std::string> args{cli_path(),
                                 "launch",
                                 "--num_machines",
-                                "2",
+                                machines,
                                 "--machine_rank",
                                 std::to_string(machine_rank),
                                 "--main_process_ip",
@@ -95,9 +98,11 @@ class TwoMachines : public ::testing::Test {
   }
 
   // accelerant launch as machine `m`, inside its namespace.
-  ProgramRun start_machine(int m, const std::vector<std::string>& more) {
+  ProgramRun start_machine(int m, const std::vector<std::string>& more,
+                           const std::string& machines = "2") {
     std::vector<std::string> argv{ip_, "netns", "exec", ns_[m]};
-    auto args = launch_args(m, "10.99.0.1", 29500, more);  // each namespace has its own ports
+    // Each namespace has its own ports.
+    auto args = launch_args(m, "10.99.0.1", 29500, more, machines);
     argv.insert(argv.end(), args.begin(), args.end());
     return start_program(argv);
   }
@@ -391,22 +396,9 @@ TEST(MultiMachineLaunch, WithoutRestartsAFailureElsewhereEndsEveryMachineWithIts
 
 std::vector<std::string> elastic_args(int machine_rank, int port,
                                       const std::vector<std::string>& more) {
-  std::vector<std::string> args{cli_path(),
-                                "launch",
-                                "--num_machines",
-                                "1:2",
-                                "--machine_rank",
-                                std::to_string(machine_rank),
-                                "--main_process_ip",
-                                "127.0.0.1",
-                                "--main_process_port",
-                                std::to_string(port),
-                                "--rejoin_timeout",
-                                "1",
-                                "-n",
-                                "4"};
+  std::vector<std::string> args{"--rejoin_timeout", "1", "-n", "4"};
   args.insert(args.end(), more.begin(), more.end());
-  return args;
+  return launch_args(machine_rank, "127.0.0.1", port, args, "1:2");
 }
 
 // The checksum `launch_helper elastic` printed on the line that starts with `line`; NaN if none.
@@ -429,15 +421,17 @@ double uninterrupted_checksum() {
   return sum;
 }
 
-TEST(ElasticMembership, AMachineLostUnderMinMaxLeavesTheOtherGoingOnWithFewerProcesses) {
-  isolate_from_user_config();
+// Machines 0 and 1 of a 1:2 job started by `start` (with these flags after the job's shape);
+// machine 1 lost (SIGKILL) after step 4: machine 0 goes on alone from the checkpoint of step 3.
+void goes_on_with_fewer(
+    const std::function<ProgramRun(int machine, const std::vector<std::string>& more)>& start) {
   const double want = uninterrupted_checksum();
   ScratchDir dir;
-  const int port = free_port();
-  const std::vector<std::string> more{"--max_restarts", "1",      launch_helper_path(),
-                                      "elastic",        dir.path, "1"};
-  auto m0 = start_program(elastic_args(0, port, more));
-  auto m1 = start_program(elastic_args(1, port, more));
+  const std::vector<std::string> more{
+      "--rejoin_timeout",   "1",       "-n",     "4", "--max_restarts", "1",
+      launch_helper_path(), "elastic", dir.path, "1"};
+  auto m0 = start(0, more);
+  auto m1 = start(1, more);
   // Every worker waits after step 4, past the checkpoint of step 3: machine 1 is lost then.
   for (int i = 0; i < 600 && ::access((dir.path + "/paused").c_str(), F_OK) != 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -458,6 +452,21 @@ TEST(ElasticMembership, AMachineLostUnderMinMaxLeavesTheOtherGoingOnWithFewerPro
       checksum_after(out0, "elastic rank=0 world=2 accumulation=2 generation=1 steps=9");
   ASSERT_FALSE(std::isnan(got)) << out0;
   EXPECT_NEAR(got, want, 5e-6 * std::max(1.0, std::abs(want))) << out0;
+}
+
+TEST(ElasticMembership, AMachineLostUnderMinMaxLeavesTheOtherGoingOnWithFewerProcesses) {
+  isolate_from_user_config();
+  const int port = free_port();
+  goes_on_with_fewer([port](int machine, const std::vector<std::string>& more) {
+    return start_program(launch_args(machine, "127.0.0.1", port, more, "1:2"));
+  });
+}
+
+// The same on two network namespaces: the machines reach each other over a network.
+TEST_F(TwoMachines, AMachineLostUnderMinMaxLeavesTheOtherGoingOnWithFewerProcesses) {
+  goes_on_with_fewer([this](int machine, const std::vector<std::string>& more) {
+    return start_machine(machine, more, "1:2");
+  });
 }
 
 TEST(ElasticMembership, AMachineThatNeverComesIsGoneOnWithoutAfterTheRejoinTimeout) {
