@@ -185,46 +185,45 @@ struct Victim {
   const char* where;  // launch_helper train's WHERE
 };
 
-class ReplaceInPlaceOnTwoMachines : public TwoMachines,
-                                    public ::testing::WithParamInterface<Victim> {
- protected:
-  // Both machines' output of `launch_helper train` under in-place recovery.
-  std::string train(int victim, const char* where) {
-    ScratchDir dir;
-    const std::vector<std::string> more{"-n",
-                                        "4",
-                                        "--recovery",
-                                        "replace_failed_worker",
-                                        "--max_restarts",
-                                        "1",
-                                        "--collective_timeout",
-                                        "10",
-                                        launch_helper_path(),
-                                        "train",
-                                        std::to_string(victim),
-                                        where,
-                                        dir.path};
-    auto m0 = start_machine(0, more);
-    auto m1 = start_machine(1, more);
-    std::string out0, out1;
-    const int status0 = finish_program(m0, out0, std::chrono::seconds(120));
-    const int status1 = finish_program(m1, out1, std::chrono::seconds(120));
-    EXPECT_EQ(exit_code(status0), 0) << out0 << "\n--- machine 1:\n" << out1;
-    EXPECT_EQ(exit_code(status1), 0) << out1 << "\n--- machine 0:\n" << out0;
-    return out0 + "\n--- machine 1:\n" + out1;
-  }
-};
+using StartMachine = std::function<ProgramRun(int machine, const std::vector<std::string>& more)>;
 
-TEST_P(ReplaceInPlaceOnTwoMachines, OnlyTheKilledWorkerRestartsAndTheRunEndsBitForBit) {
-  const int victim = GetParam().rank;
-  const std::string clean = train(-1, GetParam().where);
-  if (HasFailure()) return;  // the uninterrupted run must work first
+// Both machines' output of `launch_helper train` under in-place recovery, started by `start`.
+std::string train_on_two_machines(const StartMachine& start, int victim, const char* where) {
+  ScratchDir dir;
+  const std::vector<std::string> more{"-n",
+                                      "4",
+                                      "--recovery",
+                                      "replace_failed_worker",
+                                      "--max_restarts",
+                                      "1",
+                                      "--collective_timeout",
+                                      "10",
+                                      launch_helper_path(),
+                                      "train",
+                                      std::to_string(victim),
+                                      where,
+                                      dir.path};
+  auto m0 = start(0, more);
+  auto m1 = start(1, more);
+  std::string out0, out1;
+  const int status0 = finish_program(m0, out0, std::chrono::seconds(120));
+  const int status1 = finish_program(m1, out1, std::chrono::seconds(120));
+  EXPECT_EQ(exit_code(status0), 0) << out0 << "\n--- machine 1:\n" << out1;
+  EXPECT_EQ(exit_code(status1), 0) << out1 << "\n--- machine 0:\n" << out0;
+  return out0 + "\n--- machine 1:\n" + out1;
+}
+
+// Rank `victim` dies `where`; every other process is the one started in generation 0, and all
+// end bit for bit as without the death.
+void replaced_in_place_on_two_machines(const StartMachine& start, int victim, const char* where) {
+  const std::string clean = train_on_two_machines(start, -1, where);
+  if (::testing::Test::HasFailure()) return;  // the uninterrupted run must work first
   const std::string marker = "trained rank=0 started_in_generation=0 generation=0 steps=9 digest=";
   const size_t at = clean.find(marker);
   ASSERT_NE(at, std::string::npos) << clean;
   const std::string digest =
       clean.substr(at + marker.size(), clean.find('\n', at) - at - marker.size());
-  const std::string recovered = train(victim, GetParam().where);
+  const std::string recovered = train_on_two_machines(start, victim, where);
   for (int r = 0; r < 4; ++r) {
     const std::string rank = "trained rank=" + std::to_string(r);
     EXPECT_TRUE(
@@ -238,6 +237,29 @@ TEST_P(ReplaceInPlaceOnTwoMachines, OnlyTheKilledWorkerRestartsAndTheRunEndsBitF
   }
   EXPECT_TRUE(contains(recovered, "starting a replacement in its place")) << recovered;
   EXPECT_FALSE(contains(recovered, "Restarting the group")) << recovered;
+}
+
+class ReplaceInPlaceOnTwoMachines : public TwoMachines,
+                                    public ::testing::WithParamInterface<Victim> {};
+
+TEST_P(ReplaceInPlaceOnTwoMachines, OnlyTheKilledWorkerRestartsAndTheRunEndsBitForBit) {
+  replaced_in_place_on_two_machines(
+      [this](int machine, const std::vector<std::string>& more) {
+        return start_machine(machine, more);
+      },
+      GetParam().rank, GetParam().where);
+}
+
+// The same with two launchers on loopback, which needs no privileges: where network namespaces
+// cannot be made, the launchers' generation claims are still tested.
+TEST(MultiMachineLaunch, AWorkerOnTheOtherMachineIsReplacedInPlace) {
+  isolate_from_user_config();
+  const int port = free_port();
+  replaced_in_place_on_two_machines(
+      [port](int machine, const std::vector<std::string>& more) {
+        return start_program(launch_args(machine, "127.0.0.1", port, more));
+      },
+      3, "backward");
 }
 
 // Ranks 2 and 3 live on machine 1, whose launcher reaches the job's store on machine 0; ranks 0
@@ -423,8 +445,7 @@ double uninterrupted_checksum() {
 
 // Machines 0 and 1 of a 1:2 job started by `start` (with these flags after the job's shape);
 // machine 1 lost (SIGKILL) after step 4: machine 0 goes on alone from the checkpoint of step 3.
-void goes_on_with_fewer(
-    const std::function<ProgramRun(int machine, const std::vector<std::string>& more)>& start) {
+void goes_on_with_fewer(const StartMachine& start) {
   const double want = uninterrupted_checksum();
   ScratchDir dir;
   const std::vector<std::string> more{
@@ -508,9 +529,13 @@ TEST(ElasticMembership, AMachineThatArrivesJoinsAtTheNextStepBoundary) {
     }
     return false;
   };
-  // Its workers wait after step 4 until machine 1 was taken in.
-  for (int i = 0; i < 600 && ::access((dir.path + "/paused").c_str(), F_OK) != 0; ++i)
+  // Its workers wait after step 4 until machine 1 was taken in: both have looked for news at the
+  // batch after step 4 then, so they agree to stop after step 6.
+  for (int i = 0; i < 600 && (::access((dir.path + "/paused.0").c_str(), F_OK) != 0 ||
+                              ::access((dir.path + "/paused.1").c_str(), F_OK) != 0);
+       ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
   auto m1 = start_program(elastic_args(1, port, more));
   const bool taken_in = log_says("machine(s) 1 arrived");
   std::ofstream(dir.path + "/go") << "go\n";

@@ -168,6 +168,8 @@ int main(int argc, char** argv) {
       for (auto& batch : loader) {
         const int64_t before = acc.state()->optimizer_steps;
         if (pause != "0" && process.restart_count() == 0 && before == 4) {
+          // Each rank's batch after step 4 was handed out (and looked at) when it waits here.
+          std::ofstream(dir + "/paused." + std::to_string(acc.rank())) << "4\n";
           if (acc.is_main_process()) std::ofstream(dir + "/paused") << "4\n";
           if (pause == "1") std::this_thread::sleep_for(std::chrono::minutes(2));
           for (int i = 0; i < 2400 && ::access((dir + "/go").c_str(), F_OK) != 0; ++i)

@@ -6,7 +6,6 @@
 #include <thread>
 
 #include "accelerant/accelerator.h"
-#include "accelerant/error.h"
 #include "accelerant/process_state.h"
 #include "base/text.h"
 #include "comm/communicator_impl.h"
@@ -25,16 +24,11 @@ void MembershipWatch::at_batch() {
         comm, "stop_after_step", "", std::to_string(state.optimizer_steps + 1));
     stop_after_ = std::stoll(agreed);
   }
+  // At the first boundary at or past the agreed step: the same boundary on every process, as each
+  // sees the same step counts (two optimizers step the count by 2 per iteration).
   if (state.optimizer_steps < *stop_after_) return;
-  if (state.optimizer_steps > *stop_after_) {
-    throw Error(str(ProcessState::get().rank_prefix(),
-                    "elastic membership: the processes agreed to stop after step ", *stop_after_,
-                    " for a machine that arrived, but this one is at step ", state.optimizer_steps,
-                    " already. Likely cause: a process steps its optimizer without the others "
-                    "(no all-reduce keeps it in step). Fix: step every process alike."));
-  }
   const std::string checkpoint = acc.save_state();
-  CommunicatorAccess::publish(comm, str("parked/", acc.rank()), checkpoint);
+  const int rank = acc.rank();
   if (acc.is_main_process()) {
     std::printf(
         "A machine arrived (elastic membership): every process stopped after step %lld "
@@ -43,8 +37,12 @@ void MembershipWatch::at_batch() {
         static_cast<long long>(state.optimizer_steps), checkpoint.c_str());
     std::fflush(stdout);
   }
-  acc.end_training();  // the trackers written out, the group left together
-  // The launcher stops every process once all have parked (NodeGroup::take_arrivals).
+  // The trackers written out and the group left together, then the launcher told: it stops every
+  // process once all have said so (NodeGroup::take_arrivals). The store outlives the group.
+  auto store = CommunicatorAccess::store(comm);
+  acc.end_training();
+  if (store)
+    store->set(str("parked/", rank), std::vector<uint8_t>(checkpoint.begin(), checkpoint.end()));
   while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 

@@ -63,6 +63,11 @@ struct CommunicatorAccess {
     if (!communicator.impl_ || !communicator.impl_->store) return;
     communicator.impl_->store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
   }
+  // That store itself (null with one process): it outlives the group for a last word to the
+  // launcher after ProcessState::shutdown.
+  static c10::intrusive_ptr<c10d::Store> store(Communicator& communicator) {
+    return communicator.impl_ ? communicator.impl_->store : c10::intrusive_ptr<c10d::Store>();
+  }
   // Whether `key` is in that store; false with one process.
   static bool has_key(Communicator& communicator, const std::string& key) {
     if (!communicator.impl_ || !communicator.impl_->store) return false;

@@ -251,6 +251,12 @@ class Agent {
         ready = nodes_->start_attempt(attempt, proposed, interrupted);
       }
       generation_ = nodes_->generation();
+      if (ready.kind == NodeEvent::kDone) {  // this launcher came too late: nothing to run
+        if (o_.verbose()) std::fprintf(stderr, "accelerant::launch: %s.\n", ready.text.c_str());
+        nodes_->leave("");
+        cleanup();
+        return {};
+      }
       Outcome outcome = ready.kind == NodeEvent::kGo            ? Outcome::kSucceeded
                         : ready.kind == NodeEvent::kInterrupted ? Outcome::kInterrupted
                                                                 : Outcome::kAborted;
@@ -402,7 +408,9 @@ class Agent {
 
   // The restarts max_restarts counts by `attempt`: whole restarts after failures and workers
   // replaced in place, not the membership changes of elastic membership.
-  int restarts_used(int attempt) { return attempt - nodes_->free_restarts() + replacements_; }
+  int restarts_used(int attempt) {
+    return attempt - nodes_->free_restarts() + nodes_->replacements();
+  }
 
   // The attempt's workers on every machine.
   int world_size() const {
@@ -414,7 +422,11 @@ class Agent {
   // machines, where it divides (say_membership says what became of it).
   std::optional<int64_t> accumulation_steps() const {
     const int present = static_cast<int>(nodes_->members().size());
-    if (!nodes_->elastic() || present == o_.num_nodes()) return o_.gradient_accumulation_steps();
+    // In-place recovery needs one micro-batch per step (say_membership says so).
+    if (!nodes_->elastic() || present == o_.num_nodes() ||
+        o_.recovery() == Recovery::kReplaceFailedWorker) {
+      return o_.gradient_accumulation_steps();
+    }
     const int64_t full = o_.gradient_accumulation_steps().value_or(1) * o_.num_nodes();
     if (full % present != 0) return o_.gradient_accumulation_steps();
     return full / present;
@@ -427,12 +439,17 @@ class Agent {
     const int64_t now = accumulation_steps().value_or(1);
     std::string batch;
     if (present < o_.num_nodes()) {
-      batch = now != base
-                  ? str("; gradient_accumulation_steps ", base, " -> ", now,
-                        " keeps the global batch of ", o_.num_nodes(), " machines")
-                  : str("; the global batch is ", present, "/", o_.num_nodes(),
-                        " of the full job's: its ", base * o_.num_nodes(),
-                        " micro-batches per step do not divide among ", present, " machines");
+      const std::string why =
+          o_.recovery() == Recovery::kReplaceFailedWorker
+              ? std::string(
+                    "in-place recovery (replace_failed_worker) trains one micro-batch "
+                    "per step")
+              : str("its ", base * o_.num_nodes(), " micro-batches per step do not divide among ",
+                    present, " machines");
+      batch = now != base ? str("; gradient_accumulation_steps ", base, " -> ", now,
+                                " keeps the global batch of ", o_.num_nodes(), " machines")
+                          : str("; the global batch is ", present, "/", o_.num_nodes(),
+                                " of the full job's: ", why);
     }
     std::fprintf(stderr,
                  "accelerant::launch: attempt %d runs on machine(s) %s of %d (%d processes)%s.\n",
@@ -530,7 +547,7 @@ class Agent {
     } catch (const std::exception&) {
       return -1;
     }
-    ++replacements_;  // NodeGroup says which machine and generation
+    nodes_->count_replacement();  // NodeGroup says which machine and generation
     ++generation_;
     return generation_;
   }
@@ -538,7 +555,7 @@ class Agent {
   // Starts a replacement for the failed worker as the next generation; the others keep running
   // and form the group again with it (ProcessState::regroup).
   void replace_failed_worker(int attempt) {
-    ++replacements_;
+    nodes_->count_replacement();
     ++generation_;
     const int local = first_failure_.local_rank;
     if (o_.verbose()) {
@@ -591,7 +608,11 @@ class Agent {
       if (first_failure_.rank < 0 && !all_done && early_exit_found_idle()) {
         first_failure_ = early_exit_.exit;
       }
-      if (first_failure_.rank >= 0 && replaces_in_place(attempt)) {
+      // What the other machines said first: a lost machine also breaks our workers' connections
+      // (then the loss is the real cause), and a machine 0 gone without a word would leave the
+      // store's calls of replaces_in_place waiting.
+      NodeEvent news = first_failure_.rank >= 0 ? nodes_->poll(attempt) : NodeEvent{};
+      if (first_failure_.rank >= 0 && news.kind == NodeEvent::kNone && replaces_in_place(attempt)) {
         // Not drained: that would close the survivors' output too, which goes on.
         first_failure_.stderr_tail = relay_.stderr_tail(first_failure_.rank);
         replace_failed_worker(attempt);
@@ -606,18 +627,16 @@ class Agent {
         for (const auto& w : workers_) {
           flight_records_.push_back(read_file(w.spec.error_path + kFlightRecordSuffix));
         }
-        // A lost machine also breaks our workers' connections; then the loss is the real cause.
-        NodeEvent news = nodes_->poll(attempt);
-        if (news.kind == NodeEvent::kAbort) {
+        if (news.kind == NodeEvent::kAbort || news.kind == NodeEvent::kRestart) {
           node_news_ =
               str(news.text, "\nOn this machine, as a consequence, worker rank ",
                   first_failure_.rank, " failed with ", describe_exit(first_failure_), ".");
-          return Outcome::kAborted;
+          return news.kind == NodeEvent::kAbort ? Outcome::kAborted : Outcome::kFailedElsewhere;
         }
         return Outcome::kFailedHere;
       }
       if (all_done) return Outcome::kSucceeded;
-      NodeEvent news = nodes_->poll(attempt);
+      news = nodes_->poll(attempt);
       if (news.kind != NodeEvent::kNone) return outcome_of(news);
     }
   }
@@ -716,9 +735,8 @@ class Agent {
   int threads_ = 1;
   bool debug_ = false;
   // The workers' generation (ProcessState::restart_count): one more at each whole restart and at
-  // each worker replaced in place; and how many were replaced so far (they count as restarts).
+  // each worker replaced in place (NodeGroup::replacements counts those, as restarts).
   int generation_ = 0;
-  int replacements_ = 0;
   int failures_seen_ = 0;  // failed workers reaped since the group (re)formed
   int current_attempt_ = 0;
   // Why the workers declined in-place recovery in this attempt ("" when none did), for the

@@ -165,8 +165,26 @@ int NodeGroup::latest_generation(int known) {
 }
 
 bool NodeGroup::claim_generation(int generation) {
-  if (!workers_use_launchers_store()) return true;  // one machine, whose launcher alone claims
+  // Without the launchers' store no worker is replaced in place: this launcher alone numbers.
+  if (!workers_use_launchers_store()) return true;
   return store_->add(key(str("generation_", generation)), 1) == 1;
+}
+
+void NodeGroup::count_replacement() {
+  if (!workers_use_launchers_store()) {
+    ++local_replacements_;
+    return;
+  }
+  store_->add(key("replacements"), 1);
+}
+
+int NodeGroup::replacements() {
+  if (!workers_use_launchers_store()) return local_replacements_;
+  try {
+    return static_cast<int>(store_->add(key("replacements"), 0));
+  } catch (const std::exception&) {
+    return local_replacements_;  // the lost store ends the job anyway
+  }
 }
 
 std::string NodeGroup::worker_key(int generation, const std::string& name) const {
@@ -310,6 +328,15 @@ NodeEvent NodeGroup::check_links(int attempt) {
   }
   std::vector<std::string> reasons;
   for (int node : lost) {
+    if (std::find(members_.begin(), members_.end(), node) == members_.end()) {
+      // A launcher taken in to join the next attempt, gone before it: no worker of it runs.
+      if (options_.verbose()) {
+        std::fprintf(stderr,
+                     "accelerant::launch: machine %d's launcher, which waited to join, left.\n",
+                     node);
+      }
+      continue;
+    }
     const std::string said = key(str("left/node_", node));
     std::string reason;
     if (store_->check({said})) {
@@ -348,13 +375,18 @@ NodeEvent NodeGroup::lost_for_good(int attempt, const std::vector<std::string>& 
     // Elastic: the others restart too (check_store), and the next attempt goes on without it.
     const std::string text =
         str(join(reasons, "\n"), "\nUnder elastic membership (", *options_.min_nodes(), ":",
-            options_.num_nodes(), " machines) the job goes on: the group restarts on the ", left,
-            " machine(s) left, after waiting up to the rejoin timeout of ",
+            options_.num_nodes(),
+            " machines) the job goes on while max_restarts allows: the group "
+            "restarts on the ",
+            left, " machine(s) left, after waiting up to the rejoin timeout of ",
             seconds(options_.rejoin_timeout()), " for missing ones, from the last checkpoint.");
-    try {
-      store_->set(key(str("attempt_", attempt, "/lost")), text);
-    } catch (const std::exception&) {
-      // Our own store: it fails only as this machine goes down.
+    // Before the go, start_attempt chooses the members again; the others hear nothing.
+    if (running_) {
+      try {
+        store_->set(key(str("attempt_", attempt, "/lost")), text);
+      } catch (const std::exception&) {
+        // Our own store: it fails only as this machine goes down.
+      }
     }
     return {NodeEvent::kRestart, text};
   }
@@ -452,8 +484,11 @@ NodeEvent NodeGroup::poll(int attempt) {
   // A failure another machine published is more telling than the disconnect that follows it.
   NodeEvent event = check_store(attempt);
   if (event.kind == NodeEvent::kNone) event = check_links(attempt);
-  if (event.kind == NodeEvent::kNone) event = check_awaited(attempt);
-  if (event.kind == NodeEvent::kNone && machines_may_join()) event = take_arrivals(attempt);
+  // Launchers are taken in while the attempt runs (before its go, by choose_members): one taken in
+  // earlier would read the attempt being started, not the next.
+  if (event.kind == NodeEvent::kNone && running_) event = check_awaited(attempt);
+  if (event.kind == NodeEvent::kNone && running_ && machines_may_join())
+    event = take_arrivals(attempt);
   return event;
 }
 
@@ -500,6 +535,8 @@ int NodeGroup::free_restarts() {
 NodeEvent NodeGroup::take_arrivals(int attempt) {
   const int processes = static_cast<int>(members_.size()) * options_.processes_per_node();
   try {
+    // The workers' generation now: a worker replaced in place since the go moved them on.
+    generation_ = latest_generation(generation_);
     if (arrival_.empty()) {
       try {
         links_.accept_nodes(Clock::now());  // without waiting: a launcher already knocking
@@ -546,7 +583,8 @@ int NodeGroup::member_index() const {
   return it == members_.end() ? -1 : static_cast<int>(it - members_.begin());
 }
 
-std::string NodeGroup::choose_members(int attempt) {
+std::string NodeGroup::choose_members(int attempt, const std::function<bool()>& interrupted) {
+  links_.lost();  // a machine lost since the last look is not a member
   std::vector<int> connected = links_.connected();
   if (attempt > 0 && static_cast<int>(connected.size()) < options_.num_nodes() - 1) {
     if (options_.verbose()) {
@@ -556,7 +594,16 @@ std::string NodeGroup::choose_members(int attempt) {
                    1 + static_cast<int>(connected.size()), options_.num_nodes(),
                    seconds(options_.rejoin_timeout()).c_str());
     }
-    links_.accept_nodes(Clock::now() + options_.rejoin_timeout());
+    const auto deadline = Clock::now() + options_.rejoin_timeout();
+    while (Clock::now() < deadline && !interrupted() &&
+           static_cast<int>(links_.connected().size()) < options_.num_nodes() - 1) {
+      try {
+        links_.accept_nodes(std::min(deadline, Clock::now() + std::chrono::milliseconds(200)));
+      } catch (const LaunchError& e) {
+        // A launcher started for another job shape was refused (it says why); this job goes on.
+        if (options_.verbose()) std::fprintf(stderr, "accelerant::launch: %s\n", e.what());
+      }
+    }
     links_.lost();  // one lost while waiting is not a member
     connected = links_.connected();
   }
@@ -579,8 +626,18 @@ NodeEvent NodeGroup::start_attempt(int attempt, int proposed_generation,
   generation_ = proposed_generation;
   arrival_.clear();
   awaited_.clear();
+  running_ = false;
   members_.clear();
   for (int node = 0; node < options_.num_nodes(); ++node) members_.push_back(node);
+  if (options_.node_rank() == 0) {
+    // Claimed like a replacement's, so that a machine replacing a worker for the same generation
+    // meanwhile (before it heard of the failure behind this restart) does not share it.
+    try {
+      while (!claim_generation(generation_)) ++generation_;
+    } catch (const std::exception&) {
+      return check_store(attempt);
+    }
+  }
   if (!multi_node()) return {NodeEvent::kGo, ""};
   const std::string prefix = str("attempt_", attempt, "/");
   const std::string go = key(prefix + "go");
@@ -592,17 +649,23 @@ NodeEvent NodeGroup::start_attempt(int attempt, int proposed_generation,
     } catch (const std::exception&) {
       return check_store(attempt);
     }
-    const std::string too_few = choose_members(attempt);
+    const std::string too_few = choose_members(attempt, interrupted);
     if (!too_few.empty()) return {NodeEvent::kAbort, too_few};
   }
   std::vector<std::string> joined;
-  for (int node : members_) joined.push_back(key(str(prefix, "joined/node_", node)));
+  const auto list_joined = [&] {
+    joined.clear();
+    for (int node : members_) joined.push_back(key(str(prefix, "joined/node_", node)));
+  };
+  list_joined();
   // Machine 0 gives up first, so that the others hear its verdict naming the missing machines.
+  // Under elastic membership the others wait as long as machine 0 is there: one that arrived
+  // while a group runs waits for that group's restart, however long it runs.
   const auto deadline =
-      Clock::now() + options_.join_timeout() +
-      (options_.node_rank() == 0 ? std::chrono::seconds(0) : std::chrono::seconds(10)) +
-      (elastic() && options_.node_rank() != 0 ? options_.rejoin_timeout()
-                                              : std::chrono::milliseconds(0));
+      elastic() && options_.node_rank() != 0
+          ? Clock::time_point::max()
+          : Clock::now() + options_.join_timeout() +
+                (options_.node_rank() == 0 ? std::chrono::seconds(0) : std::chrono::seconds(10));
   try {
     store_->set(key(str(prefix, "joined/node_", options_.node_rank())), "1");
   } catch (const std::exception&) {
@@ -612,12 +675,24 @@ NodeEvent NodeGroup::start_attempt(int attempt, int proposed_generation,
     if (interrupted()) return {NodeEvent::kInterrupted, ""};
     NodeEvent event = poll(attempt);
     if (event.kind == NodeEvent::kAbort) return event;
+    if (event.kind == NodeEvent::kRestart && elastic() && options_.node_rank() == 0) {
+      // A chosen machine was lost before the go: choose again among those there.
+      const std::string too_few = choose_members(attempt, interrupted);
+      if (!too_few.empty()) return {NodeEvent::kAbort, too_few};
+      list_joined();
+    }
     try {
+      if (elastic() && options_.node_rank() != 0 && store_->check({key("done")})) {
+        return {NodeEvent::kDone,
+                "the job finished on the other machines before this one "
+                "could join it"};
+      }
       if (options_.node_rank() == 0 && store_->check(joined)) {
         store_->set(chosen, join(members_, ","));
         store_->set(generation, std::to_string(generation_));
         store_->set(go, "1");
         store_->set(key("running_attempt"), std::to_string(attempt));
+        running_ = true;
         // A launcher that arrives while this attempt runs joins the next one.
         if (elastic()) store_->set(key("attempt"), std::to_string(attempt + 1));
         return {NodeEvent::kGo, ""};
@@ -691,6 +766,8 @@ void NodeGroup::leave(const std::string& reason) {
   try {
     if (options_.node_rank() == 0) {
       if (!reason.empty()) store_->set(key("abort"), reason);
+      // A launcher waiting to join the next attempt (elastic) hears that there is none.
+      if (reason.empty()) store_->set(key("done"), "1");
       // Machine 0 hosts the store: the others must read the verdict before it goes away.
       wait_for_others_to_disconnect(options_.stop_grace_period() + std::chrono::seconds(10));
     } else if (!links_.connected().empty()) {

@@ -76,9 +76,15 @@ class NodeGroup {
   /// worker replaced on another machine moves the group to a generation this launcher did not
   /// start itself.
   int latest_generation(int known);
-  /// Claims `generation` for a replacement on this machine: false when another machine claimed
-  /// it first (two failures on two machines at once, which the group cannot both replace).
+  /// Claims `generation` for a replacement on this machine (or, on machine 0, for the attempt
+  /// start_attempt starts): false when a machine claimed it first (two failures on two machines
+  /// at once, which the group cannot both replace).
   bool claim_generation(int generation);
+  /// Counts a worker (or a lost machine's workers) replaced in place, on any machine: every
+  /// launcher's max_restarts counts them (replacements()).
+  void count_replacement();
+  /// The replacements counted so far by every machine's launcher.
+  int replacements();
 
   /// Under elastic membership: min_nodes below num_nodes on several machines.
   bool elastic() const;
@@ -87,8 +93,9 @@ class NodeGroup {
   int first_attempt();
   /// Waits until every machine is ready to start `attempt` (under elastic membership, after
   /// waiting up to rejoin_timeout for missing ones, every machine there): kGo, kAbort or
-  /// kInterrupted. With kGo, members() and generation() are those of the attempt, generation()
-  /// machine 0's `proposed_generation`.
+  /// kInterrupted; kDone for a launcher that waited to join an elastic job that finished. With kGo,
+  /// members() and generation() are those of the attempt, generation() machine 0's
+  /// `proposed_generation`.
   NodeEvent start_attempt(int attempt, int proposed_generation,
                           const std::function<bool()>& interrupted);
   /// The machines (node ranks, ascending) of the attempt start_attempt started.
@@ -139,7 +146,7 @@ class NodeGroup {
   NodeEvent check_links(int attempt);
   // Machine 0 under elastic membership: waits up to rejoin_timeout for missing machines, then
   // chooses the attempt's members; "" or why the job cannot go on (fewer than min_nodes).
-  std::string choose_members(int attempt);
+  std::string choose_members(int attempt, const std::function<bool()>& interrupted);
   // Machine 0 while machines_may_join(): takes in a launcher that arrived and tells the workers;
   // kRegroup once every worker has saved and stopped.
   NodeEvent take_arrivals(int attempt);
@@ -158,9 +165,11 @@ class NodeGroup {
   int port_ = 0;        // without server_: the port rank 0's store will use
   std::string secret_;  // see job_secret()
   bool left_ = false;
-  std::vector<int> members_;  // see members()
-  int generation_ = 0;        // see generation()
-  std::string arrival_;       // machine 0: which machines arrived in this attempt ("" none)
+  std::vector<int> members_;    // see members()
+  int generation_ = 0;          // see generation()
+  std::string arrival_;         // machine 0: which machines arrived in this attempt ("" none)
+  bool running_ = false;        // machine 0: the attempt's go was given (arrivals taken from then)
+  int local_replacements_ = 0;  // replacements() without the launchers' store
   std::function<int(int)> replace_lost_machine_;                  // see on_lost_machine()
   std::map<int, std::chrono::steady_clock::time_point> awaited_;  // lost node -> deadline
 };
