@@ -490,6 +490,38 @@ TEST_F(TwoMachines, AMachineLostUnderMinMaxLeavesTheOtherGoingOnWithFewerProcess
   });
 }
 
+// Three machines of a 1:3 job, the middle one lost: the two left are numbered 0 and 1 among
+// themselves (machine 2's workers become ranks 2 and 3), and 3 micro-batches per step do not
+// divide among 2 machines, which machine 0 says.
+TEST(ElasticMembership, TheMachinesLeftAreNumberedAmongThemselves) {
+  isolate_from_user_config();
+  ScratchDir dir;
+  const int port = free_port();
+  const std::vector<std::string> more{
+      "--rejoin_timeout",   "1",       "-n",     "6", "--max_restarts", "1",
+      launch_helper_path(), "elastic", dir.path, "1"};
+  ProgramRun runs[3] = {start_program(launch_args(0, "127.0.0.1", port, more, "1:3")),
+                        start_program(launch_args(1, "127.0.0.1", port, more, "1:3")),
+                        start_program(launch_args(2, "127.0.0.1", port, more, "1:3"))};
+  for (int i = 0; i < 600 && ::access((dir.path + "/paused").c_str(), F_OK) != 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ::kill(runs[1].pid, SIGKILL);
+  std::string out[3];
+  const int status0 = finish_program(runs[0], out[0], std::chrono::seconds(120));
+  const int status2 = finish_program(runs[2], out[2], std::chrono::seconds(120));
+  finish_program(runs[1], out[1], std::chrono::seconds(10));
+  ASSERT_EQ(exit_code(status0), 0) << out[0] << "\n--- machine 2:\n" << out[2];
+  ASSERT_EQ(exit_code(status2), 0) << out[2] << "\n--- machine 0:\n" << out[0];
+  EXPECT_TRUE(contains(out[0],
+                       "attempt 2 runs on machine(s) 0, 2 of 3 (4 processes); the global "
+                       "batch is 2/3 of the full job's: its 3 micro-batches per step do "
+                       "not divide among 2 machines"))
+      << out[0];
+  EXPECT_TRUE(contains(out[0], "elastic rank=0 world=4 accumulation=1 generation=1")) << out[0];
+  EXPECT_TRUE(contains(out[2], "elastic rank=2 world=4 accumulation=1 generation=1")) << out[2];
+  EXPECT_TRUE(contains(out[2], "elastic rank=3 world=4 accumulation=1 generation=1")) << out[2];
+}
+
 TEST(ElasticMembership, AMachineThatNeverComesIsGoneOnWithoutAfterTheRejoinTimeout) {
   isolate_from_user_config();
   const double want = uninterrupted_checksum();

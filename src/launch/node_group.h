@@ -12,8 +12,11 @@
 // and a group cannot be formed without them. Under elastic membership (LaunchOptions::min_nodes)
 // machine 0 instead tells the others to restart (a restart), waits up to rejoin_timeout for
 // missing machines at the next attempt, and starts it with the machines there (members()); a
-// launcher that arrives is taken in at the start of an attempt. Machine 0 itself, which hosts the
-// store, cannot be lost. On one machine all of this reduces to the store.
+// launcher that arrives while an attempt runs is taken in (take_arrivals), the workers stop at a
+// step boundary, and the next attempt includes it. Under Recovery::kReplaceFailedWorker a lost
+// machine's workers are replaced in place instead when its launcher comes back
+// (on_lost_machine). Machine 0 itself, which hosts the store, cannot be lost. On one machine all
+// of this reduces to the store.
 #pragma once
 
 #include <chrono>
