@@ -44,9 +44,10 @@ namespace accelerant {
 /// The agent behind launch(): forks options.processes_per_node workers that each run `body`,
 /// watches them, restarts the group after a failure up to max_restarts, relays their output and
 /// reports the first failure (launch_program runs the same agent without LibTorch). Returns each
-/// local worker's bytes in local rank order. Throws LaunchError when the group fails after
-/// max_restarts restarts. launch() is this with the result serialised for you; call this one to
-/// move your own bytes.
+/// local worker's bytes in local rank order; empty on a machine that came to join an elastic job
+/// (LaunchOptions::min_nodes) which finished before it could. Throws LaunchError when the group
+/// fails after max_restarts restarts. launch() is this with the result serialised for you; call
+/// this one to move your own bytes.
 ///
 /// When a launcher already started this process (read_launch_contract().launched(): `accelerant
 /// launch`, torchrun, srun, mpirun), nothing is forked: `body` runs here, once, as this process's

@@ -627,7 +627,10 @@ class Agent {
         for (const auto& w : workers_) {
           flight_records_.push_back(read_file(w.spec.error_path + kFlightRecordSuffix));
         }
-        if (news.kind == NodeEvent::kAbort || news.kind == NodeEvent::kRestart) {
+        // An elastic loss (kRestart under elastic membership) is the cause too; another machine's
+        // failure report beside ours is not: each machine reports its own.
+        if (news.kind == NodeEvent::kAbort ||
+            (news.kind == NodeEvent::kRestart && nodes_->elastic())) {
           node_news_ =
               str(news.text, "\nOn this machine, as a consequence, worker rank ",
                   first_failure_.rank, " failed with ", describe_exit(first_failure_), ".");

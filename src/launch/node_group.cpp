@@ -170,20 +170,13 @@ bool NodeGroup::claim_generation(int generation) {
   return store_->add(key(str("generation_", generation)), 1) == 1;
 }
 
-void NodeGroup::count_replacement() {
-  if (!workers_use_launchers_store()) {
-    ++local_replacements_;
-    return;
-  }
-  store_->add(key("replacements"), 1);
-}
-
-int NodeGroup::replacements() {
-  if (!workers_use_launchers_store()) return local_replacements_;
+void NodeGroup::count_replacement(int count) {
+  replacements_ += count;  // at once for this launcher; the others' news comes with check_store
+  if (!workers_use_launchers_store()) return;
   try {
-    return static_cast<int>(store_->add(key("replacements"), 0));
+    replacements_ = static_cast<int>(store_->add(key("replacements"), count));
   } catch (const std::exception&) {
-    return local_replacements_;  // the lost store ends the job anyway
+    // Machine 0's store is gone: the job ends (poll says why); the local count stands.
   }
 }
 
@@ -338,21 +331,28 @@ NodeEvent NodeGroup::check_links(int attempt) {
       continue;
     }
     const std::string said = key(str("left/node_", node));
-    std::string reason;
     if (store_->check({said})) {
       const std::string why = store_->get(said);
       if (why.empty()) continue;  // it left after the job was done
-      reason = str("machine ", node, " stopped: ", why);
-    } else {
-      reason = str("machine ", node,
-                   "'s launcher disconnected without a word: it was killed (SIGKILL, out of "
-                   "memory) or its machine went down or became unreachable.");
+      reasons.push_back(str("machine ", node, " stopped: ", why));  // its own fix included
+      continue;
     }
-    const int generation = replace_lost_machine_ ? replace_lost_machine_(node) : -1;
+    const std::string reason =
+        str("machine ", node,
+            "'s launcher disconnected without a word: it was killed (SIGKILL, out of memory) or "
+            "its machine went down or became unreachable.");
+    // A launcher stopped on purpose said so above; one lost while the workers finish is not
+    // replaced (the survivors are done with the group).
+    const int generation = replace_lost_machine_ && !finishing_ ? replace_lost_machine_(node) : -1;
     if (generation >= 0) {
       // Its workers are replaced in place by the launcher that comes back (rejoin_running_attempt)
       // while the others' recover their step and wait for them (check_awaited).
-      store_->set(key(str("attempt_", attempt, "/rejoin/node_", node)), std::to_string(generation));
+      try {
+        store_->set(key(str("attempt_", attempt, "/rejoin/node_", node)),
+                    std::to_string(generation));
+      } catch (const std::exception&) {
+        // Our own store: it fails only as this machine goes down.
+      }
       awaited_[node] = Clock::now() + options_.rejoin_timeout();
       if (options_.verbose()) {
         std::fprintf(stderr,
@@ -363,7 +363,13 @@ NodeEvent NodeGroup::check_links(int attempt) {
       }
       continue;
     }
-    reasons.push_back(reason);
+    reasons.push_back(elastic() ? reason
+                                : str(reason,
+                                      " Its workers are gone, so the job cannot go on. Fix: find "
+                                      "out on machine ",
+                                      node,
+                                      " what ended it, then restart the job on every machine "
+                                      "(from the last checkpoint)."));
   }
   return lost_for_good(attempt, reasons);
 }
@@ -390,10 +396,7 @@ NodeEvent NodeGroup::lost_for_good(int attempt, const std::vector<std::string>& 
     }
     return {NodeEvent::kRestart, text};
   }
-  return {NodeEvent::kAbort,
-          str(join(reasons, "\n"),
-              "\nIts workers are gone, so the job cannot go on. Fix: find out what ended it, "
-              "then restart the job on every machine (from the last checkpoint).")};
+  return {NodeEvent::kAbort, join(reasons, "\n")};
 }
 
 NodeEvent NodeGroup::check_awaited(int attempt) {
@@ -416,10 +419,15 @@ NodeEvent NodeGroup::check_awaited(int attempt) {
       }
       it = awaited_.erase(it);
     } else if (Clock::now() >= it->second) {
+      count_replacement(-1);  // not replaced after all: the loss is counted as what follows
       reasons.push_back(str("machine ", node,
                             "'s launcher was lost and none came back with --node_rank ", node,
                             " within the rejoin timeout of ", seconds(options_.rejoin_timeout()),
-                            " to replace its workers."));
+                            " to replace its workers.",
+                            elastic() ? ""
+                                      : " The job cannot go on without them. Fix: restart the "
+                                        "job on every machine (from the last checkpoint), or "
+                                        "raise --rejoin_timeout."));
       it = awaited_.erase(it);
     } else {
       ++it;
@@ -433,6 +441,7 @@ std::optional<int> NodeGroup::rejoin_running_attempt() {
   try {
     if (!store_->check({key("running_attempt")})) return std::nullopt;
     const int attempt = std::stoi(store_->get(key("running_attempt")));
+    if (attempt < 0) return std::nullopt;  // between attempts
     const std::string rejoin = key(str("attempt_", attempt, "/rejoin/node_", options_.node_rank()));
     if (!store_->check({rejoin})) return std::nullopt;
     generation_ = std::stoi(store_->get(rejoin));
@@ -448,6 +457,7 @@ NodeEvent NodeGroup::check_store(int attempt) {
     if (store_->check({key("abort")})) {
       return {NodeEvent::kAbort, "machine 0 ended the job: " + store_->get(key("abort"))};
     }
+    refresh_counts();
     if (elastic()) {
       const std::string lost = key(str("attempt_", attempt, "/lost"));
       if (store_->check({lost})) return {NodeEvent::kRestart, store_->get(lost)};
@@ -523,13 +533,12 @@ bool NodeGroup::machines_may_join() const {
   return elastic() && static_cast<int>(members_.size()) < options_.num_nodes();
 }
 
-int NodeGroup::free_restarts() {
-  if (!elastic()) return 0;
-  try {
-    return static_cast<int>(store_->add(key("free_restarts"), 0));
-  } catch (const std::exception&) {
-    return 0;  // the lost store ends the job anyway
-  }
+void NodeGroup::refresh_counts() {
+  // Read along with the news (check_store), so that counting never waits on a store whose
+  // machine vanished: only the link checks, which come first, notice that within seconds.
+  if (options_.recovery() == Recovery::kReplaceFailedWorker && workers_use_launchers_store())
+    replacements_ = static_cast<int>(store_->add(key("replacements"), 0));
+  if (elastic()) free_restarts_ = static_cast<int>(store_->add(key("free_restarts"), 0));
 }
 
 NodeEvent NodeGroup::take_arrivals(int attempt) {
@@ -570,7 +579,8 @@ NodeEvent NodeGroup::take_arrivals(int attempt) {
         str(arrival_,
             ": every worker saved a checkpoint at the same step boundary, so the group "
             "restarts with it from there (not counted as a restart).");
-    store_->add(key("free_restarts"), 1);  // before the news: whoever reads it counts it
+    free_restarts_ =
+        static_cast<int>(store_->add(key("free_restarts"), 1));  // before the news: read with it
     store_->set(key(str("attempt_", attempt, "/regroup")), text);
     return {NodeEvent::kRegroup, text};
   } catch (const std::exception&) {
@@ -625,10 +635,30 @@ NodeEvent NodeGroup::start_attempt(int attempt, int proposed_generation,
                                    const std::function<bool()>& interrupted) {
   generation_ = proposed_generation;
   arrival_.clear();
-  awaited_.clear();
   running_ = false;
+  finishing_ = false;
+  if (!awaited_.empty()) {
+    // The group restarts while machine 0 waits for a lost machine's launcher: a launcher that
+    // comes back now could join only a running group, which there is not.
+    std::vector<std::string> reasons;
+    for (const auto& [node, deadline] : awaited_) {
+      reasons.push_back(str("machine ", node,
+                            " was lost and the group restarted before a launcher "
+                            "came back for it. Fix: restart the job on every machine (from the "
+                            "last checkpoint)."));
+    }
+    awaited_.clear();
+    if (!elastic()) return {NodeEvent::kAbort, join(reasons, "\n")};
+  }
   members_.clear();
   for (int node = 0; node < options_.num_nodes(); ++node) members_.push_back(node);
+  if (options_.node_rank() == 0 && multi_node()) {
+    try {
+      store_->set(key("running_attempt"), "-1");  // none runs until the go
+    } catch (const std::exception&) {
+      return check_store(attempt);
+    }
+  }
   if (options_.node_rank() == 0) {
     // Claimed like a replacement's, so that a machine replacing a worker for the same generation
     // meanwhile (before it heard of the failure behind this restart) does not share it.
@@ -732,6 +762,7 @@ NodeEvent NodeGroup::finish(int attempt, const std::function<bool()>& interrupte
   if (!multi_node()) return {NodeEvent::kDone, ""};
   const std::string succeeded = key(str("attempt_", attempt, "/succeeded"));
   const std::string done = key(str("attempt_", attempt, "/done"));
+  finishing_ = true;
   try {
     store_->add(succeeded, 1);
   } catch (const std::exception&) {
@@ -744,7 +775,7 @@ NodeEvent NodeGroup::finish(int attempt, const std::function<bool()>& interrupte
     if (event.kind != NodeEvent::kNone) return event;
     try {
       if (options_.node_rank() == 0 &&
-          store_->add(succeeded, 0) == static_cast<int64_t>(members_.size())) {
+          store_->add(succeeded, 0) >= static_cast<int64_t>(members_.size())) {
         store_->set(done, "1");
         return {NodeEvent::kDone, ""};
       }

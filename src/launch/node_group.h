@@ -83,11 +83,12 @@ class NodeGroup {
   /// start_attempt starts): false when a machine claimed it first (two failures on two machines
   /// at once, which the group cannot both replace).
   bool claim_generation(int generation);
-  /// Counts a worker (or a lost machine's workers) replaced in place, on any machine: every
-  /// launcher's max_restarts counts them (replacements()).
-  void count_replacement();
-  /// The replacements counted so far by every machine's launcher.
-  int replacements();
+  /// Counts `count` replacements in place (a worker, or a lost machine's workers; -1 takes one
+  /// back), on any machine: every launcher's max_restarts counts them (replacements()).
+  void count_replacement(int count = 1);
+  /// The replacements counted by every machine's launcher, as last read with the other machines'
+  /// news (poll) or counted here, without waiting on the store.
+  int replacements() const { return replacements_; }
 
   /// Under elastic membership: min_nodes below num_nodes on several machines.
   bool elastic() const;
@@ -111,8 +112,9 @@ class NodeGroup {
   /// one may arrive (machine 0 takes it in while polling, and the workers, told through the store,
   /// stop at a step boundary after a checkpoint: then poll says kRegroup).
   bool machines_may_join() const;
-  /// The restarts that were membership changes (kRegroup), which max_restarts does not count.
-  int free_restarts();
+  /// The restarts that were membership changes (kRegroup), which max_restarts does not count, as
+  /// last read with the other machines' news (poll), without waiting on the store.
+  int free_restarts() const { return free_restarts_; }
   /// Machine 0: asked when a machine's launcher is lost while its group runs, whether that
   /// machine's workers are replaced in place (Recovery::kReplaceFailedWorker): the generation
   /// they join as, which the answer claimed, or -1 for no (the loss then ends or, elastic,
@@ -146,6 +148,8 @@ class NodeGroup {
   void join_as_main();
   void join_as_other();
   NodeEvent check_store(int attempt);
+  // Reads replacements_ and free_restarts_ from the store (check_store, which catches).
+  void refresh_counts();
   NodeEvent check_links(int attempt);
   // Machine 0 under elastic membership: waits up to rejoin_timeout for missing machines, then
   // chooses the attempt's members; "" or why the job cannot go on (fewer than min_nodes).
@@ -168,11 +172,13 @@ class NodeGroup {
   int port_ = 0;        // without server_: the port rank 0's store will use
   std::string secret_;  // see job_secret()
   bool left_ = false;
-  std::vector<int> members_;    // see members()
-  int generation_ = 0;          // see generation()
-  std::string arrival_;         // machine 0: which machines arrived in this attempt ("" none)
-  bool running_ = false;        // machine 0: the attempt's go was given (arrivals taken from then)
-  int local_replacements_ = 0;  // replacements() without the launchers' store
+  std::vector<int> members_;  // see members()
+  int generation_ = 0;        // see generation()
+  std::string arrival_;       // machine 0: which machines arrived in this attempt ("" none)
+  bool running_ = false;      // machine 0: the attempt's go was given (arrivals taken from then)
+  bool finishing_ = false;    // this machine's workers are done (finish): no replacement now
+  int replacements_ = 0;      // see replacements()
+  int free_restarts_ = 0;     // see free_restarts()
   std::function<int(int)> replace_lost_machine_;                  // see on_lost_machine()
   std::map<int, std::chrono::steady_clock::time_point> awaited_;  // lost node -> deadline
 };
