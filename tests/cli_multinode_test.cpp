@@ -430,6 +430,14 @@ double checksum_after(const std::string& out, const std::string& line) {
   return std::stod(out.substr(at + line.size() + 10));
 }
 
+// The checksum on the line of `out` that starts with `line` is `want`, up to rounding (the same
+// samples per step, summed in another order).
+void expect_uninterrupted_checksum(const std::string& out, const std::string& line, double want) {
+  const double got = checksum_after(out, line);
+  ASSERT_FALSE(std::isnan(got)) << out;
+  EXPECT_NEAR(got, want, 5e-6 * std::max(1.0, std::abs(want))) << out;
+}
+
 // Rank 0's checksum of the uninterrupted run: 4 processes on one machine.
 double uninterrupted_checksum() {
   ScratchDir dir;
@@ -469,10 +477,8 @@ void goes_on_with_fewer(const StartMachine& start) {
                        "machines"))
       << out0;
   EXPECT_TRUE(contains(out0, "was saved by 4 process(es), this run has 2")) << out0;
-  const double got =
-      checksum_after(out0, "elastic rank=0 world=2 accumulation=2 generation=1 steps=9");
-  ASSERT_FALSE(std::isnan(got)) << out0;
-  EXPECT_NEAR(got, want, 5e-6 * std::max(1.0, std::abs(want))) << out0;
+  expect_uninterrupted_checksum(out0, "elastic rank=0 world=2 accumulation=2 generation=1 steps=9",
+                                want);
 }
 
 TEST(ElasticMembership, AMachineLostUnderMinMaxLeavesTheOtherGoingOnWithFewerProcesses) {
@@ -534,10 +540,8 @@ TEST(ElasticMembership, AMachineThatNeverComesIsGoneOnWithoutAfterTheRejoinTimeo
                        "machine(s) 1 of 2 did not join within the rejoin timeout of 1 s; "
                        "the job starts with the 1 there (at least 1)"))
       << out;
-  const double got =
-      checksum_after(out, "elastic rank=0 world=2 accumulation=2 generation=0 steps=9");
-  ASSERT_FALSE(std::isnan(got)) << out;
-  EXPECT_NEAR(got, want, 5e-6 * std::max(1.0, std::abs(want))) << out;
+  expect_uninterrupted_checksum(out, "elastic rank=0 world=2 accumulation=2 generation=0 steps=9",
+                                want);
 }
 
 // A machine that arrives while the group runs on fewer joins at the next step boundary: every
@@ -584,10 +588,8 @@ TEST(ElasticMembership, AMachineThatArrivesJoinsAtTheNextStepBoundary) {
   EXPECT_TRUE(contains(out0, "attempt 2 runs on machine(s) 0, 1 of 2 (4 processes)")) << out0;
   EXPECT_TRUE(contains(out0, "was saved by 2 process(es), this run has 4")) << out0;
   EXPECT_TRUE(contains(out1, "elastic rank=2 world=4 accumulation=1 generation=1 steps=9")) << out1;
-  const double got =
-      checksum_after(out0, "elastic rank=0 world=4 accumulation=1 generation=1 steps=9");
-  ASSERT_FALSE(std::isnan(got)) << out0;
-  EXPECT_NEAR(got, want, 5e-6 * std::max(1.0, std::abs(want))) << out0;
+  expect_uninterrupted_checksum(out0, "elastic rank=0 world=4 accumulation=1 generation=1 steps=9",
+                                want);
 }
 
 class MissingMachine : public ::testing::TestWithParam<int> {};

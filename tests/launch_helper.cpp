@@ -32,6 +32,18 @@
 
 using namespace accelerant;
 
+namespace {
+
+// The data of train and elastic: 96 samples of 8 features in 3 classes, 8 to a batch, shuffled.
+DataLoader small_data_loader() {
+  torch::manual_seed(5);
+  auto x = torch::randn({96, 8});
+  auto y = torch::randint(0, 3, {96}, torch::kLong);
+  return make_data_loader(x, y, DataLoaderOptions().batch_size(8).shuffle(true));
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "node" && argc == 4) {
@@ -100,11 +112,7 @@ int main(int argc, char** argv) {
     auto net = torch::nn::Sequential(torch::nn::Linear(8, 32), torch::nn::ReLU(),
                                      torch::nn::Dropout(0.2), torch::nn::Linear(32, 3));
     torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-    torch::manual_seed(5);
-    auto x = torch::randn({96, 8});
-    auto y = torch::randint(0, 3, {96}, torch::kLong);
-    auto [model, opt, loader] = acc.prepare(
-        net, sgd, make_data_loader(x, y, DataLoaderOptions().batch_size(8).shuffle(true)));
+    auto [model, opt, loader] = acc.prepare(net, sgd, small_data_loader());
     // The first layer's gradient comes last in backward: the others wait in its all-reduce.
     auto dies_now = [&](const char* here, int64_t after) {
       return where == here && process.restart_count() == 0 && acc.rank() == victim &&
@@ -159,11 +167,7 @@ int main(int argc, char** argv) {
     auto net = torch::nn::Sequential(torch::nn::Linear(8, 32), torch::nn::ReLU(),
                                      torch::nn::Linear(32, 3));
     torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-    torch::manual_seed(5);
-    auto x = torch::randn({96, 8});
-    auto y = torch::randint(0, 3, {96}, torch::kLong);
-    auto [model, opt, loader] = acc.prepare(
-        net, sgd, make_data_loader(x, y, DataLoaderOptions().batch_size(8).shuffle(true)));
+    auto [model, opt, loader] = acc.prepare(net, sgd, small_data_loader());
     while (loader.epoch() < 3) {
       for (auto& batch : loader) {
         const int64_t before = acc.state()->optimizer_steps;

@@ -133,26 +133,28 @@ void step_time_section(std::ostream& out, const RunReport& r) {
   out << "</table></section>\n";
 }
 
+// Scalar `tag` at `step`, or null when the run did not log it there.
+const double* scalar_at(const RunReport& r, const char* tag, int64_t step) {
+  const auto series = r.scalars.find(tag);
+  if (series == r.scalars.end()) return nullptr;
+  const auto point = series->second.find(step);
+  return point == series->second.end() ? nullptr : &point->second;
+}
+
 // Failed workers replaced in place (accelerant launch --recovery replace_failed_worker), from the
 // recovery/* scalars the Accelerator logs at each: the group went on without a restart.
 void in_place_recoveries(std::ostream& out, const RunReport& r) {
   const auto generations = r.scalars.find("recovery/generation");
   if (generations == r.scalars.end() || generations->second.empty()) return;
-  auto value_at = [&](const char* tag, int64_t step) -> const double* {
-    const auto series = r.scalars.find(tag);
-    if (series == r.scalars.end()) return nullptr;
-    const auto point = series->second.find(step);
-    return point == series->second.end() ? nullptr : &point->second;
-  };
   out << "<p id=\"in-place\" data-recoveries=\"" << generations->second.size() << "\">"
       << generations->second.size()
       << " failed worker(s) replaced in place, the others going on without a restart:</p><ul>\n";
   for (const auto& [step, generation] : generations->second) {
     out << "<li class=\"recovery\" data-step=\"" << step << "\">generation "
         << short_number(generation) << " formed at step " << step;
-    if (const double* again = value_at("recovery/steps_done_again", step))
+    if (const double* again = scalar_at(r, "recovery/steps_done_again", step))
       out << ", " << short_number(*again) << " step(s) done again";
-    if (const double* seconds = value_at("recovery/seconds_to_resume", step))
+    if (const double* seconds = scalar_at(r, "recovery/seconds_to_resume", step))
       out << ", resumed in " << short_number(*seconds) << " s";
     out << "</li>\n";
   }
@@ -164,21 +166,15 @@ void in_place_recoveries(std::ostream& out, const RunReport& r) {
 void membership_changes(std::ostream& out, const RunReport& r) {
   const auto worlds = r.scalars.find("membership/world_size");
   if (worlds == r.scalars.end() || worlds->second.empty()) return;
-  auto value_at = [&](const char* tag, int64_t step) -> const double* {
-    const auto series = r.scalars.find(tag);
-    if (series == r.scalars.end()) return nullptr;
-    const auto point = series->second.find(step);
-    return point == series->second.end() ? nullptr : &point->second;
-  };
   out << "<p id=\"membership\" data-changes=\"" << worlds->second.size() << "\">"
       << worlds->second.size()
       << " membership change(s), the run resuming from a checkpoint of another world "
          "size:</p><ul>\n";
   for (const auto& [step, world] : worlds->second) {
     out << "<li class=\"membership-change\" data-step=\"" << step << "\">at step " << step;
-    if (const double* saved = value_at("membership/saved_world_size", step))
+    if (const double* saved = scalar_at(r, "membership/saved_world_size", step))
       out << ": " << short_number(*saved) << " process(es) &rarr; " << short_number(world);
-    if (const double* accumulation = value_at("membership/gradient_accumulation_steps", step))
+    if (const double* accumulation = scalar_at(r, "membership/gradient_accumulation_steps", step))
       out << ", " << short_number(*accumulation) << " micro-batch(es) per step";
     out << "</li>\n";
   }
