@@ -30,11 +30,14 @@ torch::nn::Sequential make_net(int64_t hidden) {
 struct RunShape {
   int64_t hidden = 32;
   std::chrono::seconds collective_timeout{4};
+  int64_t step_breakdown_every = 100;  // the step-time exchange, a collective after a step
 };
 
 // Where the victim dies: between a step's forward and backward, inside its backward (while the
-// others wait in the gradients' all-reduce), or as the others save a checkpoint after the step.
-enum class Death { kBeforeBackward, kInBackward, kDuringSave };
+// others wait in the gradients' all-reduce), between its backward and its optimizer step (the
+// others then wait in the step-time exchange, when one falls on that step), or as the others save
+// a checkpoint after the step.
+enum class Death { kBeforeBackward, kInBackward, kAfterBackward, kDuringSave };
 
 // Three epochs of SGD with momentum, a step schedule and a shuffled loader, with a checkpoint
 // saved into `dir` after step 5. In generation 0, rank `victim` SIGKILLs itself where `death`
@@ -51,7 +54,8 @@ torch::Tensor train(const std::string& dir, int victim, int64_t kill_after,
                       .fused_optimizers(false)
                       .project_dir(dir + "/project")
                       .log_with({"csv"})
-                      .bucket_cap_mb(1));
+                      .bucket_cap_mb(1)
+                      .step_breakdown_every(shape.step_breakdown_every));
   acc.init_trackers("run", {});
   torch::manual_seed(3);
   auto net = make_net(shape.hidden);
@@ -86,6 +90,7 @@ torch::Tensor train(const std::string& dir, int victim, int64_t kill_after,
       auto loss = torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target);
       if (dies_now(Death::kBeforeBackward)) ::raise(SIGKILL);
       acc.backward(loss);
+      if (dies_now(Death::kAfterBackward)) ::raise(SIGKILL);
       opt.step();
       sched.step();
       if (acc.state()->optimizer_steps == 5) {
@@ -147,7 +152,10 @@ void recovers_bit_for_bit(int processes, int victim, int64_t kill_after, int64_t
   // The membership change is in the trackers, at the step the run went on from; the survivors'
   // main process also logs how long it took and what was done again.
   const std::string scalars = slurp(failed_dir + "/project/run/scalars.csv");
-  const int64_t resumed_at = death == Death::kDuringSave ? 5 : kill_after;
+  // A death after backward is met by the next step's backward: that step is done again.
+  const int64_t resumed_at = death == Death::kDuringSave      ? 5
+                             : death == Death::kAfterBackward ? kill_after + 1
+                                                              : kill_after;
   EXPECT_TRUE(contains(scalars, std::to_string(resumed_at) + ",recovery/generation,1\n"))
       << scalars;
   if (victim != 0) {
@@ -194,6 +202,16 @@ TEST(InPlaceRecovery, TwoBucketsAndTheWatchdogRunning) {
   shape.collective_timeout = std::chrono::seconds(30);
   recovers_bit_for_bit(2, 1, 7, 18, Death::kInBackward, shape);
   recovers_bit_for_bit(4, 2, 4, 9, Death::kBeforeBackward, shape);
+}
+
+// The victim dies after its backward, as the others wait in the step-time exchange after step 8
+// (step_breakdown_every 4): they skip that exchange, the next step's backward meets the broken
+// group and recovers, and the run still ends bit for bit.
+TEST(InPlaceRecovery, AWorkerKilledAsTheOthersExchangeStepTimes) {
+  RunShape shape;
+  shape.step_breakdown_every = 4;
+  recovers_bit_for_bit(2, 1, 7, 18, Death::kAfterBackward, shape);
+  recovers_bit_for_bit(4, 0, 7, 9, Death::kAfterBackward, shape);
 }
 
 // Two failures, one after the other, within max_restarts, each recovered in place: rank 1 in

@@ -402,6 +402,7 @@ void Accelerator::start_step_breakdown() {
     if (!impl_->tracker_dir_.empty()) log(values, step);
   };
   hooks.optimizer_step = [state = impl_->state_] { return state->optimizer_steps; };
+  hooks.recovers_in_place = [this] { return recoverable_in_place(); };
   hooks.rank = impl_->rank_;
   hooks.world = impl_->world_size_;
   hooks.rank_prefix = impl_->rank_prefix_;

@@ -133,7 +133,16 @@ void StepBreakdown::exchange() {
     auto row = table.accessor<double, 2>()[hooks_.rank];
     for (int f = 0; f < kStepTimeFields; ++f) row[f] = step_time_field(mine, f);
     ScopedCollectiveLabel label("step-time breakdown");
-    hooks_.communicator().all_reduce_(table);
+    try {
+      hooks_.communicator().all_reduce_(table);
+    } catch (const std::exception&) {
+      // A process died after this step's backward (in-place recovery): the step is whole on
+      // every survivor, and the next step's backward, which the broken group refuses, forms the
+      // group again. Only this window's diagnosis is lost.
+      if (!hooks_.recovers_in_place || !hooks_.recovers_in_place()) throw;
+      last_exchange_at_ = hooks_.optimizer_step();
+      return;
+    }
     auto rows = table.accessor<double, 2>();
     for (int r = 0; r < hooks_.world; ++r)
       for (int f = 0; f < kStepTimeFields; ++f) set_step_time_field(ranks[r], f, rows[r][f]);

@@ -66,6 +66,9 @@ class StepBreakdown {
     std::function<void(const TrackerScalars&, int64_t)> log;
     /// The optimizer step count, the step the scalars are logged at.
     std::function<int64_t()> optimizer_step;
+    /// After a failed exchange: whether in-place recovery takes care of it (a process died and
+    /// the launcher replaces it), so that the exchange is skipped instead of thrown. Null: never.
+    std::function<bool()> recovers_in_place;
     int rank = 0;
     int world = 1;
     std::string rank_prefix;
