@@ -453,12 +453,13 @@ double uninterrupted_checksum() {
 
 // Machines 0 and 1 of a 1:2 job started by `start` (with these flags after the job's shape);
 // machine 1 lost (SIGKILL) after step 4: machine 0 goes on alone from the checkpoint of step 3.
-void goes_on_with_fewer(const StartMachine& start) {
+// `zero_stage`: the run's ZeRO stage, whose checkpoint is then re-sharded for fewer processes.
+void goes_on_with_fewer(const StartMachine& start, const std::string& zero_stage = "0") {
   const double want = uninterrupted_checksum();
   ScratchDir dir;
   const std::vector<std::string> more{
       "--rejoin_timeout",   "1",       "-n",     "4", "--max_restarts", "1",
-      launch_helper_path(), "elastic", dir.path, "1"};
+      launch_helper_path(), "elastic", dir.path, "1", zero_stage};
   auto m0 = start(0, more);
   auto m1 = start(1, more);
   // Every worker waits after step 4, past the checkpoint of step 3: machine 1 is lost then.
@@ -487,6 +488,18 @@ TEST(ElasticMembership, AMachineLostUnderMinMaxLeavesTheOtherGoingOnWithFewerPro
   goes_on_with_fewer([port](int machine, const std::vector<std::string>& more) {
     return start_program(launch_args(machine, "127.0.0.1", port, more, "1:2"));
   });
+}
+
+// The same under ZeRO stage 2: each process's shard of the optimizer state in the checkpoint of 4
+// processes is re-sharded for 2.
+TEST(ElasticMembership, AZeroRunGoesOnWithFewerProcessesFromItsReshardedCheckpoint) {
+  isolate_from_user_config();
+  const int port = free_port();
+  goes_on_with_fewer(
+      [port](int machine, const std::vector<std::string>& more) {
+        return start_program(launch_args(machine, "127.0.0.1", port, more, "1:2"));
+      },
+      "2");
 }
 
 // The same on two network namespaces: the machines reach each other over a network.

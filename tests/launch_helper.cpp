@@ -17,7 +17,8 @@
 //                                        after step 5 (save); with WHERE pause every worker of
 //                                        generation 0 waits after step 4 (DIR/paused says so)
 //                                        until DIR/go exists; prints a digest of the result
-//   launch_helper elastic DIR PAUSE      9 steps of a small model with a checkpoint in DIR every
+//   launch_helper elastic DIR PAUSE [ZERO_STAGE]
+//                                        9 steps of a small model with a checkpoint in DIR every
 //                                        3 and auto_resume; with PAUSE=1 every worker of
 //                                        generation 0 waits after step 4 (DIR/paused says so), to
 //                                        be stopped, with PAUSE=2 until DIR/go exists; prints a
@@ -153,12 +154,13 @@ int main(int argc, char** argv) {
               << std::dec << std::endl;
     return 0;
   }
-  if (mode == "elastic" && argc == 4) {
+  if (mode == "elastic" && (argc == 4 || argc == 5)) {
     const std::string dir = argv[2];
     const std::string pause = argv[3];
     Accelerator acc(AcceleratorOptions()
                         .seed(11)
                         .fused_optimizers(false)
+                        .zero_stage(argc == 5 ? std::stoi(argv[4]) : 0)
                         .project_dir(dir + "/project")
                         .auto_resume(true));
     auto& process = ProcessState::get();
