@@ -484,6 +484,17 @@ NodeEvent NodeGroup::check_store(int attempt) {
   }
 }
 
+NodeEvent NodeGroup::store_failed(int attempt) {
+  NodeEvent event = check_store(attempt);  // phrases the lost store, or what machine 0 said
+  if (event.kind != NodeEvent::kNone) return event;
+  return {NodeEvent::kAbort,
+          str("a call to the job's store on machine 0 (", options_.master_addr(), ":",
+              options_.master_port(),
+              ") failed. Likely cause: machine 0's launcher stopped or "
+              "its machine went down. Fix: restart the job on every machine (from the last "
+              "checkpoint).")};
+}
+
 NodeEvent NodeGroup::poll(int attempt) {
   if (!multi_node()) return {};
   if (options_.node_rank() != 0) {
@@ -656,7 +667,7 @@ NodeEvent NodeGroup::start_attempt(int attempt, int proposed_generation,
     try {
       store_->set(key("running_attempt"), "-1");  // none runs until the go
     } catch (const std::exception&) {
-      return check_store(attempt);
+      return store_failed(attempt);
     }
   }
   if (options_.node_rank() == 0) {
@@ -665,7 +676,7 @@ NodeEvent NodeGroup::start_attempt(int attempt, int proposed_generation,
     try {
       while (!claim_generation(generation_)) ++generation_;
     } catch (const std::exception&) {
-      return check_store(attempt);
+      return store_failed(attempt);
     }
   }
   if (!multi_node()) return {NodeEvent::kGo, ""};
@@ -677,7 +688,7 @@ NodeEvent NodeGroup::start_attempt(int attempt, int proposed_generation,
     try {
       store_->set(key("attempt"), std::to_string(attempt));
     } catch (const std::exception&) {
-      return check_store(attempt);
+      return store_failed(attempt);
     }
     const std::string too_few = choose_members(attempt, interrupted);
     if (!too_few.empty()) return {NodeEvent::kAbort, too_few};
@@ -699,7 +710,7 @@ NodeEvent NodeGroup::start_attempt(int attempt, int proposed_generation,
   try {
     store_->set(key(str(prefix, "joined/node_", options_.node_rank())), "1");
   } catch (const std::exception&) {
-    return check_store(attempt);  // phrases the lost store
+    return store_failed(attempt);
   }
   while (true) {
     if (interrupted()) return {NodeEvent::kInterrupted, ""};
@@ -739,7 +750,7 @@ NodeEvent NodeGroup::start_attempt(int attempt, int proposed_generation,
         return {NodeEvent::kGo, ""};
       }
     } catch (const std::exception&) {
-      return check_store(attempt);
+      return store_failed(attempt);
     }
     if (Clock::now() >= deadline) {
       std::vector<int> missing;
@@ -766,7 +777,7 @@ NodeEvent NodeGroup::finish(int attempt, const std::function<bool()>& interrupte
   try {
     store_->add(succeeded, 1);
   } catch (const std::exception&) {
-    return check_store(attempt);
+    return store_failed(attempt);
   }
   // No deadline: another machine's workers may rightly run much longer; the links tell if it dies.
   while (true) {
@@ -783,7 +794,7 @@ NodeEvent NodeGroup::finish(int attempt, const std::function<bool()>& interrupte
         return {NodeEvent::kDone, ""};
       }
     } catch (const std::exception&) {
-      return check_store(attempt);
+      return store_failed(attempt);
     }
     std::this_thread::sleep_for(
         std::min(options_.monitor_interval(), std::chrono::milliseconds(100)));

@@ -148,6 +148,8 @@ class NodeGroup {
   void join_as_main();
   void join_as_other();
   NodeEvent check_store(int attempt);
+  // After a store call failed: what check_store says, else an abort naming the store.
+  NodeEvent store_failed(int attempt);
   // Reads replacements_ and free_restarts_ from the store (check_store, which catches).
   void refresh_counts();
   NodeEvent check_links(int attempt);
