@@ -605,7 +605,14 @@ int NodeGroup::member_index() const {
 }
 
 std::string NodeGroup::choose_members(int attempt, const std::function<bool()>& interrupted) {
-  links_.lost();  // a machine lost since the last look is not a member
+  for (int node : links_.lost()) {  // a machine lost since the last look is not a member
+    if (options_.verbose()) {
+      std::fprintf(stderr,
+                   "accelerant::launch: machine %d's launcher left before attempt %d, which "
+                   "goes on without it.\n",
+                   node, attempt + 1);
+    }
+  }
   std::vector<int> connected = links_.connected();
   if (attempt > 0 && static_cast<int>(connected.size()) < options_.num_nodes() - 1) {
     if (options_.verbose()) {

@@ -110,7 +110,9 @@ void add_launch_command(CLI::App& app, Action& action) {
       "  accelerant launch -n 2 ./fashion_mnist --epochs 1\n"
       "  accelerant launch -n 4 --max_restarts 2 --mixed_precision bf16 ./train\n"
       "  accelerant launch --num_nodes 2 --node_rank 0 --master_addr 10.0.0.1 \\\n"
-      "                    --master_port 29500 -n 8 ./train        (on each machine, its rank)\n\n"
+      "                    --master_port 29500 -n 8 ./train        (on each machine, its rank)\n"
+      "  accelerant launch --num_nodes 1:2 --node_rank 0 --master_addr 10.0.0.1 \\\n"
+      "                    --master_port 29500 -n 8 ./train        (elastic: goes on with one)\n\n"
       "Accelerate's and torchrun's flag names are accepted too (--num_processes, "
       "--nproc_per_node,\n"
       "--num_machines, --nnodes, --machine_rank, --main_process_ip, ...): docs/names.md.");
@@ -122,9 +124,11 @@ void add_launch_command(CLI::App& app, Action& action) {
   launch->add_option(flag_names("processes_per_node"), flags->processes_per_node,
                      "Processes on each machine (instead of --world_size: the total is this times "
                      "--num_nodes)");
-  launch->add_option(flag_names("num_nodes"), flags->num_nodes,
-                     "Machines taking part: N, or MIN:MAX to go on with at least MIN when "
-                     "machines are lost (elastic; each resumes from the last checkpoint)");
+  launch
+      ->add_option(flag_names("num_nodes"), flags->num_nodes,
+                   "Machines taking part: N, or MIN:MAX to go on with at least MIN when "
+                   "machines are lost (elastic; each resumes from the last checkpoint)")
+      ->type_name("N|MIN:MAX");
   launch->add_option(flag_names("node_rank"), flags->node_rank, "This machine's rank (0 = main)");
   launch->add_option(flag_names("master_addr"), flags->master_addr, "The main machine's address");
   launch->add_option(flag_names("master_port"), flags->master_port,
