@@ -50,6 +50,33 @@ std::vector<std::string> launch_args(int machine_rank, const std::string& ip, in
 
 int exit_code(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : -1; }
 
+// `argv` run by a shell with its output into `log`, to follow the program while it runs.
+std::vector<std::string> logged_to(const std::vector<std::string>& argv, const std::string& log) {
+  std::string command;
+  for (const auto& arg : argv) command += "'" + arg + "' ";
+  return {"/bin/sh", "-c", command + "> " + log + " 2>&1"};
+}
+
+// Waits (up to 60 s) until the file `path` holds `what`; whether it did.
+bool file_says(const std::string& path, const std::string& what) {
+  for (int i = 0; i < 600; ++i) {
+    if (contains(slurp(path), what)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+// Waits (up to 60 s) until every one of `names` exists in `dir` (the workers' marks).
+void wait_for_files(const std::string& dir, const std::vector<std::string>& names) {
+  const auto all_there = [&] {
+    for (const auto& name : names)
+      if (::access((dir + "/" + name).c_str(), F_OK) != 0) return false;
+    return true;
+  };
+  for (int i = 0; i < 600 && !all_there(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+}
+
 // Two network namespaces, "machine 0" at 10.99.0.1 and "machine 1" at 10.99.0.2, joined by veth.
 class TwoMachines : public ::testing::Test {
  protected:
@@ -317,32 +344,24 @@ TEST_F(TwoMachines, ALostMachinesWorkersAreReplacedInPlaceWhenItsLauncherComesBa
                                       "pause",
                                       dir.path};
   // Machine 0's output in a file, to follow it while it runs.
-  std::vector<std::string> argv{ip_, "netns", "exec", ns_[0], "/bin/sh", "-c"};
-  std::string command;
-  for (const auto& arg : launch_args(0, "10.99.0.1", 29500, more)) command += "'" + arg + "' ";
-  argv.push_back(command + "> " + dir.path + "/m0.log 2>&1");
+  const std::string log = dir.path + "/m0.log";
+  std::vector<std::string> argv{ip_, "netns", "exec", ns_[0]};
+  for (const auto& arg : logged_to(launch_args(0, "10.99.0.1", 29500, more), log))
+    argv.push_back(arg);
   auto m0 = start_program(argv);
   auto m1 = start_machine(1, more);
-  for (int i = 0; i < 600 && ::access((dir.path + "/paused").c_str(), F_OK) != 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  wait_for_files(dir.path, {"paused"});
   ::kill(m1.pid, SIGKILL);  // its workers die with it
   std::string lost_out;
   finish_program(m1, lost_out, std::chrono::seconds(10));
-  const auto log_says = [&](const std::string& what) {
-    for (int i = 0; i < 600; ++i) {
-      if (contains(slurp(dir.path + "/m0.log"), what)) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return false;
-  };
-  const bool awaited = log_says("Its workers are replaced in place (generation 1)");
+  const bool awaited = file_says(log, "Its workers are replaced in place (generation 1)");
   auto again = start_machine(1, more);
-  const bool back = log_says("machine 1's launcher is back");
+  const bool back = file_says(log, "machine 1's launcher is back");
   std::ofstream(dir.path + "/go") << "go\n";
   std::string ignored, out1;
   const int status0 = finish_program(m0, ignored, std::chrono::seconds(120));
   const int status1 = finish_program(again, out1, std::chrono::seconds(60));
-  const std::string out0 = slurp(dir.path + "/m0.log");
+  const std::string out0 = slurp(log);
   ASSERT_TRUE(awaited && back) << out0;
   ASSERT_EQ(exit_code(status0), 0) << out0 << "\n--- machine 1 again:\n" << out1;
   ASSERT_EQ(exit_code(status1), 0) << out1 << "\n--- machine 0:\n" << out0;
@@ -463,8 +482,7 @@ void goes_on_with_fewer(const StartMachine& start, const std::string& zero_stage
   auto m0 = start(0, more);
   auto m1 = start(1, more);
   // Every worker waits after step 4, past the checkpoint of step 3: machine 1 is lost then.
-  for (int i = 0; i < 600 && ::access((dir.path + "/paused").c_str(), F_OK) != 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  wait_for_files(dir.path, {"paused"});
   ::kill(m1.pid, SIGKILL);
   std::string out0, out1;
   const int status0 = finish_program(m0, out0, std::chrono::seconds(120));
@@ -522,8 +540,7 @@ TEST(ElasticMembership, TheMachinesLeftAreNumberedAmongThemselves) {
   ProgramRun runs[3] = {start_program(launch_args(0, "127.0.0.1", port, more, "1:3")),
                         start_program(launch_args(1, "127.0.0.1", port, more, "1:3")),
                         start_program(launch_args(2, "127.0.0.1", port, more, "1:3"))};
-  for (int i = 0; i < 600 && ::access((dir.path + "/paused").c_str(), F_OK) != 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  wait_for_files(dir.path, {"paused"});
   ::kill(runs[1].pid, SIGKILL);
   std::string out[3];
   const int status0 = finish_program(runs[0], out[0], std::chrono::seconds(120));
@@ -568,30 +585,18 @@ TEST(ElasticMembership, AMachineThatArrivesJoinsAtTheNextStepBoundary) {
   const std::vector<std::string> more{"--max_restarts", "0",      launch_helper_path(),
                                       "elastic",        dir.path, "2"};
   // Machine 0 alone first, its output in a file to follow it while it runs.
-  std::string command;
-  for (const auto& arg : elastic_args(0, port, more)) command += "'" + arg + "' ";
-  auto m0 = start_program({"/bin/sh", "-c", command + "> " + dir.path + "/m0.log 2>&1"});
-  const auto log_says = [&](const std::string& what) {
-    for (int i = 0; i < 600; ++i) {
-      if (contains(slurp(dir.path + "/m0.log"), what)) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return false;
-  };
+  const std::string log = dir.path + "/m0.log";
+  auto m0 = start_program(logged_to(elastic_args(0, port, more), log));
   // Its workers wait after step 4 until machine 1 was taken in: both have looked for news at the
   // batch after step 4 then, so they agree to stop after step 6.
-  for (int i = 0; i < 600 && (::access((dir.path + "/paused.0").c_str(), F_OK) != 0 ||
-                              ::access((dir.path + "/paused.1").c_str(), F_OK) != 0);
-       ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  wait_for_files(dir.path, {"paused.0", "paused.1"});
   auto m1 = start_program(elastic_args(1, port, more));
-  const bool taken_in = log_says("machine(s) 1 arrived");
+  const bool taken_in = file_says(log, "machine(s) 1 arrived");
   std::ofstream(dir.path + "/go") << "go\n";
   std::string ignored, out1;
   const int status0 = finish_program(m0, ignored, std::chrono::seconds(120));
   const int status1 = finish_program(m1, out1, std::chrono::seconds(30));
-  const std::string out0 = slurp(dir.path + "/m0.log");
+  const std::string out0 = slurp(log);
   ASSERT_TRUE(taken_in) << out0;
   ASSERT_EQ(exit_code(status0), 0) << out0 << "\n--- machine 1:\n" << out1;
   ASSERT_EQ(exit_code(status1), 0) << out1 << "\n--- machine 0:\n" << out0;

@@ -111,6 +111,17 @@ torch::Tensor train(const std::string& dir, int victim, int64_t kill_after,
                                    torch::kDouble)});
 }
 
+// A run's result (its parameters, then `tail` counters: the generation, the optimizer steps and
+// for train() whether a save wrote) ends as `uninterrupted`'s parameters, bit for bit, in
+// `generation` after `steps` steps.
+void expect_ends_as(const torch::Tensor& result, const torch::Tensor& uninterrupted, int64_t tail,
+                    double generation, double steps) {
+  const int64_t n = result.numel();
+  EXPECT_EQ(result[n - tail].item<double>(), generation);
+  EXPECT_EQ(result[n - tail + 1].item<double>(), steps);
+  EXPECT_TRUE(torch::equal(result.narrow(0, 0, n - tail), uninterrupted.narrow(0, 0, n - tail)));
+}
+
 LaunchOptions in_place(int n, std::chrono::seconds collective_timeout = std::chrono::seconds(4)) {
   return LaunchOptions()
       .processes_per_node(n)
@@ -224,11 +235,7 @@ TEST(InPlaceRecovery, RepeatedFailuresWithinMaxRestartsAreEachRecovered) {
       launch([&](int) { return train(failed_dir, 1, 3, Death::kBeforeBackward, 0, 11); }, options);
   for (int r = 0; r < 2; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
-    const int64_t n = uninterrupted[r].numel();
-    EXPECT_EQ(recovered[r][n - 3].item<double>(), 2.0) << "generation 2: two regroups";
-    EXPECT_EQ(recovered[r][n - 2].item<double>(), 18.0);
-    EXPECT_TRUE(
-        torch::equal(recovered[r].narrow(0, 0, n - 3), uninterrupted[r].narrow(0, 0, n - 3)));
+    expect_ends_as(recovered[r], uninterrupted[r], 3, 2.0, 18.0);  // generation 2: two regroups
   }
   EXPECT_EQ(read_pid_files(failed_dir).size(), 4u) << "2 workers and 2 replacements";
   EXPECT_TRUE(wait_until_dead(read_pid_files(failed_dir), std::chrono::milliseconds(0)).empty());
@@ -304,11 +311,7 @@ TEST_P(ZeroUnderInPlaceRecovery, FallsBackToTheLastCheckpointAndSaysSo) {
       ::testing::internal::GetCapturedStdout() + ::testing::internal::GetCapturedStderr();
   for (int r = 0; r < 2; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
-    const int64_t n = uninterrupted[r].numel();
-    EXPECT_EQ(restarted[r][n - 2].item<float>(), 1.0f) << "generation 1: one restart";
-    EXPECT_EQ(restarted[r][n - 1].item<float>(), 18.0f);
-    EXPECT_TRUE(
-        torch::equal(restarted[r].narrow(0, 0, n - 2), uninterrupted[r].narrow(0, 0, n - 2)));
+    expect_ends_as(restarted[r], uninterrupted[r], 2, 1.0, 18.0);  // generation 1: one restart
   }
   // Said by the workers as they start, and by the launcher as it restarts them.
   EXPECT_TRUE(contains(said,

@@ -60,6 +60,16 @@ std::vector<nlohmann::json> named_like(const nlohmann::json& trace, const std::s
   return found;
 }
 
+// Three steps of a toy regression on random batches of 4 (what the profiles record).
+template <class Model, class Optimizer>
+void train_three_steps(Accelerator& acc, Model& model, Optimizer& optimizer) {
+  for (int step = 0; step < 3; ++step) {
+    acc.backward(model->forward(torch::randn({4, 8})).pow(2).mean());
+    optimizer.step();
+    optimizer.zero_grad();
+  }
+}
+
 torch::nn::Sequential mlp() {
   torch::manual_seed(1);
   return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(),
@@ -80,11 +90,7 @@ TEST(Profile, AScopeOverTrainingWritesEachRanksTraceAndTheMergedOne) {
         auto [m, o] = acc.prepare(model, sgd);
         {
           ProfileScope scope = acc.profile();
-          for (int step = 0; step < 3; ++step) {
-            acc.backward(m->forward(torch::randn({4, 8})).pow(2).mean());
-            o.step();
-            o.zero_grad();
-          }
+          train_three_steps(acc, m, o);
           acc.save_state();
         }  // stops: writes the files
         acc.end_training();
@@ -207,11 +213,7 @@ TEST(Profile, Stage3NamesItsAllGathersAndReduceScatters) {
         auto [m, o] = acc.prepare(model, sgd);
         {
           ProfileScope scope = acc.profile();
-          for (int step = 0; step < 3; ++step) {
-            acc.backward(m->forward(torch::randn({4, 8})).pow(2).mean());
-            o.step();
-            o.zero_grad();
-          }
+          train_three_steps(acc, m, o);
         }
         acc.end_training();
         return 0;
