@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "accelerant/environment.h"  // MixedPrecision
+#include "accelerant/environment.h"  // MixedPrecision, Recovery
 #include "accelerant/launch_contract.h"
 
 namespace accelerant {

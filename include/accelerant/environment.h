@@ -67,8 +67,10 @@ enum class Recovery {
   kRestartGroup,
   /// Starts a replacement for the failed worker only, as the group's next generation
   /// (ProcessState::restart_count); the other workers keep running and form the group again with
-  /// it (ProcessState::regroup). One machine only for now. The Accelerator recovers a failed
-  /// step by itself (docs/launching.md); a program without one calls regroup itself.
+  /// it (ProcessState::regroup), on one machine or several; a lost machine's workers are replaced
+  /// when its launcher comes back (LaunchOptions::rejoin_timeout). The Accelerator recovers a
+  /// failed step by itself, and under ZeRO falls back to the last checkpoint (docs/launching.md);
+  /// a program without one calls regroup itself.
   kReplaceFailedWorker,
 };
 

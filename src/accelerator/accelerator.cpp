@@ -310,14 +310,10 @@ Accelerator::Accelerator(AcceleratorOptions options)
     // and restarts the whole group instead, saying why.
     const std::string why = in_place_refusal_under_zero(impl_->options_.zero_stage());
     detail::CommunicatorAccess::publish(process.communicator(), "in_place_refused", why);
-    if (process.is_main_process()) {
-      print_line(
-          detail::str("In-place recovery (Recovery::kReplaceFailedWorker) falls back to "
-                      "the last checkpoint: ",
-                      why,
-                      " A failed worker restarts the whole group, which resumes from the "
-                      "newest checkpoint (AcceleratorOptions::auto_resume)."));
-    }
+    print("In-place recovery (Recovery::kReplaceFailedWorker) falls back to the last checkpoint: ",
+          why,
+          " A failed worker restarts the whole group, which resumes from the newest checkpoint "
+          "(AcceleratorOptions::auto_resume).");
     impl_->recovers_in_place_ = false;
     impl_->joins_running_group_ = false;
   }
@@ -336,8 +332,8 @@ Accelerator::Accelerator(AcceleratorOptions options)
   if (process.env().machines_may_join && process.distributed()) {
     if (impl_->options_.auto_resume()) {
       impl_->membership_watch_ = std::make_shared<detail::MembershipWatch>(*this);
-    } else if (process.is_main_process()) {
-      print_line(
+    } else {
+      print(
           "Elastic membership: a machine that arrives joins this job at its next restart, not at "
           "a step boundary, as AcceleratorOptions::auto_resume is off (the group restarts from a "
           "checkpoint it saves there).");
@@ -789,10 +785,8 @@ void Accelerator::regroup_in_place(const std::string& what_failed, const std::ex
   for (auto& loader : impl_->checkpointed_->loaders) detail::DataLoaderAccess::follow_sync(loader);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (is_main_process()) {
-    print_line(detail::str("Recovered in place in ", seconds, " s (generation ",
-                           ProcessState::get().restart_count(), "): ", outcome, "."));
-  }
+  print("Recovered in place in ", seconds, " s (generation ", ProcessState::get().restart_count(),
+        "): ", outcome, ".");
   // The membership change in the trackers, at the step the run goes on from.
   if (!impl_->tracker_dir_.empty()) {
     log({{"recovery/generation", ProcessState::get().restart_count()},

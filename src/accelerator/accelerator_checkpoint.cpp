@@ -54,9 +54,9 @@ std::string Accelerator::load_state(const std::string& dir) {
   impl_->resume_hook_->disarm();  // an explicit load replaces auto_resume's
   // ZeRO stage 3: the weights load one gathered block at a time, each process keeping its pieces
   // in its shares.
-  const std::string source = detail::load_training_state(*impl_->checkpointed_, checkpoint_ranks(),
-                                                         dir, checkpoints_dir());
-  const int saved_world = read_checkpoint_manifest(source).world_size;
+  const detail::LoadedFrom loaded = detail::load_training_state(
+      *impl_->checkpointed_, checkpoint_ranks(), dir, checkpoints_dir());
+  const int saved_world = loaded.saved_world_size;
   if (saved_world != impl_->world_size_) {
     // A membership change (an elastic restart on fewer or more machines): the checkpoint's
     // micro-steps may be those of another accumulation (it holds no gradients in progress: those
@@ -72,7 +72,7 @@ std::string Accelerator::load_state(const std::string& dir) {
           s.optimizer_steps);
     }
   }
-  return source;
+  return loaded.dir;
 }
 
 void Accelerator::sync_state_from(int source_rank) {

@@ -1,7 +1,6 @@
 #include "accelerator/membership_watch.h"
 
 #include <chrono>
-#include <cstdio>
 #include <string>
 #include <thread>
 
@@ -29,20 +28,14 @@ void MembershipWatch::at_batch() {
   if (state.optimizer_steps < *stop_after_) return;
   const std::string checkpoint = acc.save_state();
   const int rank = acc.rank();
-  if (acc.is_main_process()) {
-    std::printf(
-        "A machine arrived (elastic membership): every process stopped after step %lld "
-        "with the checkpoint %s; the launcher restarts the group with the new machine "
-        "from there.\n",
-        static_cast<long long>(state.optimizer_steps), checkpoint.c_str());
-    std::fflush(stdout);
-  }
+  acc.print("A machine arrived (elastic membership): every process stopped after step ",
+            state.optimizer_steps, " with the checkpoint ", checkpoint,
+            "; the launcher restarts the group with the new machine from there.");
   // The trackers written out and the group left together, then the launcher told: it stops every
   // process once all have said so (NodeGroup::take_arrivals). The store outlives the group.
   auto store = CommunicatorAccess::store(comm);
   acc.end_training();
-  if (store)
-    store->set(str("parked/", rank), std::vector<uint8_t>(checkpoint.begin(), checkpoint.end()));
+  if (store) store->set(str("parked/", rank), CommunicatorAccess::bytes_of(checkpoint));
   while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 

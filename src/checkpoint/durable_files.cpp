@@ -80,11 +80,12 @@ void DurableFileWriter::commit() {
   if (path_ != target_) sync_directory(parent_of(target_));
 }
 
-void write_file_durably(const std::string& path, const std::string& bytes,
-                        const std::string& what) {
+uint32_t write_file_durably(const std::string& path, const std::string& bytes,
+                            const std::string& what) {
   DurableFileWriter file(path, what, /*replace=*/false);
   file.append(bytes.data(), bytes.size());
   file.commit();
+  return file.crc32();
 }
 
 void replace_file_durably(const std::string& path, const std::string& bytes,

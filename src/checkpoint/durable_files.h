@@ -9,9 +9,11 @@
 
 namespace accelerant::detail {
 
-/// Writes `bytes` to `path` (created or truncated) and fsyncs it. A full disk, a read-only
-/// directory or a missing directory throws CheckpointError naming `path` and `what`.
-void write_file_durably(const std::string& path, const std::string& bytes, const std::string& what);
+/// Writes `bytes` to `path` (created or truncated) and fsyncs it; returns their CRC-32, counted as
+/// they were written. A full disk, a read-only directory or a missing directory throws
+/// CheckpointError naming `path` and `what`.
+uint32_t write_file_durably(const std::string& path, const std::string& bytes,
+                            const std::string& what);
 
 /// write_file_durably into a hidden temporary file beside `path`, renamed over `path` and the
 /// directory fsynced: readers see the old file or the new one, never a part.

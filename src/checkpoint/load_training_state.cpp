@@ -517,16 +517,18 @@ std::vector<std::string> unpack_pieces(const std::string& bytes, const std::stri
   size_t at = 0;
   while (at < bytes.size()) {
     uint64_t n = 0;
-    if (bytes.size() - at < sizeof n) break;
+    const auto cut_short = [&](const std::string& detail) {
+      return CheckpointError(str(what, ": the state received is cut short (", detail,
+                                 "). Likely cause: the processes run different builds of the "
+                                 "program or of Accelerant. Fix: run the same build on every "
+                                 "process."));
+    };
+    if (bytes.size() - at < sizeof n)
+      throw cut_short(str(bytes.size() - at, " byte(s) where a piece's length was due"));
     std::memcpy(&n, bytes.data() + at, sizeof n);
     at += sizeof n;
-    if (n > bytes.size() - at) {
-      throw CheckpointError(str(what, ": the state received is cut short (a piece of ", n,
-                                " bytes with ", bytes.size() - at,
-                                " left). Likely cause: the processes run different builds of the "
-                                "program or of Accelerant. Fix: run the same build on every "
-                                "process."));
-    }
+    if (n > bytes.size() - at)
+      throw cut_short(str("a piece of ", n, " bytes with ", bytes.size() - at, " left"));
     pieces.push_back(bytes.substr(at, n));
     at += n;
   }
@@ -573,8 +575,8 @@ CheckpointTrainingState training_state_now(const CheckpointedState& s) {
   return state;
 }
 
-std::string load_training_state(CheckpointedState& state, const CheckpointRanks& ranks,
-                                const std::string& dir, const std::string& checkpoints_dir) {
+LoadedFrom load_training_state(CheckpointedState& state, const CheckpointRanks& ranks,
+                               const std::string& dir, const std::string& checkpoints_dir) {
   const std::string source = source_dir(dir, checkpoints_dir, ranks);
   LoadedCheckpoint loaded;
   on_every_process(ranks, "load_state(" + source + "): checking the checkpoint",
@@ -588,7 +590,7 @@ std::string load_training_state(CheckpointedState& state, const CheckpointRanks&
         source.c_str(), loaded.manifest.world_size, ranks.world_size, ranks.world_size);
     std::fflush(stdout);
   }
-  return source;
+  return {source, loaded.manifest.world_size};
 }
 
 void broadcast_training_state(CheckpointedState& s, const CheckpointRanks& ranks, int source) {

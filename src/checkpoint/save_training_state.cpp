@@ -119,8 +119,8 @@ std::vector<CheckpointFileEntry> write_own_part(const CheckpointedState& s,
   std::vector<CheckpointFileEntry> written = streamed.files;
   auto write = [&](const std::string& name, const std::string& bytes,
                    const std::string& description) {
-    write_file_durably(partial + "/" + name, bytes, description);
-    written.push_back({name, bytes.size(), crc32_of(bytes)});
+    const uint32_t crc = write_file_durably(partial + "/" + name, bytes, description);
+    written.push_back({name, bytes.size(), crc});
   };
   const std::string rank_dir = str(partial, "/rank_", ranks.rank);
   make_directories(rank_dir);

@@ -101,11 +101,17 @@ std::string checkpoints_dir_of(const std::string& project_dir);
 std::string save_training_state(const CheckpointedState& state, const CheckpointRanks& ranks,
                                 const SaveRequest& request);
 
+/// What load_training_state loaded: from where, and saved by how many processes.
+struct LoadedFrom {
+  std::string dir;
+  int saved_world_size = 1;  ///< another than this run's: the data positions were re-sharded
+};
+
 /// Loads the checkpoint in `dir` (empty: the newest complete one in `checkpoints_dir`) into
 /// `state` (a collective). Checks everything on every process first; a problem anywhere throws
-/// CheckpointError on every process and leaves every object as it was. Returns the directory.
-std::string load_training_state(CheckpointedState& state, const CheckpointRanks& ranks,
-                                const std::string& dir, const std::string& checkpoints_dir);
+/// CheckpointError on every process and leaves every object as it was.
+LoadedFrom load_training_state(CheckpointedState& state, const CheckpointRanks& ranks,
+                               const std::string& dir, const std::string& checkpoints_dir);
 
 /// Makes every process's training state the one process `source` holds (a collective): its
 /// models, optimizers, schedulers, scaler, step counters, loader positions and registered objects

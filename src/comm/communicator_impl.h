@@ -56,32 +56,33 @@ struct CommunicatorAccess {
     made.impl_ = std::move(impl);
     return made;
   }
-  // Writes `value` under `key` in the store of the communicator's generation, for the launcher
-  // to read about it (agent.cpp); nothing with one process, which has no store.
-  static void publish(Communicator& communicator, const std::string& key,
-                      const std::string& value) {
-    if (!communicator.impl_ || !communicator.impl_->store) return;
-    communicator.impl_->store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
-  }
-  // That store itself (null with one process): it outlives the group for a last word to the
-  // launcher after ProcessState::shutdown.
+  // The store of the communicator's generation (null with one process): where the launcher reads
+  // about the generation (agent.cpp). It outlives the group, for a last word to the launcher
+  // after ProcessState::shutdown.
   static c10::intrusive_ptr<c10d::Store> store(Communicator& communicator) {
     return communicator.impl_ ? communicator.impl_->store : c10::intrusive_ptr<c10d::Store>();
   }
+  // Writes `value` under `key` in that store; nothing with one process.
+  static void publish(Communicator& communicator, const std::string& key,
+                      const std::string& value) {
+    if (auto s = store(communicator)) s->set(key, bytes_of(value));
+  }
   // Whether `key` is in that store; false with one process.
   static bool has_key(Communicator& communicator, const std::string& key) {
-    if (!communicator.impl_ || !communicator.impl_->store) return false;
-    return communicator.impl_->store->check({key});
+    auto s = store(communicator);
+    return s && s->check({key});
   }
   // Sets `key` to `desired` unless it holds a value other than `expected` ("" = absent); returns
   // the value it holds then (c10d's compareSet). With one process: `desired`.
   static std::string compare_set(Communicator& communicator, const std::string& key,
                                  const std::string& expected, const std::string& desired) {
-    if (!communicator.impl_ || !communicator.impl_->store) return desired;
-    const auto held = communicator.impl_->store->compareSet(
-        key, std::vector<uint8_t>(expected.begin(), expected.end()),
-        std::vector<uint8_t>(desired.begin(), desired.end()));
+    auto s = store(communicator);
+    if (!s) return desired;
+    const auto held = s->compareSet(key, bytes_of(expected), bytes_of(desired));
     return std::string(held.begin(), held.end());
+  }
+  static std::vector<uint8_t> bytes_of(const std::string& text) {
+    return std::vector<uint8_t>(text.begin(), text.end());
   }
   // The handle of a collective a *_async_ call started.
   static PendingCollective pending(std::shared_ptr<PendingState> state) {

@@ -224,11 +224,10 @@ class Agent {
     validate(o_);
     relay_.check_log_dir();  // before any worker starts, or their output would be lost
     if (hooks_.check_before_fork) hooks_.check_before_fork();
-    const bool debug = o_.debug().value_or(read_launch_contract().debug.value_or(false));
-    debug_ = debug;
+    debug_ = o_.debug().value_or(read_launch_contract().debug.value_or(false));
     threads_ = choose_threads(o_, hooks_, o_.verbose());
     timeout_ = resolved_timeout(o_);
-    if (debug && hooks_.dry_fork) {
+    if (debug_ && hooks_.dry_fork) {
       hooks_.dry_fork(threads_, std::min(timeout_, std::chrono::milliseconds(60000)));
     }
     workdir_ = make_workdir();
@@ -237,12 +236,13 @@ class Agent {
     if (o_.verbose()) print_banner();
     SignalGuard signals;
     auto interrupted = [&signals] { return signals.caught() != 0; };
-    nodes_->on_lost_machine([this](int node) { return replace_lost_machine(node); });
+    // Machine 0: a lost machine's workers are replaced in place like a failed worker's.
+    nodes_->on_lost_machine(
+        [this](int attempt) { return claim_replacement(attempt, /*one_failure=*/true); });
     // A launcher started again for a lost machine whose workers are replaced in place joins the
     // running attempt, its workers as replacements.
     std::optional<int> rejoining = nodes_->rejoin_running_attempt();
     for (int attempt = rejoining ? *rejoining : nodes_->first_attempt();; ++attempt) {
-      current_attempt_ = attempt;
       NodeEvent ready{NodeEvent::kGo, ""};
       if (!rejoining) {
         // A whole restart forms the next generation, after any replacement on another machine.
@@ -268,7 +268,7 @@ class Agent {
                        "(attempt %d, generation %d) in place of the lost ones.\n",
                        attempt + 1, generation_);
         }
-        start_group(attempt, debug, rejoining.has_value());
+        start_group(attempt, rejoining.has_value());
         rejoining.reset();
         outcome = monitor(attempt, signals);
       }
@@ -394,7 +394,7 @@ class Agent {
 
   // `replacing`: the workers replace those of this machine, lost with its launcher, in a running
   // group (rejoin_running_attempt).
-  void start_group(int attempt, bool debug, bool replacing = false) {
+  void start_group(int attempt, bool replacing) {
     relay_.reset(attempt);
     workers_.clear();
     failures_seen_ = 0;
@@ -403,7 +403,7 @@ class Agent {
     in_place_refusal_.clear();
     if (nodes_->elastic() && o_.verbose() && o_.node_rank() == 0) say_membership(attempt);
     for (int local = 0; local < o_.processes_per_node(); ++local)
-      workers_.push_back(start_worker(worker_spec(local, debug, replacing), body_, hooks_, relay_));
+      workers_.push_back(start_worker(worker_spec(local, replacing), body_, hooks_, relay_));
   }
 
   // The restarts max_restarts counts by `attempt`: whole restarts after failures and workers
@@ -459,7 +459,7 @@ class Agent {
 
   // What local worker `local` of this machine is started with, in the current generation.
   // `replacement`: it joins a running group in place of a failed worker.
-  WorkerSpec worker_spec(int local, bool debug, bool replacement = false) const {
+  WorkerSpec worker_spec(int local, bool replacement) const {
     LaunchContract env;
     env.source = EnvSource::kAccelerant;
     // Under elastic membership the attempt's machines, numbered among themselves.
@@ -477,7 +477,7 @@ class Agent {
     env.recovers_in_place = o_.recovery() == Recovery::kReplaceFailedWorker;
     env.joins_running_group = replacement;
     env.machines_may_join = nodes_->machines_may_join();
-    env.debug = debug;
+    env.debug = debug_;
     env.collective_timeout = timeout_;
     env.join_timeout = o_.join_timeout();
     env.mixed_precision = o_.mixed_precision();
@@ -503,60 +503,41 @@ class Agent {
     return spec;
   }
 
-  // Recovery::kReplaceFailedWorker: whether the failure at hand is replaced in place (a worker
-  // that failed, not one that returned early, while restarts are left).
-  // Only when the group had formed its current generation (every worker joined it), no worker
-  // declined (in_place_refusal_), one worker failed here, and no other machine is replacing one
-  // for the same generation: otherwise the survivors could wait for a generation that never forms
-  // (a replacement that died before joining, a second worker failing while the group re-forms),
-  // so the whole group restarts instead. The store must be the launchers': rank 0's would die
-  // with rank 0.
-  bool replaces_in_place(int attempt) {
-    if (o_.recovery() != Recovery::kReplaceFailedWorker || !is_failure(first_failure_)) {
-      return false;
-    }
+  // Recovery::kReplaceFailedWorker: claims the next generation for a replacement in place, once
+  // the group had formed its current generation (every worker joined it), no worker declined
+  // (in_place_refusal_, read first so that a restart can say why it is not done in place),
+  // restarts are left and no other machine claimed it first: otherwise the survivors could wait
+  // for a generation that never forms (a replacement that died before joining, a second worker
+  // failing while the group re-forms), so the whole group restarts instead. The store must be the
+  // launchers': rank 0's would die with rank 0. Returns the claimed generation (counted as a
+  // restart, and this launcher's generation from now on), or -1.
+  int claim_replacement(int attempt, bool one_failure) {
+    if (o_.recovery() != Recovery::kReplaceFailedWorker) return -1;
     try {
       generation_ = nodes_->latest_generation(generation_);  // another machine's replacements
-      // Read whatever else happened, so that the restart says why it is not done in place.
       in_place_refusal_ = nodes_->in_place_refusal(generation_);
       if (!in_place_refusal_.empty() || restarts_used(attempt) >= o_.max_restarts() ||
-          failures_seen_ != 1 || !nodes_->generation_formed(generation_, world_size())) {
-        return false;
-      }
-      return nodes_->claim_generation(generation_ + 1);
-    } catch (const std::exception&) {
-      return false;  // the store is gone: the whole-group path reports why
-    }
-  }
-
-  // Machine 0, when machine `node`'s launcher is lost (NodeGroup::on_lost_machine): whether its
-  // workers are replaced in place, as for a failed worker (replaces_in_place): the generation
-  // claimed for them, or -1.
-  int replace_lost_machine(int /*node*/) {
-    if (o_.recovery() != Recovery::kReplaceFailedWorker ||
-        restarts_used(current_attempt_) >= o_.max_restarts()) {
-      return -1;
-    }
-    try {
-      generation_ = nodes_->latest_generation(generation_);
-      in_place_refusal_ = nodes_->in_place_refusal(generation_);
-      if (!in_place_refusal_.empty() || !nodes_->generation_formed(generation_, world_size()) ||
+          !one_failure || !nodes_->generation_formed(generation_, world_size()) ||
           !nodes_->claim_generation(generation_ + 1)) {
         return -1;
       }
     } catch (const std::exception&) {
-      return -1;
+      return -1;  // the store is gone: the whole-group path reports why
     }
-    nodes_->count_replacement();  // NodeGroup says which machine and generation
-    ++generation_;
-    return generation_;
+    nodes_->count_replacement();
+    return ++generation_;
   }
 
-  // Starts a replacement for the failed worker as the next generation; the others keep running
-  // and form the group again with it (ProcessState::regroup).
+  // Whether the failure at hand (a worker that failed, not one that returned early; the only one
+  // since the group formed) is replaced in place (claim_replacement).
+  bool replaces_in_place(int attempt) {
+    return is_failure(first_failure_) &&
+           claim_replacement(attempt, /*one_failure=*/failures_seen_ == 1) >= 0;
+  }
+
+  // Starts a replacement for the failed worker in the generation replaces_in_place claimed; the
+  // others keep running and form the group again with it (ProcessState::regroup).
   void replace_failed_worker(int attempt) {
-    nodes_->count_replacement();
-    ++generation_;
     const int local = first_failure_.local_rank;
     if (o_.verbose()) {
       std::fprintf(stderr,
@@ -568,7 +549,7 @@ class Agent {
                    o_.max_restarts());
     }
     workers_[static_cast<size_t>(local)] =
-        start_worker(worker_spec(local, debug_, /*replacement=*/true), body_, hooks_, relay_);
+        start_worker(worker_spec(local, /*replacement=*/true), body_, hooks_, relay_);
     failures_seen_ = 0;
     first_failure_ = WorkerExit{};
     flight_records_.clear();
@@ -614,7 +595,6 @@ class Agent {
       NodeEvent news = first_failure_.rank >= 0 ? nodes_->poll(attempt) : NodeEvent{};
       if (first_failure_.rank >= 0 && news.kind == NodeEvent::kNone && replaces_in_place(attempt)) {
         // Not drained: that would close the survivors' output too, which goes on.
-        first_failure_.stderr_tail = relay_.stderr_tail(first_failure_.rank);
         replace_failed_worker(attempt);
         continue;
       }
@@ -741,7 +721,6 @@ class Agent {
   // each worker replaced in place (NodeGroup::replacements counts those, as restarts).
   int generation_ = 0;
   int failures_seen_ = 0;  // failed workers reaped since the group (re)formed
-  int current_attempt_ = 0;
   // Why the workers declined in-place recovery in this attempt ("" when none did), for the
   // restart's message.
   std::string in_place_refusal_;

@@ -185,6 +185,10 @@ std::string NodeGroup::worker_key(int generation, const std::string& name) const
   return str(secret_.empty() ? "" : secret_ + "/", "accelerant/attempt_", generation, "/", name);
 }
 
+std::string NodeGroup::attempt_key(int attempt, const std::string& name) const {
+  return key(str("attempt_", attempt, "/", name));
+}
+
 std::string NodeGroup::key(const std::string& name) const {
   return (secret_.empty() ? "" : secret_ + "/") + "accelerant/launch/" + name;
 }
@@ -343,13 +347,13 @@ NodeEvent NodeGroup::check_links(int attempt) {
             "its machine went down or became unreachable.");
     // A launcher stopped on purpose said so above; one lost while the workers finish is not
     // replaced (the survivors are done with the group).
-    const int generation = replace_lost_machine_ && !finishing_ ? replace_lost_machine_(node) : -1;
+    const int generation =
+        replace_lost_machine_ && !finishing_ ? replace_lost_machine_(attempt) : -1;
     if (generation >= 0) {
       // Its workers are replaced in place by the launcher that comes back (rejoin_running_attempt)
       // while the others' recover their step and wait for them (check_awaited).
       try {
-        store_->set(key(str("attempt_", attempt, "/rejoin/node_", node)),
-                    std::to_string(generation));
+        store_->set(attempt_key(attempt, str("rejoin/node_", node)), std::to_string(generation));
       } catch (const std::exception&) {
         // Our own store: it fails only as this machine goes down.
       }
@@ -389,23 +393,34 @@ NodeEvent NodeGroup::lost_for_good(int attempt, const std::vector<std::string>& 
     // Before the go, start_attempt chooses the members again; the others hear nothing.
     if (running_) {
       try {
-        store_->set(key(str("attempt_", attempt, "/lost")), text);
+        store_->set(attempt_key(attempt, "lost"), text);
       } catch (const std::exception&) {
         // Our own store: it fails only as this machine goes down.
       }
     }
     return {NodeEvent::kRestart, text};
   }
-  return {NodeEvent::kAbort, join(reasons, "\n")};
+  if (!elastic()) return {NodeEvent::kAbort, join(reasons, "\n")};  // each says its fix
+  std::vector<int> there{0};
+  for (int node : links_.connected()) there.push_back(node);
+  std::sort(there.begin(), there.end());
+  return {NodeEvent::kAbort, str(join(reasons, "\n"), "\n", too_few_machines(there, " now"))};
+}
+
+bool NodeGroup::accept_launchers(Clock::time_point deadline) {
+  try {
+    links_.accept_nodes(deadline);
+    return true;
+  } catch (const LaunchError& e) {
+    // A launcher started for another job shape was refused (it says why); this job goes on.
+    if (options_.verbose()) std::fprintf(stderr, "accelerant::launch: %s\n", e.what());
+    return false;
+  }
 }
 
 NodeEvent NodeGroup::check_awaited(int attempt) {
   if (awaited_.empty()) return {};
-  try {
-    links_.accept_nodes(Clock::now());  // without waiting: a launcher already knocking
-  } catch (const LaunchError& e) {
-    if (options_.verbose()) std::fprintf(stderr, "accelerant::launch: %s\n", e.what());
-  }
+  accept_launchers(Clock::now());  // without waiting: a launcher already knocking
   const auto connected = links_.connected();
   std::vector<std::string> reasons;
   for (auto it = awaited_.begin(); it != awaited_.end();) {
@@ -442,10 +457,10 @@ std::optional<int> NodeGroup::rejoin_running_attempt() {
     if (!store_->check({key("running_attempt")})) return std::nullopt;
     const int attempt = std::stoi(store_->get(key("running_attempt")));
     if (attempt < 0) return std::nullopt;  // between attempts
-    const std::string rejoin = key(str("attempt_", attempt, "/rejoin/node_", options_.node_rank()));
+    const std::string rejoin = attempt_key(attempt, str("rejoin/node_", options_.node_rank()));
     if (!store_->check({rejoin})) return std::nullopt;
     generation_ = std::stoi(store_->get(rejoin));
-    members_ = node_list(store_->get(key(str("attempt_", attempt, "/members"))));
+    members_ = node_list(store_->get(attempt_key(attempt, "members")));
     return attempt;
   } catch (const std::exception&) {
     return std::nullopt;  // the lost store is phrased by start_attempt
@@ -459,16 +474,16 @@ NodeEvent NodeGroup::check_store(int attempt) {
     }
     refresh_counts();
     if (elastic()) {
-      const std::string lost = key(str("attempt_", attempt, "/lost"));
+      const std::string lost = attempt_key(attempt, "lost");
       if (store_->check({lost})) return {NodeEvent::kRestart, store_->get(lost)};
-      const std::string regroup = key(str("attempt_", attempt, "/regroup"));
+      const std::string regroup = attempt_key(attempt, "regroup");
       if (store_->check({regroup})) return {NodeEvent::kRegroup, store_->get(regroup)};
     }
-    const std::string failures = key(str("attempt_", attempt, "/failures"));
+    const std::string failures = attempt_key(attempt, "failures");
     if (store_->add(failures, 0) == 0) return {};
     std::vector<std::string> reports;
     for (int node = 0; node < options_.num_nodes(); ++node) {
-      const std::string report = key(str("attempt_", attempt, "/failure/node_", node));
+      const std::string report = attempt_key(attempt, str("failure/node_", node));
       if (node != options_.node_rank() && store_->check({report})) {
         reports.push_back(str("machine ", node, " reported: ", store_->get(report)));
       }
@@ -476,23 +491,22 @@ NodeEvent NodeGroup::check_store(int attempt) {
     if (reports.empty()) return {};  // only our own failure
     return {NodeEvent::kRestart, "a worker on another machine failed; " + join(reports, "\n")};
   } catch (const std::exception& e) {
-    return {NodeEvent::kAbort,
-            str("lost the job's store on machine 0 (", options_.master_addr(), ":",
-                options_.master_port(), "): ", e.what(),
-                ". Likely cause: machine 0's launcher stopped or its machine went down. "
-                "Fix: restart the job on every machine (from the last checkpoint).")};
+    return lost_store(e.what());
   }
+}
+
+NodeEvent NodeGroup::lost_store(const std::string& detail) const {
+  return {NodeEvent::kAbort,
+          str("lost the job's store on machine 0 (", options_.master_addr(), ":",
+              options_.master_port(), "): ", detail,
+              ". Likely cause: machine 0's launcher stopped or its machine went down. "
+              "Fix: restart the job on every machine (from the last checkpoint).")};
 }
 
 NodeEvent NodeGroup::store_failed(int attempt) {
   NodeEvent event = check_store(attempt);  // phrases the lost store, or what machine 0 said
   if (event.kind != NodeEvent::kNone) return event;
-  return {NodeEvent::kAbort,
-          str("a call to the job's store on machine 0 (", options_.master_addr(), ":",
-              options_.master_port(),
-              ") failed. Likely cause: machine 0's launcher stopped or "
-              "its machine went down. Fix: restart the job on every machine (from the last "
-              "checkpoint).")};
+  return lost_store("a call to it failed");
 }
 
 NodeEvent NodeGroup::poll(int attempt) {
@@ -517,8 +531,8 @@ void NodeGroup::report_failure(int attempt, const std::string& report) {
   if (!multi_node()) return;
   try {
     // The report before the count, so that whoever sees the count finds the report.
-    store_->set(key(str("attempt_", attempt, "/failure/node_", options_.node_rank())), report);
-    store_->add(key(str("attempt_", attempt, "/failures")), 1);
+    store_->set(attempt_key(attempt, str("failure/node_", options_.node_rank())), report);
+    store_->add(attempt_key(attempt, "failures"), 1);
   } catch (const std::exception&) {
     // Machine 0 is gone; the others learn it from their own links.
   }
@@ -558,13 +572,7 @@ NodeEvent NodeGroup::take_arrivals(int attempt) {
     // The workers' generation now: a worker replaced in place since the go moved them on.
     generation_ = latest_generation(generation_);
     if (arrival_.empty()) {
-      try {
-        links_.accept_nodes(Clock::now());  // without waiting: a launcher already knocking
-      } catch (const LaunchError& e) {
-        // A launcher started for another job shape was refused (it says why); this job goes on.
-        if (options_.verbose()) std::fprintf(stderr, "accelerant::launch: %s\n", e.what());
-        return {};
-      }
+      if (!accept_launchers(Clock::now())) return {};  // without waiting: one already knocking
       std::vector<int> arrived;
       for (int node : links_.connected()) {
         if (std::find(members_.begin(), members_.end(), node) == members_.end())
@@ -592,7 +600,7 @@ NodeEvent NodeGroup::take_arrivals(int attempt) {
             "restarts with it from there (not counted as a restart).");
     free_restarts_ =
         static_cast<int>(store_->add(key("free_restarts"), 1));  // before the news: read with it
-    store_->set(key(str("attempt_", attempt, "/regroup")), text);
+    store_->set(attempt_key(attempt, "regroup"), text);
     return {NodeEvent::kRegroup, text};
   } catch (const std::exception&) {
     return {};  // our own store: it fails only as this machine goes down
@@ -625,12 +633,7 @@ std::string NodeGroup::choose_members(int attempt, const std::function<bool()>& 
     const auto deadline = Clock::now() + options_.rejoin_timeout();
     while (Clock::now() < deadline && !interrupted() &&
            static_cast<int>(links_.connected().size()) < options_.num_nodes() - 1) {
-      try {
-        links_.accept_nodes(std::min(deadline, Clock::now() + std::chrono::milliseconds(200)));
-      } catch (const LaunchError& e) {
-        // A launcher started for another job shape was refused (it says why); this job goes on.
-        if (options_.verbose()) std::fprintf(stderr, "accelerant::launch: %s\n", e.what());
-      }
+      accept_launchers(std::min(deadline, Clock::now() + std::chrono::milliseconds(200)));
     }
     links_.lost();  // one lost while waiting is not a member
     connected = links_.connected();
@@ -639,14 +642,19 @@ std::string NodeGroup::choose_members(int attempt, const std::function<bool()>& 
   members_.insert(members_.end(), connected.begin(), connected.end());
   std::sort(members_.begin(), members_.end());
   if (static_cast<int>(members_.size()) < *options_.min_nodes()) {
-    return str("only ", members_.size(), " machine(s) (", join(members_, ", "),
-               ") of the at least ", *options_.min_nodes(), " the job needs (--num_nodes ",
-               *options_.min_nodes(), ":", options_.num_nodes(),
-               ") are there after the rejoin timeout of ", seconds(options_.rejoin_timeout()),
-               ". Fix: bring the lost machines back (start `accelerant launch` with their "
-               "--node_rank), then restart the job from the last checkpoint.");
+    return too_few_machines(members_,
+                            " after the rejoin timeout of " + seconds(options_.rejoin_timeout()));
   }
   return "";
+}
+
+std::string NodeGroup::too_few_machines(const std::vector<int>& there,
+                                        const std::string& when) const {
+  return str("only ", there.size(), " machine(s) (", join(there, ", "), ") of the at least ",
+             *options_.min_nodes(), " the job needs (--num_nodes ", *options_.min_nodes(), ":",
+             options_.num_nodes(), ") are there", when,
+             ". Fix: bring the lost machines back (start `accelerant launch` with their "
+             "--node_rank), then restart the job from the last checkpoint.");
 }
 
 NodeEvent NodeGroup::start_attempt(int attempt, int proposed_generation,
@@ -657,13 +665,15 @@ NodeEvent NodeGroup::start_attempt(int attempt, int proposed_generation,
   finishing_ = false;
   if (!awaited_.empty()) {
     // The group restarts while machine 0 waits for a lost machine's launcher: a launcher that
-    // comes back now could join only a running group, which there is not.
+    // comes back now could join only a running group, which there is not. Its workers were not
+    // replaced after all (the restart counts instead); an elastic job goes on without it.
     std::vector<std::string> reasons;
     for (const auto& [node, deadline] : awaited_) {
+      count_replacement(-1);
       reasons.push_back(str("machine ", node,
-                            " was lost and the group restarted before a launcher "
-                            "came back for it. Fix: restart the job on every machine (from the "
-                            "last checkpoint)."));
+                            " was lost and the group restarted before a launcher came back for "
+                            "it. Fix: restart the job on every machine (from the last "
+                            "checkpoint)."));
     }
     awaited_.clear();
     if (!elastic()) return {NodeEvent::kAbort, join(reasons, "\n")};
@@ -687,10 +697,9 @@ NodeEvent NodeGroup::start_attempt(int attempt, int proposed_generation,
     }
   }
   if (!multi_node()) return {NodeEvent::kGo, ""};
-  const std::string prefix = str("attempt_", attempt, "/");
-  const std::string go = key(prefix + "go");
-  const std::string chosen = key(prefix + "members");
-  const std::string generation = key(prefix + "generation");
+  const std::string go = attempt_key(attempt, "go");
+  const std::string chosen = attempt_key(attempt, "members");
+  const std::string generation = attempt_key(attempt, "generation");
   if (elastic() && options_.node_rank() == 0) {
     try {
       store_->set(key("attempt"), std::to_string(attempt));
@@ -703,7 +712,7 @@ NodeEvent NodeGroup::start_attempt(int attempt, int proposed_generation,
   std::vector<std::string> joined;
   const auto list_joined = [&] {
     joined.clear();
-    for (int node : members_) joined.push_back(key(str(prefix, "joined/node_", node)));
+    for (int node : members_) joined.push_back(attempt_key(attempt, str("joined/node_", node)));
   };
   list_joined();
   // Machine 0 gives up first, so that the others hear its verdict naming the missing machines.
@@ -715,7 +724,7 @@ NodeEvent NodeGroup::start_attempt(int attempt, int proposed_generation,
           : Clock::now() + options_.join_timeout() +
                 (options_.node_rank() == 0 ? std::chrono::seconds(0) : std::chrono::seconds(10));
   try {
-    store_->set(key(str(prefix, "joined/node_", options_.node_rank())), "1");
+    store_->set(attempt_key(attempt, str("joined/node_", options_.node_rank())), "1");
   } catch (const std::exception&) {
     return store_failed(attempt);
   }
@@ -778,8 +787,8 @@ NodeEvent NodeGroup::start_attempt(int attempt, int proposed_generation,
 
 NodeEvent NodeGroup::finish(int attempt, const std::function<bool()>& interrupted) {
   if (!multi_node()) return {NodeEvent::kDone, ""};
-  const std::string succeeded = key(str("attempt_", attempt, "/succeeded"));
-  const std::string done = key(str("attempt_", attempt, "/done"));
+  const std::string succeeded = attempt_key(attempt, "succeeded");
+  const std::string done = attempt_key(attempt, "done");
   finishing_ = true;
   try {
     store_->add(succeeded, 1);

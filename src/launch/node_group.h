@@ -37,7 +37,7 @@ struct NodeEvent {
   enum Kind {
     kNone,         ///< nothing new
     kGo,           ///< every machine is ready for the attempt
-    kRestart,      ///< a worker failed on another machine: restart this attempt's group
+    kRestart,      ///< a worker failed on another machine, or one was lost (elastic): restart
     kRegroup,      ///< a machine arrived and the workers saved a checkpoint: restart with it
     kAbort,        ///< the job ends on every machine (text says why)
     kDone,         ///< every machine's group succeeded
@@ -115,24 +115,26 @@ class NodeGroup {
   /// The restarts that were membership changes (kRegroup), which max_restarts does not count, as
   /// last read with the other machines' news (poll), without waiting on the store.
   int free_restarts() const { return free_restarts_; }
-  /// Machine 0: asked when a machine's launcher is lost while its group runs, whether that
-  /// machine's workers are replaced in place (Recovery::kReplaceFailedWorker): the generation
-  /// they join as, which the answer claimed, or -1 for no (the loss then ends or, elastic,
-  /// restarts the group). Replaced in place, machine 0 waits up to rejoin_timeout for a launcher
-  /// with its node_rank (check_awaited) while the others' workers go on. Default: always -1.
-  void on_lost_machine(std::function<int(int node)> replace) {
+  /// Machine 0: asked, with the attempt, when a machine's launcher is lost while its group runs,
+  /// whether that machine's workers are replaced in place (Recovery::kReplaceFailedWorker): the
+  /// generation they join as, which the answer claimed, or -1 for no (the loss then ends or,
+  /// elastic, restarts the group). Replaced in place, machine 0 waits up to rejoin_timeout for a
+  /// launcher with its node_rank (check_awaited) while the others' workers go on. Default: -1.
+  void on_lost_machine(std::function<int(int attempt)> replace) {
     replace_lost_machine_ = std::move(replace);
   }
   /// A launcher that came back for a lost machine whose workers are replaced in place: the
   /// running attempt it joins (members() and generation() then set), without start_attempt;
   /// std::nullopt otherwise.
   std::optional<int> rejoin_running_attempt();
-  /// Without blocking: kNone, kRestart (a failure elsewhere in `attempt`) or kAbort.
+  /// Without waiting for anything (reading a knocking launcher's hello takes at most 5 s): kNone,
+  /// kRestart (a failure elsewhere in `attempt`, or an elastic loss), kRegroup (a machine arrived
+  /// and the workers stopped for it) or kAbort.
   NodeEvent poll(int attempt);
   /// Tells the other machines that a worker here failed in `attempt`.
   void report_failure(int attempt, const std::string& report);
-  /// After this machine's group succeeded in `attempt`: waits for kDone, kRestart, kAbort or
-  /// kInterrupted.
+  /// After this machine's group succeeded in `attempt`: waits for kDone, kRestart, kRegroup,
+  /// kAbort or kInterrupted.
   NodeEvent finish(int attempt, const std::function<bool()>& interrupted);
   /// This launcher is leaving: after kDone `reason` is empty, otherwise it says why, and the other
   /// machines stop with it. Node 0 waits (bounded) until the others have disconnected.
@@ -143,6 +145,16 @@ class NodeGroup {
   // Whether the workers meet in the launchers' store (on machine 0), which this launcher reads.
   bool workers_use_launchers_store() const { return store_ && (server_ || multi_node()); }
   std::string key(const std::string& name) const;
+  // A launcher key of attempt `attempt` (joined, go, members, failures, lost, ...).
+  std::string attempt_key(int attempt, const std::string& name) const;
+  // Machine 0: accepts knocking launchers until `deadline` (not waiting when it is now); false
+  // when one started for another job shape was refused (said with verbose).
+  bool accept_launchers(std::chrono::steady_clock::time_point deadline);
+  // Elastic: why the job cannot go on with the machines `there` (fewer than min_nodes), `when`
+  // completing "are there", with the fix.
+  std::string too_few_machines(const std::vector<int>& there, const std::string& when) const;
+  // The abort for a store that no longer answers, `detail` saying how.
+  NodeEvent lost_store(const std::string& detail) const;
   // A key of generation `generation`'s workers (ProcessState's rendezvous prefix).
   std::string worker_key(int generation, const std::string& name) const;
   void join_as_main();
